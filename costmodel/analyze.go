@@ -1,0 +1,241 @@
+package costmodel
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Node is the cost of one graph node.
+type Node struct {
+	ID            int
+	OutputBytes   int64 // bytes of the new storage holding its output; 0 for a view
+	Saved         []int // storages it keeps for backward (indexes into Costs.Storages), once per saved tensor
+	SavedBytes    int64 // bytes of the activation storages first kept by this node
+	ForwardFLOPs  int64
+	BackwardFLOPs int64
+}
+
+// Block is the cost of one block: "embed", "layers.N" or "head".
+type Block struct {
+	Name          string
+	Nodes         []int // node IDs in graph order
+	Input         int   // storage of the activation entering the block; -1 if none
+	InputBytes    int64
+	SavedBytes    int64 // activation bytes kept by the block's nodes, each storage once
+	ForwardFLOPs  int64
+	BackwardFLOPs int64
+}
+
+// IsLayer reports whether the block is one of the repeated layers.
+func (b *Block) IsLayer() bool { return strings.HasPrefix(b.Name, "layers.") }
+
+// Costs is the analysis of one graph under its training setup.
+type Costs struct {
+	Graph    *ir.Graph
+	Profile  Profile
+	Storages []Storage
+	Nodes    []Node
+	Blocks   []Block
+
+	// SavedBytes is every activation kept for backward, each storage once.
+	SavedBytes int64
+	// SavedBytesCheckpointEveryLayer is what stays when every layer keeps
+	// only its input (embedding and head store everything).
+	SavedBytesCheckpointEveryLayer int64
+	ForwardFLOPs                   int64
+	BackwardFLOPs                  int64
+	Static                         Static
+}
+
+type analyzer struct {
+	g       *ir.Graph
+	profile Profile
+	tp      int64
+	sp      bool
+	lay     layout
+	grad    []bool // whether each node's output requires grad
+	shard   []bool // whether each node's output is split over tensor-parallel ranks
+	c       *Costs
+}
+
+// Analyze computes the costs of every node and block of g under g.Setup.
+// It fails on a setup it cannot interpret (unknown profile). O(nodes).
+func Analyze(g *ir.Graph) (*Costs, error) {
+	setup := g.Setup
+	p := Profile(setup.Profile)
+	if p == "" {
+		p = TorchEager
+	}
+	if p != TorchEager && p != Megatron {
+		return nil, fmt.Errorf("unknown profile %q (valid: torch-eager, megatron)", setup.Profile)
+	}
+	a := &analyzer{g: g, profile: p, tp: max(setup.Parallel.TP, 1), sp: setup.Parallel.SP,
+		c: &Costs{Graph: g, Profile: p}}
+	n := len(g.Nodes)
+	a.lay = layout{out: make([]int, n), contig: make([]bool, n)}
+	a.grad = make([]bool, n)
+	a.shard = make([]bool, n)
+	a.c.Nodes = make([]Node, n)
+	for i := range g.Nodes {
+		a.node(&g.Nodes[i])
+	}
+	a.count()
+	a.blocks()
+	st, err := staticMemory(g)
+	if err != nil {
+		return nil, err
+	}
+	a.c.Static = st
+	return a.c, nil
+}
+
+func (a *analyzer) node(n *ir.Node) {
+	g := a.g
+	c := &a.c.Nodes[n.ID]
+	c.ID = n.ID
+	for _, in := range n.Inputs {
+		a.grad[n.ID] = a.grad[n.ID] || a.grad[in]
+	}
+	if g.TrainableParams(n.ID) > 0 {
+		a.grad[n.ID] = true
+	}
+	a.shard[n.ID] = a.sharded(n)
+	inContig := len(n.Inputs) == 0 || a.lay.contig[n.Inputs[0]]
+	if view, contig := viewOf(g, n, inContig); view && n.Op != ir.Input {
+		a.lay.out[n.ID] = a.lay.out[n.Inputs[0]]
+		a.lay.contig[n.ID] = contig
+	} else {
+		a.lay.out[n.ID] = a.extra(n, "out", n.Shape, n.DType, a.shard[n.ID])
+		a.lay.contig[n.ID] = true
+		c.OutputBytes = a.c.Storages[a.lay.out[n.ID]].Bytes
+	}
+	if a.grad[n.ID] {
+		a.keeps(n)
+	}
+	c.ForwardFLOPs, c.BackwardFLOPs = a.flops(n)
+}
+
+// sharded says whether a node's output is split over tensor-parallel ranks,
+// following Megatron's layout: a linear of a replicated input is column
+// parallel (its output is split), a linear of a split input is row parallel
+// (its output is all-reduced, replicated); other ops split what they read.
+func (a *analyzer) sharded(n *ir.Node) bool {
+	if a.tp == 1 {
+		return false
+	}
+	switch n.Op {
+	case ir.Input, ir.Embedding:
+		return false
+	case ir.Linear:
+		return !a.shard[n.Inputs[0]]
+	}
+	for _, in := range n.Inputs {
+		if a.shard[in] {
+			return true
+		}
+	}
+	return false
+}
+
+// extra allocates a new storage owned by n and returns its index.
+func (a *analyzer) extra(n *ir.Node, role string, shape ir.Shape, dt ir.DType, sharded bool) int {
+	dt = a.countedDType(dt)
+	b, _ := shape.Bytes(dt)
+	if a.tp > 1 && (sharded || a.sp) {
+		b = (b + a.tp - 1) / a.tp
+	}
+	a.c.Storages = append(a.c.Storages, Storage{Node: n.ID, Role: role, Shape: shape.Clone(), DType: dt, Bytes: b, Sharded: sharded})
+	return len(a.c.Storages) - 1
+}
+
+// countedDType is the dtype a profile counts a tensor in: Megatron's fused
+// kernels keep every floating-point activation in the 16-bit model dtype.
+func (a *analyzer) countedDType(dt ir.DType) ir.DType {
+	if a.profile == Megatron && dt.IsFloat() {
+		return a.g.DType
+	}
+	return dt
+}
+
+// keep records that n keeps a storage, once per saved tensor as autograd
+// records them (an op may keep one storage twice).
+func (a *analyzer) keep(n *ir.Node, storage int) {
+	c := &a.c.Nodes[n.ID]
+	c.Saved = append(c.Saved, storage)
+}
+
+// count attributes each kept activation storage to the first node that
+// keeps it, in graph order.
+func (a *analyzer) count() {
+	counted := make([]bool, len(a.c.Storages))
+	for i := range a.c.Nodes {
+		c := &a.c.Nodes[i]
+		for _, s := range c.Saved {
+			st := &a.c.Storages[s]
+			if counted[s] || !st.IsActivation(a.g) {
+				continue
+			}
+			counted[s] = true
+			c.SavedBytes += st.Bytes
+		}
+		a.c.SavedBytes += c.SavedBytes
+		a.c.ForwardFLOPs += c.ForwardFLOPs
+		a.c.BackwardFLOPs += c.BackwardFLOPs
+	}
+}
+
+func (a *analyzer) blocks() {
+	g := a.g
+	index := map[string]int{}
+	for _, name := range g.Blocks() {
+		index[name] = len(a.c.Blocks)
+		a.c.Blocks = append(a.c.Blocks, Block{Name: name, Input: -1})
+	}
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.Block == "" {
+			continue
+		}
+		b := &a.c.Blocks[index[n.Block]]
+		b.Nodes = append(b.Nodes, i)
+		c := &a.c.Nodes[i]
+		b.SavedBytes += c.SavedBytes
+		b.ForwardFLOPs += c.ForwardFLOPs
+		b.BackwardFLOPs += c.BackwardFLOPs
+		for _, in := range n.Inputs {
+			src := &g.Nodes[in]
+			if b.Input < 0 && src.Block != n.Block && src.DType.IsFloat() && src.Op != ir.Input {
+				b.Input = a.lay.out[in]
+				b.InputBytes = a.c.Storages[b.Input].Bytes
+			}
+		}
+	}
+	a.checkpointEveryLayer()
+}
+
+// checkpointEveryLayer totals the activations kept when every layer is
+// checkpointed: each layer's input, and everything the other blocks keep.
+func (a *analyzer) checkpointEveryLayer() {
+	counted := map[int]bool{}
+	add := func(s int) {
+		if !counted[s] && a.c.Storages[s].IsActivation(a.g) {
+			counted[s] = true
+			a.c.SavedBytesCheckpointEveryLayer += a.c.Storages[s].Bytes
+		}
+	}
+	for _, b := range a.c.Blocks {
+		if b.IsLayer() {
+			if b.Input >= 0 {
+				add(b.Input)
+			}
+			continue
+		}
+		for _, id := range b.Nodes {
+			for _, s := range a.c.Nodes[id].Saved {
+				add(s)
+			}
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package costmodel
+
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Profile names a set of rules for what autograd keeps.
+type Profile string
+
+// The profiles.
+const (
+	TorchEager Profile = "torch-eager"
+	Megatron   Profile = "megatron"
+)
+
+// keeps lists what a node keeps for its backward, as storages: existing
+// ones (its inputs' storages) or new ones it allocates (masks, statistics,
+// copies). It is the one place that states each op's rule; docs/costmodel.md
+// restates it in prose.
+func (a *analyzer) keeps(n *ir.Node) {
+	g := a.g
+	in := func(i int) int { return a.lay.out[n.Inputs[i]] }
+	inNode := func(i int) *ir.Node { return &g.Nodes[n.Inputs[i]] }
+	grad := func(i int) bool { return a.grad[n.Inputs[i]] }
+	x := func() *ir.Node { return inNode(0) }
+	switch n.Op {
+	case ir.Linear:
+		if !n.Attrs.Frozen || n.Attrs.LoRARank > 0 {
+			// The weight gradient needs the input; so does a LoRA adapter's A.
+			a.keep(n, a.operand(n, 0))
+		}
+		if n.Attrs.LoRARank > 0 {
+			// B's gradient needs A's output, rank r wide.
+			s := x().Shape.Clone()
+			s[len(s)-1] = n.Attrs.LoRARank
+			a.keep(n, a.extra(n, "lora_a", s, x().DType, false))
+		}
+	case ir.MatMul:
+		if grad(1) {
+			a.keep(n, a.operand(n, 0))
+		}
+		if grad(0) {
+			a.keep(n, a.operand(n, 1))
+		}
+	case ir.Mul:
+		if grad(1) {
+			a.keep(n, in(0))
+		}
+		if grad(0) {
+			a.keep(n, in(1))
+		}
+	case ir.LayerNorm:
+		a.keep(n, in(0))
+		if a.profile == TorchEager {
+			// native_layer_norm keeps mean and rstd in the input dtype.
+			stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
+			a.keep(n, a.extra(n, "mean", stat, x().DType, a.shard[n.Inputs[0]]))
+			a.keep(n, a.extra(n, "rstd", stat, x().DType, a.shard[n.Inputs[0]]))
+		}
+	case ir.RMSNorm:
+		a.keepRMSNorm(n)
+	case ir.Softmax, ir.LogSoftmax:
+		a.keep(n, a.lay.out[n.ID])
+	case ir.Dropout:
+		// The CPU kernel keeps the scaled mask in the input dtype; Megatron's
+		// fused kernel a 1-byte mask.
+		dt := x().DType
+		if a.profile == Megatron {
+			dt = ir.Bool
+		}
+		a.keep(n, a.extra(n, "mask", x().Shape, dt, a.shard[n.Inputs[0]]))
+	case ir.GELU, ir.SiLU:
+		a.keep(n, in(0))
+	case ir.CrossEntropy:
+		// log_softmax keeps its output; nll_loss keeps only the targets.
+		a.keep(n, a.extra(n, "log_softmax", x().Shape, x().DType, a.shard[n.Inputs[0]]))
+	case ir.Attention:
+		a.keepAttention(n)
+	case ir.Embedding, ir.Add, ir.Scale, ir.CausalMask, ir.RoPE, ir.RepeatKV, ir.Cast,
+		ir.Reshape, ir.Transpose, ir.Split, ir.Input:
+		// Embedding keeps its ids, scale a float64 scalar, causal_mask a bool
+		// buffer, rope its cos/sin buffers: none of them activations.
+	default:
+		panic(fmt.Sprintf("costmodel: no rule for op %v", n.Op))
+	}
+}
+
+// keepRMSNorm follows Hugging Face's LlamaRMSNorm: x.to(fp32);
+// pow(2).mean(-1) keeps x and x² (mean keeps its input); rsqrt keeps its
+// result; x·rstd keeps both (already counted); .to(dtype) copies; the
+// multiply by the weight keeps the normalized x if the weight trains.
+// Without the upcast every intermediate is in the model dtype. Megatron's
+// fused kernel keeps the input alone (its statistics are not counted).
+func (a *analyzer) keepRMSNorm(n *ir.Node) {
+	x := &a.g.Nodes[n.Inputs[0]]
+	sh := a.shard[n.Inputs[0]]
+	if a.profile == Megatron {
+		a.keep(n, a.lay.out[n.Inputs[0]])
+		return
+	}
+	dt := x.DType
+	if n.Attrs.Upcast {
+		dt = ir.FP32
+	}
+	xf := a.lay.out[n.Inputs[0]]
+	if dt != x.DType {
+		xf = a.extra(n, "x_fp32", x.Shape, dt, sh)
+	}
+	a.keep(n, xf)
+	a.keep(n, a.extra(n, "x_squared", x.Shape, dt, sh))
+	stat := append(x.Shape[:len(x.Shape)-1].Clone(), 1)
+	rstd := a.extra(n, "rstd", stat, dt, sh)
+	a.keep(n, rstd)
+	a.keep(n, xf)
+	a.keep(n, rstd)
+	normed := a.extra(n, "normalized", x.Shape, dt, sh)
+	if dt != n.DType {
+		normed = a.extra(n, "normalized_cast", x.Shape, n.DType, sh)
+	}
+	if !n.Attrs.Frozen {
+		a.keep(n, normed)
+	}
+}
+
+// keepAttention is the fused attention op. Flash attention keeps q, k, v,
+// its output and the fp32 log-sum-exp (b·a·s), never the s² probabilities.
+// The eager fused op keeps what the unfused chain keeps: q, k and v, the
+// probabilities, and with dropout the mask and the dropped probabilities.
+func (a *analyzer) keepAttention(n *ir.Node) {
+	q := &a.g.Nodes[n.Inputs[0]]
+	for i := range n.Inputs {
+		a.keep(n, a.lay.out[n.Inputs[i]])
+	}
+	sh := a.shard[n.ID]
+	if n.Attrs.Flash {
+		a.keep(n, a.lay.out[n.ID])
+		a.keep(n, a.extra(n, "logsumexp", q.Shape[:3].Clone(), ir.FP32, sh))
+		return
+	}
+	probs := ir.Shape{q.Shape[0], q.Shape[1], q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}
+	a.keep(n, a.extra(n, "probs", probs, q.DType, sh))
+	if n.Attrs.P > 0 {
+		dt := q.DType
+		if a.profile == Megatron {
+			dt = ir.Bool
+		}
+		a.keep(n, a.extra(n, "mask", probs, dt, sh))
+		a.keep(n, a.extra(n, "dropped", probs, q.DType, sh))
+	}
+}
+
+// operand returns the storage a matmul or linear keeps for input i: the
+// input's own storage when it is contiguous, else the contiguous copy the
+// kernel makes of it.
+func (a *analyzer) operand(n *ir.Node, i int) int {
+	id := n.Inputs[i]
+	if a.lay.contig[id] {
+		return a.lay.out[id]
+	}
+	in := &a.g.Nodes[id]
+	return a.extra(n, fmt.Sprintf("copy%d", i), in.Shape, in.DType, a.shard[id])
+}

@@ -1,0 +1,53 @@
+package costmodel
+
+import "github.com/ckptplan/ckptplan/ir"
+
+// Storage is a buffer allocated by one node: its output, or something else
+// the op materializes (a dropout mask, normalization statistics, a
+// contiguous copy of an operand).
+type Storage struct {
+	Node    int      // the node that allocates it
+	Role    string   // "out" for the node's output, else what it is
+	Shape   ir.Shape // logical shape (before any sharding)
+	DType   ir.DType // as the profile counts it
+	Bytes   int64    // bytes on one rank, after tensor/sequence parallel sharding
+	Sharded bool     // split across tensor-parallel ranks
+}
+
+// IsActivation reports whether a storage counts as an activation: a
+// floating-point tensor that is not a graph input's data. Token ids,
+// targets, scalars and buffers are not activations.
+func (s *Storage) IsActivation(g *ir.Graph) bool {
+	return s.DType.IsFloat() && len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input
+}
+
+// layout tracks, while walking the graph, which storage each node's output
+// lives in and whether that view is contiguous.
+type layout struct {
+	out    []int  // storage of each node's output
+	contig []bool // whether each node's output is contiguous in its storage
+}
+
+// viewOf returns whether op with this input yields a view of the input's
+// storage (no new buffer) and whether the view is contiguous.
+func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
+	switch n.Op {
+	case ir.Reshape:
+		// A reshape of a non-contiguous tensor copies (torch.reshape).
+		return inContig, true
+	case ir.Transpose:
+		return true, n.Attrs.Axis == n.Attrs.Axis2
+	case ir.Split:
+		return true, n.Attrs.Parts == 1
+	case ir.Cast:
+		return n.Attrs.To == g.Nodes[n.Inputs[0]].DType, inContig
+	case ir.RepeatKV:
+		// expand + reshape stays a view only when there is one kv head and
+		// one sequence in the batch; otherwise the reshape copies.
+		in := g.Nodes[n.Inputs[0]].Shape
+		if in[0] == 1 && in[1] == 1 {
+			return true, false
+		}
+	}
+	return false, true
+}

@@ -1,0 +1,191 @@
+package ir
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseBytes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Bytes
+		err  string
+	}{
+		{"4096", 4096, ""},
+		{"512KiB", 512 << 10, ""},
+		{"24GiB", 24 << 30, ""},
+		{"24 GiB", 24 << 30, ""},
+		{"1.5GB", 1500000000, ""},
+		{"1.5GiB", 3 << 29, ""},
+		{"2M", 2 << 20, ""},
+		{"0.5B", 1, ""},
+		{"", 0, "want a number"},
+		{"GiB", 0, "want a number"},
+		{"12 parsecs", 0, `unknown unit "parsecs"`},
+		{"-3", 0, "want a number"},
+		{"99999999999999999999", 0, "out of range"},
+		{"1e30TiB", 0, "unknown unit"},
+		{"9999999999TiB", 0, "out of range"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseBytes(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("ParseBytes(%q) error = %v, want %q", tt.in, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("ParseBytes(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBytesString(t *testing.T) {
+	for b, want := range map[Bytes]string{
+		0: "0 B", 512: "512 B", 1024: "1 KiB", 24 << 30: "24 GiB", 3 << 29: "1.50 GiB", -2048: "-2 KiB",
+	} {
+		if got := b.String(); got != want {
+			t.Errorf("Bytes(%d).String() = %q, want %q", int64(b), got, want)
+		}
+		if b >= 0 {
+			if back, err := ParseBytes(strings.ReplaceAll(want, " ", "")); err == nil && want[len(want)-3] != '.' && back != b {
+				t.Errorf("ParseBytes(%q) = %d, want %d", want, back, b)
+			}
+		}
+	}
+}
+
+func TestShapeBytesOverflow(t *testing.T) {
+	if _, ok := (Shape{1 << 31, 1 << 31}).Bytes(FP32); ok {
+		t.Error("2^62 fp32 elements did not overflow")
+	}
+	if b, ok := (Shape{1 << 30, 1 << 30}).Bytes(BF16); !ok || b != 1<<61 {
+		t.Errorf("got %d, %v; want 2^61", b, ok)
+	}
+	if _, ok := (Shape{3, 0}).Bytes(FP32); ok {
+		t.Error("zero dimension accepted")
+	}
+}
+
+func TestInfer(t *testing.T) {
+	f := func(s ...int64) Tensor { return Tensor{Shape(s), FP32} }
+	ids := Tensor{Shape{2, 8}, Int64}
+	tests := []struct {
+		name string
+		op   Op
+		a    Attrs
+		in   []Tensor
+		want Tensor
+		err  string
+	}{
+		{"linear", Linear, Attrs{Out: 12}, []Tensor{f(2, 8, 4)}, f(2, 8, 12), ""},
+		{"embedding", Embedding, Attrs{Vocab: 10, Out: 4}, []Tensor{ids}, Tensor{Shape{2, 8, 4}, BF16}, ""},
+		{"embedding of floats", Embedding, Attrs{Vocab: 10, Out: 4}, []Tensor{f(2, 8)}, Tensor{}, "int64 ids"},
+		{"matmul", MatMul, Attrs{}, []Tensor{f(2, 3, 4, 5), f(2, 3, 5, 6)}, f(2, 3, 4, 6), ""},
+		{"matmul transposed", MatMul, Attrs{TransposeB: true}, []Tensor{f(2, 3, 4, 5), f(2, 3, 7, 5)}, f(2, 3, 4, 7), ""},
+		{"matmul inner mismatch", MatMul, Attrs{}, []Tensor{f(4, 5), f(6, 7)}, Tensor{}, "inner sizes 5 and 6"},
+		{"add broadcasts", Add, Attrs{}, []Tensor{f(2, 8, 4), f(8, 4)}, f(2, 8, 4), ""},
+		{"add mismatch", Add, Attrs{}, []Tensor{f(2, 8, 4), f(3, 4)}, Tensor{}, "do not broadcast"},
+		{"softmax upcast", Softmax, Attrs{Upcast: true}, []Tensor{{Shape{2, 2}, BF16}}, f(2, 2), ""},
+		{"repeat_kv", RepeatKV, Attrs{Heads: 8}, []Tensor{f(2, 2, 16, 4)}, f(2, 8, 16, 4), ""},
+		{"repeat_kv indivisible", RepeatKV, Attrs{Heads: 6}, []Tensor{f(2, 4, 16, 4)}, Tensor{}, "kv dividing"},
+		{"split", Split, Attrs{Parts: 3, Index: 2}, []Tensor{f(2, 9)}, f(2, 3), ""},
+		{"split uneven", Split, Attrs{Parts: 2}, []Tensor{f(2, 9)}, Tensor{}, "not divisible"},
+		{"transpose", Transpose, Attrs{Axis: 1, Axis2: -1}, []Tensor{f(2, 3, 4)}, f(2, 4, 3), ""},
+		{"reshape -1", Reshape, Attrs{Shape: Shape{-1, 4}}, []Tensor{f(2, 3, 4)}, f(6, 4), ""},
+		{"reshape wrong", Reshape, Attrs{Shape: Shape{5, 4}}, []Tensor{f(2, 3, 4)}, Tensor{}, "cannot reshape"},
+		{"attention gqa", Attention, Attrs{Flash: true}, []Tensor{f(1, 8, 16, 4), f(1, 2, 16, 4), f(1, 2, 16, 4)}, f(1, 8, 16, 4), ""},
+		{"cross entropy", CrossEntropy, Attrs{}, []Tensor{f(2, 8, 10), ids}, f(), ""},
+		{"cross entropy mismatch", CrossEntropy, Attrs{}, []Tensor{f(2, 7, 10), ids}, Tensor{}, "want logits"},
+		{"cast", Cast, Attrs{To: BF16}, []Tensor{f(3)}, Tensor{Shape{3}, BF16}, ""},
+		{"arity", Add, Attrs{}, []Tensor{f(3)}, Tensor{}, "takes 2 inputs"},
+		{"dropout p", Dropout, Attrs{P: 1}, []Tensor{f(3)}, Tensor{}, "not in [0, 1)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Infer(tt.op, tt.a, tt.in, BF16)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error = %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("(-want +got)\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestTopoOrderCycle(t *testing.T) {
+	nodes := []Node{
+		{Name: "x", Op: Input},
+		{Name: "a", Op: GELU, Inputs: []int{3}},
+		{Name: "b", Op: GELU, Inputs: []int{1}},
+		{Name: "c", Op: Add, Inputs: []int{0, 2}},
+		{Name: "d", Op: GELU, Inputs: []int{3}},
+	}
+	_, err := TopoOrder(nodes)
+	var ce *CycleError
+	if !errors.As(err, &ce) {
+		t.Fatalf("TopoOrder error = %v, want a *CycleError", err)
+	}
+	if want := "cycle through a, b, c"; err.Error() != want {
+		t.Errorf("error = %q, want %q", err, want)
+	}
+	nodes[1].Inputs = []int{0}
+	order, err := TopoOrder(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int{0, 1, 2, 3, 4}, order); diff != "" {
+		t.Errorf("order (-want +got)\n%s", diff)
+	}
+}
+
+func TestCycleErrorNamesAtMostTen(t *testing.T) {
+	var nodes []Node
+	for i := 0; i < 15; i++ {
+		nodes = append(nodes, Node{Name: string(rune('a' + i)), Op: GELU, Inputs: []int{(i + 1) % 15}})
+	}
+	_, err := TopoOrder(nodes)
+	var ce *CycleError
+	if !errors.As(err, &ce) || len(ce.Nodes) != MaxNamed || ce.Total != 15 || !strings.HasSuffix(err.Error(), "and 5 more") {
+		t.Fatalf("error = %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	g := NewGraph("t", FP32)
+	x, _ := g.AddInput("x", "", Tensor{Shape{2, 4}, FP32})
+	y, err := g.AddOp("fc", "b", Linear, Attrs{Out: 3}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Output = y
+	if err := Validate(g); err != nil {
+		t.Fatalf("valid graph: %v", err)
+	}
+	g.Nodes[y].Shape = Shape{2, 5}
+	if err := Validate(g); err == nil || !strings.Contains(err.Error(), "its inputs give [2 3]") {
+		t.Errorf("shape mismatch not caught: %v", err)
+	}
+	if _, err := g.AddOp("fc", "b", GELU, Attrs{}, x); err == nil {
+		t.Error("duplicate name accepted")
+	}
+	if _, err := g.AddOp("z", "b", GELU, Attrs{}, 7); err == nil {
+		t.Error("dangling input accepted")
+	}
+	if got := g.Params(y); got != 12 {
+		t.Errorf("Params = %d, want 12", got)
+	}
+}

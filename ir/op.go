@@ -1,0 +1,137 @@
+package ir
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Op is the operation a node applies to its inputs.
+type Op uint8
+
+// The ops. Their shape rules are in Infer; what each keeps for backward is
+// the cost model's business, not the graph's.
+const (
+	OpInvalid    Op = iota
+	Input           // a graph input (token ids, targets, activations)
+	Embedding       // table lookup: int ids [...] -> [..., Out]; weight Vocab x Out
+	Linear          // x W (+ bias): [..., in] -> [..., Out]; Frozen, LoRARank
+	MatMul          // batched product [..., m, k] x [..., k, n]; TransposeB
+	LayerNorm       // over the last axis, with weight and bias
+	RMSNorm         // over the last axis, with weight; Upcast computes in fp32
+	Softmax         // over the last axis; Upcast returns fp32
+	Dropout         // P is the drop probability
+	GELU            // tanh approximation
+	SiLU            //
+	Mul             // elementwise, broadcasting
+	Add             // elementwise, broadcasting
+	Scale           // multiply by the constant Factor
+	CausalMask      // fill the upper triangle of the last two axes with -inf
+	RoPE            // rotary position embedding on [b, heads, s, d]
+	RepeatKV        // expand [b, kv, s, d] to [b, Heads, s, d]
+	Cast            // change dtype to the node's DType
+	Attention       // fused attention of q, k, v; Flash, Causal, P
+	LogSoftmax      // over the last axis
+	CrossEntropy    // mean loss of logits [..., V] against int ids [...]
+	Reshape         // view with the node's shape
+	Transpose       // view swapping axes Axis and Axis2
+	Split           // view of part Index of Parts equal parts along the last axis
+	numOps
+)
+
+var opNames = [...]string{
+	OpInvalid:    "invalid",
+	Input:        "input",
+	Embedding:    "embedding",
+	Linear:       "linear",
+	MatMul:       "matmul",
+	LayerNorm:    "layernorm",
+	RMSNorm:      "rmsnorm",
+	Softmax:      "softmax",
+	Dropout:      "dropout",
+	GELU:         "gelu",
+	SiLU:         "silu",
+	Mul:          "mul",
+	Add:          "add",
+	Scale:        "scale",
+	CausalMask:   "causal_mask",
+	RoPE:         "rope",
+	RepeatKV:     "repeat_kv",
+	Cast:         "cast",
+	Attention:    "attention",
+	LogSoftmax:   "log_softmax",
+	CrossEntropy: "cross_entropy",
+	Reshape:      "reshape",
+	Transpose:    "transpose",
+	Split:        "split",
+}
+
+// String returns the op's name as written in graph YAML.
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", o)
+}
+
+// IsView reports whether the op only reinterprets its input's storage and
+// so costs no bytes and no FLOPs.
+func (o Op) IsView() bool { return o == Reshape || o == Transpose || o == Split }
+
+// Arity returns the number of inputs the op takes.
+func (o Op) Arity() int {
+	switch o {
+	case Input:
+		return 0
+	case MatMul, Mul, Add, CrossEntropy:
+		return 2
+	case Attention:
+		return 3
+	}
+	return 1
+}
+
+// OpNames returns the names of all ops, sorted.
+func OpNames() []string {
+	var names []string
+	for o := Input; o < numOps; o++ {
+		names = append(names, o.String())
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ParseOp parses an op name as written in graph YAML.
+func ParseOp(s string) (Op, bool) {
+	for o := Input; o < numOps; o++ {
+		if opNames[o] == s {
+			return o, true
+		}
+	}
+	return OpInvalid, false
+}
+
+// Attrs holds the attributes of an op. Each field is meaningful only for the
+// ops named in its comment; the zero value is the default for all of them.
+type Attrs struct {
+	Out        int64   // Linear: output features; Embedding: embedding width
+	Vocab      int64   // Embedding: rows of the table
+	Bias       bool    // Linear: has a bias
+	Frozen     bool    // Linear, Embedding, norms: weights are not trained
+	Tied       string  // Linear, Embedding: name of the node whose weight this one shares
+	LoRARank   int64   // Linear: rank of a trainable low-rank adapter (0: none)
+	Upcast     bool    // RMSNorm, LayerNorm, Softmax: compute in fp32
+	P          float64 // Dropout, Attention: drop probability
+	Factor     float64 // Scale: the constant
+	Heads      int64   // RepeatKV, Attention, RoPE: query heads
+	KVHeads    int64   // Attention: key/value heads
+	Flash      bool    // Attention: flash (no s^2 probabilities kept)
+	Causal     bool    // Attention: causal masking
+	TransposeB bool    // MatMul: use the transpose of the last two axes of b
+	Axis       int     // Transpose: first axis
+	Axis2      int     // Transpose: second axis
+	Parts      int     // Split: equal parts along the last axis
+	Index      int     // Split: which part
+	Eps        float64 // LayerNorm, RMSNorm: epsilon
+	To         DType   // Cast: the target dtype
+	Shape      Shape   // Reshape: the new shape; one entry may be -1
+}

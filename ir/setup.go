@@ -1,0 +1,136 @@
+package ir
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Setup is how a model is trained: the sizes of a step, numerics, the
+// framework profile whose rules say what autograd keeps, optimizer, LoRA
+// and parallelism. The cost model gives these fields their meaning.
+type Setup struct {
+	Batch     int64    `yaml:"batch" json:"batch"`
+	Seq       int64    `yaml:"seq" json:"seq"`
+	DType     string   `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
+	Dropout   float64  `yaml:"dropout" json:"dropout"`     // in [0, 1)
+	Attention string   `yaml:"attention" json:"attention"` // eager | flash
+	Profile   string   `yaml:"profile" json:"profile"`     // torch-eager | megatron
+	Numerics  Numerics `yaml:"numerics" json:"numerics"`
+	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | sgd | none
+	LoRA      LoRA     `yaml:"lora" json:"lora"`
+	Parallel  Parallel `yaml:"parallel" json:"parallel"`
+}
+
+// Numerics are the upcasts and the grouped-query implementation, which
+// change what autograd keeps.
+type Numerics struct {
+	NormFP32    bool   `yaml:"norm_fp32" json:"norm_fp32"`       // RMSNorm computes in fp32 (HF default)
+	SoftmaxFP32 bool   `yaml:"softmax_fp32" json:"softmax_fp32"` // softmax in fp32, cast back
+	LogitsFP32  bool   `yaml:"logits_fp32" json:"logits_fp32"`   // loss on logits.float()
+	GQA         string `yaml:"gqa" json:"gqa"`                   // repeat (expand K, V) | grouped
+}
+
+// LoRA describes low-rank adapters. Rank 0 means full fine-tuning.
+type LoRA struct {
+	Rank    int64    `yaml:"rank" json:"rank"`
+	Targets []string `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
+}
+
+// Parallel is the data, tensor and sequence parallel layout and the ZeRO
+// stage (0 to 3; 3 is FSDP's full sharding).
+type Parallel struct {
+	DP   int64 `yaml:"dp" json:"dp"`
+	TP   int64 `yaml:"tp" json:"tp"`
+	SP   bool  `yaml:"sp" json:"sp"`
+	Zero int64 `yaml:"zero" json:"zero"`
+}
+
+// Enumerated values of the setup's string fields.
+var (
+	Attentions  = []string{"eager", "flash"}
+	Profiles    = []string{"torch-eager", "megatron"}
+	Optimizers  = []string{"adamw", "sgd", "none"}
+	GQAs        = []string{"repeat", "grouped"}
+	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}
+)
+
+// DefaultSetup returns the defaults of every training field.
+func DefaultSetup() Setup {
+	return Setup{
+		Batch: 1, Seq: 2048, DType: "bf16", Attention: "eager", Profile: "torch-eager",
+		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: "repeat"},
+		Optimizer: "adamw",
+		LoRA:      LoRA{Targets: []string{"q", "k", "v", "o"}},
+		Parallel:  Parallel{DP: 1, TP: 1},
+	}
+}
+
+// FieldError is a problem with one field of a setup or model, named by its
+// path as written in YAML ("training.parallel.tp"), so that a reader can
+// point at the line.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+func oneOf(field, v string, valid []string) error {
+	if slices.Contains(valid, v) {
+		return nil
+	}
+	return &FieldError{field, fmt.Sprintf("unknown value %q (valid: %s)", v, strings.Join(valid, ", "))}
+}
+
+// ModelDType returns the parsed training dtype.
+func (s *Setup) ModelDType() DType {
+	d, _ := ParseDType(s.DType)
+	return d
+}
+
+// Validate checks every field; prefix is prepended to field names in
+// errors ("training").
+func (s *Setup) Validate(prefix string) error {
+	f := func(name string) string { return prefix + "." + name }
+	positive := []struct {
+		name string
+		v    int64
+	}{{"batch", s.Batch}, {"seq", s.Seq}, {"parallel.dp", s.Parallel.DP}, {"parallel.tp", s.Parallel.TP}}
+	for _, p := range positive {
+		if p.v <= 0 {
+			return &FieldError{f(p.name), fmt.Sprintf("must be positive, got %d", p.v)}
+		}
+	}
+	if d, err := ParseDType(s.DType); err != nil || !slices.Contains(TrainDTypes, d) {
+		return &FieldError{f("dtype"), fmt.Sprintf("unknown value %q (valid: fp32, bf16, fp16)", s.DType)}
+	}
+	if s.Dropout < 0 || s.Dropout >= 1 || s.Dropout != s.Dropout {
+		return &FieldError{f("dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.Dropout)}
+	}
+	for _, e := range []error{
+		oneOf(f("attention"), s.Attention, Attentions),
+		oneOf(f("profile"), s.Profile, Profiles),
+		oneOf(f("optimizer"), s.Optimizer, Optimizers),
+		oneOf(f("numerics.gqa"), s.Numerics.GQA, GQAs),
+	} {
+		if e != nil {
+			return e
+		}
+	}
+	if s.LoRA.Rank < 0 {
+		return &FieldError{f("lora.rank"), fmt.Sprintf("must not be negative, got %d", s.LoRA.Rank)}
+	}
+	for i, t := range s.LoRA.Targets {
+		if err := oneOf(fmt.Sprintf("%s[%d]", f("lora.targets"), i), t, LoRATargets); err != nil {
+			return err
+		}
+	}
+	if s.Parallel.Zero < 0 || s.Parallel.Zero > 3 {
+		return &FieldError{f("parallel.zero"), fmt.Sprintf("must be 0, 1, 2 or 3, got %d", s.Parallel.Zero)}
+	}
+	if s.Parallel.SP && s.Parallel.TP == 1 {
+		return &FieldError{f("parallel.sp"), "sequence parallelism needs tp > 1"}
+	}
+	return nil
+}

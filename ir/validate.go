@@ -1,0 +1,127 @@
+package ir
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"gonum.org/v1/gonum/graph"
+	"gonum.org/v1/gonum/graph/simple"
+	"gonum.org/v1/gonum/graph/topo"
+)
+
+// MaxNamed is the most node names an error lists.
+const MaxNamed = 10
+
+// CycleError reports nodes that depend on themselves through their inputs.
+type CycleError struct {
+	Nodes []string // the nodes on cycles, sorted, at most MaxNamed
+	Total int      // how many nodes are on cycles
+}
+
+func (e *CycleError) Error() string {
+	s := "cycle through " + strings.Join(e.Nodes, ", ")
+	if e.Total > len(e.Nodes) {
+		s += fmt.Sprintf(" and %d more", e.Total-len(e.Nodes))
+	}
+	return s
+}
+
+// TopoOrder returns the node IDs of g in a topological order, inputs first,
+// breaking ties by ID so that the order is deterministic. Nodes on cycles are
+// reported as a *CycleError. Dangling input IDs are an error.
+func TopoOrder(nodes []Node) ([]int, error) {
+	dg := simple.NewDirectedGraph()
+	for i := range nodes {
+		dg.AddNode(simple.Node(i))
+	}
+	for i, n := range nodes {
+		for _, in := range n.Inputs {
+			if in < 0 || in >= len(nodes) {
+				return nil, fmt.Errorf("node %s: input %d does not exist", n.Name, in)
+			}
+			if in == i {
+				return nil, &CycleError{Nodes: []string{n.Name}, Total: 1}
+			}
+			dg.SetEdge(dg.NewEdge(simple.Node(in), simple.Node(i)))
+		}
+	}
+	// topo.SortStabilized breaks ties with the given function: by ID.
+	sorted, err := topo.SortStabilized(dg, func(ns []graph.Node) {
+		sort.Slice(ns, func(a, b int) bool { return ns[a].ID() < ns[b].ID() })
+	})
+	var unorderable topo.Unorderable
+	if errors.As(err, &unorderable) {
+		var names []string
+		for _, scc := range unorderable {
+			for _, n := range scc {
+				names = append(names, nodes[n.ID()].Name)
+			}
+		}
+		sort.Strings(names)
+		e := &CycleError{Total: len(names)}
+		e.Nodes = names[:min(len(names), MaxNamed)]
+		return nil, e
+	}
+	if err != nil {
+		return nil, err
+	}
+	order := make([]int, len(sorted))
+	for i, n := range sorted {
+		order[i] = int(n.ID())
+	}
+	return order, nil
+}
+
+// Validate checks that g is well formed: names are unique, every input
+// exists and precedes its consumer, there are no cycles, every output type
+// is what Infer says, no tensor's bytes overflow int64, and Output names a
+// node. It returns the first problem found.
+func Validate(g *Graph) error {
+	if _, err := TopoOrder(g.Nodes); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(g.Nodes))
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.ID != i {
+			return fmt.Errorf("node %s: ID %d at index %d", n.Name, n.ID, i)
+		}
+		if seen[n.Name] {
+			return fmt.Errorf("node name %q is used twice", n.Name)
+		}
+		seen[n.Name] = true
+		if err := validateNode(g, n); err != nil {
+			return fmt.Errorf("node %s: %v", n.Name, err)
+		}
+	}
+	if g.Output < 0 || g.Output >= len(g.Nodes) {
+		return fmt.Errorf("graph %s has no output", g.Name)
+	}
+	return nil
+}
+
+func validateNode(g *Graph, n *Node) error {
+	if _, ok := n.Shape.Bytes(n.DType); !ok || n.DType == Invalid {
+		return fmt.Errorf("output %v of %v is empty or overflows int64 bytes", n.Shape, n.DType)
+	}
+	if n.Op == Input {
+		return nil
+	}
+	in := make([]Tensor, len(n.Inputs))
+	for j, id := range n.Inputs {
+		if id >= n.ID {
+			return fmt.Errorf("input %s comes after the node", g.Nodes[id].Name)
+		}
+		in[j] = g.Nodes[id].Tensor()
+	}
+	t, err := Infer(n.Op, n.Attrs, in, g.DType)
+	if err != nil {
+		return err
+	}
+	if !t.Shape.Equal(n.Shape) || t.DType != n.DType {
+		return fmt.Errorf("output is %v %v, but its inputs give %v %v", n.Shape, n.DType, t.Shape, t.DType)
+	}
+	return nil
+}
