@@ -27,15 +27,12 @@ func (a *analyzer) keeps(n *ir.Node) {
 	x := func() *ir.Node { return inNode(0) }
 	switch n.Op {
 	case ir.Linear:
-		if !n.Attrs.Frozen || n.Attrs.LoRARank > 0 {
-			// The weight gradient needs the input; so does a LoRA adapter's A.
+		if !n.Attrs.Frozen {
+			// The weight gradient needs the input.
 			a.keep(n, a.operand(n, 0))
 		}
 		if n.Attrs.LoRARank > 0 {
-			// B's gradient needs A's output, rank r wide.
-			s := x().Shape.Clone()
-			s[len(s)-1] = n.Attrs.LoRARank
-			a.keep(n, a.extra(n, "lora_a", s, x().DType, false))
+			a.keepLoRA(n)
 		}
 	case ir.MatMul:
 		if grad(1) {
@@ -85,6 +82,23 @@ func (a *analyzer) keeps(n *ir.Node) {
 	default:
 		panic(fmt.Sprintf("costmodel: no rule for op %v", n.Op))
 	}
+}
+
+// keepLoRA keeps what an adapter y += B(A(dropout(x)))·(alpha/r) needs:
+// A's gradient needs its input (x itself, or the dropout's mask and output
+// when the adapter has dropout); B's gradient needs A's output, r wide.
+func (a *analyzer) keepLoRA(n *ir.Node) {
+	x := &a.g.Nodes[n.Inputs[0]]
+	sh := a.shard[n.Inputs[0]]
+	if n.Attrs.LoRADrop > 0 {
+		a.keep(n, a.extra(n, "lora_dropout_mask", x.Shape, x.DType, sh))
+		a.keep(n, a.extra(n, "lora_dropout", x.Shape, x.DType, sh))
+	} else {
+		a.keep(n, a.operand(n, 0))
+	}
+	s := x.Shape.Clone()
+	s[len(s)-1] = n.Attrs.LoRARank
+	a.keep(n, a.extra(n, "lora_a", s, x.DType, false))
 }
 
 // keepRMSNorm follows Hugging Face's LlamaRMSNorm: x.to(fp32);

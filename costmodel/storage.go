@@ -15,10 +15,11 @@ type Storage struct {
 }
 
 // IsActivation reports whether a storage counts as an activation: a
-// floating-point tensor that is not a graph input's data. Token ids,
-// targets, scalars and buffers are not activations.
+// tensor computed in the step (a floating-point output, or anything an op
+// materializes for its backward, such as a 1-byte dropout mask). Graph
+// inputs (token ids, targets) and scalars are not activations.
 func (s *Storage) IsActivation(g *ir.Graph) bool {
-	return s.DType.IsFloat() && len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input
+	return len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input && (s.DType.IsFloat() || s.Role != "out")
 }
 
 // layout tracks, while walking the graph, which storage each node's output

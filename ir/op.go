@@ -119,6 +119,7 @@ type Attrs struct {
 	Frozen     bool    // Linear, Embedding, norms: weights are not trained
 	Tied       string  // Linear, Embedding: name of the node whose weight this one shares
 	LoRARank   int64   // Linear: rank of a trainable low-rank adapter (0: none)
+	LoRADrop   float64 // Linear: dropout probability on the adapter's input
 	Upcast     bool    // RMSNorm, LayerNorm, Softmax: compute in fp32
 	P          float64 // Dropout, Attention: drop probability
 	Factor     float64 // Scale: the constant

@@ -35,6 +35,7 @@ type Numerics struct {
 type LoRA struct {
 	Rank    int64    `yaml:"rank" json:"rank"`
 	Targets []string `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
+	Dropout float64  `yaml:"dropout" json:"dropout"` // dropout on each adapter's input
 }
 
 // Parallel is the data, tensor and sequence parallel layout and the ZeRO
@@ -117,6 +118,9 @@ func (s *Setup) Validate(prefix string) error {
 		if e != nil {
 			return e
 		}
+	}
+	if s.LoRA.Dropout < 0 || s.LoRA.Dropout >= 1 || s.LoRA.Dropout != s.LoRA.Dropout {
+		return &FieldError{f("lora.dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.LoRA.Dropout)}
 	}
 	if s.LoRA.Rank < 0 {
 		return &FieldError{f("lora.rank"), fmt.Sprintf("must not be negative, got %d", s.LoRA.Rank)}

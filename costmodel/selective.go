@@ -1,0 +1,64 @@
+package costmodel
+
+import "github.com/ckptplan/ckptplan/ir"
+
+// AttentionCore returns the nodes of the eager attention core of g: from
+// the QKᵀ product through scale, mask, softmax, cast and dropout, up to
+// (not including) the product with V. These are what Megatron's selective
+// recomputation recomputes (Korthikanti et al. 2022, §4.2): their outputs
+// grow with s², their FLOPs are small.
+//
+// The core is found from each softmax, walking back through scale, mask
+// and reshape to a matmul and forward through cast, dropout and reshape
+// while each node has one consumer. O(nodes).
+func AttentionCore(g *ir.Graph) []bool {
+	core := make([]bool, len(g.Nodes))
+	consumers := g.Consumers()
+	for i := range g.Nodes {
+		if g.Nodes[i].Op != ir.Softmax {
+			continue
+		}
+		core[i] = true
+		for id := g.Nodes[i].Inputs[0]; ; id = g.Nodes[id].Inputs[0] {
+			op := g.Nodes[id].Op
+			if op != ir.Scale && op != ir.CausalMask && op != ir.Reshape && op != ir.MatMul {
+				break
+			}
+			core[id] = true
+			if op == ir.MatMul {
+				break
+			}
+		}
+		for id := i; len(consumers[id]) == 1; {
+			id = consumers[id][0]
+			op := g.Nodes[id].Op
+			if op != ir.Cast && op != ir.Dropout && op != ir.Reshape {
+				break
+			}
+			core[id] = true
+		}
+	}
+	return core
+}
+
+// SelectiveSavedBytes returns the activation bytes block b keeps when its
+// attention core is recomputed in backward instead of kept: the block's
+// saved bytes less the storages the core allocates, except the copies of q
+// and k the QKᵀ product keeps, which the recomputation starts from.
+func (c *Costs) SelectiveSavedBytes(b *Block) int64 {
+	core := AttentionCore(c.Graph)
+	counted := map[int]bool{}
+	var total int64
+	for _, id := range b.Nodes {
+		for _, s := range c.Nodes[id].Saved {
+			st := &c.Storages[s]
+			dropped := core[st.Node] && !(c.Graph.Nodes[st.Node].Op == ir.MatMul && st.Role != "out")
+			if counted[s] || dropped || !st.IsActivation(c.Graph) || c.Graph.Nodes[st.Node].Block != b.Name && s != b.Input {
+				continue
+			}
+			counted[s] = true
+			total += st.Bytes
+		}
+	}
+	return total
+}

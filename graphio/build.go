@@ -1,0 +1,237 @@
+package graphio
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Build expands a model into its training graph op by op, in the order
+// PyTorch runs the reference implementations (Hugging Face's GPT-2 and
+// eager Llama), so that the cost model can match what autograd keeps tensor
+// by tensor. Blocks are "embed", "layers.0" … "layers.L-1" and "head"; a
+// node's name is its block and its region in the block ("layers.3.attn.q_proj").
+// Ops that do nothing in the setup (dropout with p = 0, a cast to the same
+// dtype, repeat_kv with one group) are left out.
+//
+// The graph is O(layers) nodes; Build fails only on a model that Validate
+// rejects.
+func Build(model *Model) (*ir.Graph, error) {
+	m := *model
+	m.fillDefaults()
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("model %s: %v", m.Name, err)
+	}
+	dt := m.Training.ModelDType()
+	b := &builder{m: &m, g: ir.NewGraph(m.Name, dt), dt: dt}
+	b.g.Setup = m.Training
+	x := b.embed()
+	for l := int64(0); l < m.Layers; l++ {
+		b.block = fmt.Sprintf("layers.%d", l)
+		if m.Family == "gpt2" {
+			x = b.gpt2Layer(x)
+		} else {
+			x = b.llamaLayer(x)
+		}
+	}
+	b.g.Output = b.head(x)
+	if b.err != nil {
+		return nil, fmt.Errorf("model %s: %v", m.Name, b.err)
+	}
+	return b.g, ir.Validate(b.g)
+}
+
+// builder appends nodes to a graph, keeping the first error so that the
+// layer functions read as straight-line code.
+type builder struct {
+	m     *Model
+	g     *ir.Graph
+	dt    ir.DType
+	block string
+	err   error
+}
+
+func (b *builder) op(region string, op ir.Op, a ir.Attrs, in ...int) int {
+	if b.err != nil {
+		return 0
+	}
+	id, err := b.g.AddOp(b.block+"."+region, b.block, op, a, in...)
+	if err != nil {
+		b.err = err
+	}
+	return id
+}
+
+func (b *builder) input(name string, shape ir.Shape) int {
+	if b.err != nil {
+		return 0
+	}
+	id, err := b.g.AddInput(name, "", ir.Tensor{Shape: shape, DType: ir.Int64})
+	if err != nil {
+		b.err = err
+	}
+	return id
+}
+
+// linear adds a projection; role is the LoRA target it answers to ("qkv"
+// for GPT-2's fused projection answers to q, k and v).
+func (b *builder) linear(region, role string, out int64, bias bool, x int) int {
+	a := ir.Attrs{Out: out, Bias: bias, Frozen: b.m.Training.LoRA.Rank > 0}
+	targets := b.m.Training.LoRA.Targets
+	if a.Frozen && (slices.Contains(targets, role) ||
+		role == "qkv" && slices.ContainsFunc(targets, func(t string) bool { return t == "q" || t == "k" || t == "v" })) {
+		a.LoRARank = b.m.Training.LoRA.Rank
+		a.LoRADrop = b.m.Training.LoRA.Dropout
+	}
+	return b.op(region, ir.Linear, a, x)
+}
+
+func (b *builder) dropout(region string, x int) int {
+	if p := b.m.Training.Dropout; p > 0 {
+		return b.op(region, ir.Dropout, ir.Attrs{P: p}, x)
+	}
+	return x
+}
+
+func (b *builder) norm(region string, x int) int {
+	a := ir.Attrs{Eps: b.m.NormEps, Frozen: b.m.Training.LoRA.Rank > 0}
+	if b.m.Family == "gpt2" {
+		return b.op(region, ir.LayerNorm, a, x)
+	}
+	a.Upcast = b.m.Training.Numerics.NormFP32
+	return b.op(region, ir.RMSNorm, a, x)
+}
+
+func (b *builder) cast(region string, to ir.DType, x int) int {
+	if b.err != nil || b.g.Nodes[x].DType == to {
+		return x
+	}
+	return b.op(region, ir.Cast, ir.Attrs{To: to}, x)
+}
+
+func (b *builder) embed() int {
+	m, t := b.m, &b.m.Training
+	frozen := t.LoRA.Rank > 0
+	tokens := b.input("tokens", ir.Shape{t.Batch, t.Seq})
+	b.block = "embed"
+	x := b.op("wte", ir.Embedding, ir.Attrs{Vocab: m.Vocab, Out: m.Hidden, Frozen: frozen}, tokens)
+	if m.Family == "gpt2" {
+		pos := b.input("positions", ir.Shape{t.Seq})
+		maxSeq := max(m.MaxSeq, t.Seq)
+		wpe := b.op("wpe", ir.Embedding, ir.Attrs{Vocab: maxSeq, Out: m.Hidden, Frozen: frozen}, pos)
+		x = b.op("add", ir.Add, ir.Attrs{}, x, wpe)
+		x = b.dropout("dropout", x)
+	}
+	return x
+}
+
+func (b *builder) head(x int) int {
+	t := &b.m.Training
+	targets := b.input("targets", ir.Shape{t.Batch, t.Seq})
+	b.block = "head"
+	x = b.norm("norm_f", x)
+	a := ir.Attrs{Out: b.m.Vocab, Frozen: t.LoRA.Rank > 0}
+	if b.m.TiedEmbeddings {
+		a.Tied = "embed.wte"
+	}
+	logits := b.op("lm_head", ir.Linear, a, x)
+	if t.Numerics.LogitsFP32 {
+		logits = b.cast("logits_fp32", ir.FP32, logits)
+	}
+	return b.op("loss", ir.CrossEntropy, ir.Attrs{}, logits, targets)
+}
+
+// heads reshapes [b, s, n·d] to [b, n, s, d].
+func (b *builder) heads(region string, n int64, x int) int {
+	t := &b.m.Training
+	x = b.op(region+"_view", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, t.Seq, n, b.m.HeadDim()}}, x)
+	return b.op(region+"_heads", ir.Transpose, ir.Attrs{Axis: 1, Axis2: 2}, x)
+}
+
+// merge reshapes attention output [b, a, s, d] back to [b, s, h].
+func (b *builder) merge(x int) int {
+	t := &b.m.Training
+	x = b.op("attn.merge_t", ir.Transpose, ir.Attrs{Axis: 1, Axis2: 2}, x)
+	return b.op("attn.merge", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, t.Seq, b.m.Hidden}}, x)
+}
+
+// core is the attention of q [b, a, s, d] over k, v [b, kv, s, d]: the
+// fused flash kernel, or the eager chain QKᵀ, scale, mask, softmax, dropout,
+// ·V with K and V expanded (gqa: repeat) or the queries grouped by kv head.
+func (b *builder) core(q, k, v int) int {
+	m, t := b.m, &b.m.Training
+	if t.Attention == "flash" {
+		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
+	}
+	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
+	if m.KVHeads < m.Heads && !grouped {
+		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
+		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+	}
+	if grouped {
+		g := m.Heads / m.KVHeads
+		q = b.op("attn.group_q", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.KVHeads, g * t.Seq, m.HeadDim()}}, q)
+	}
+	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
+	if grouped {
+		s = b.op("attn.ungroup_s", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq}}, s)
+	}
+	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim()))}, s)
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
+	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
+	s = b.cast("attn.softmax_cast", b.dt, s)
+	s = b.dropout("attn.attn_dropout", s)
+	if grouped {
+		g := m.Heads / m.KVHeads
+		s = b.op("attn.group_p", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.KVHeads, g * t.Seq, t.Seq}}, s)
+	}
+	o := b.op("attn.av_matmul", ir.MatMul, ir.Attrs{}, s, v)
+	if grouped {
+		o = b.op("attn.ungroup_o", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, m.HeadDim()}}, o)
+	}
+	return o
+}
+
+func (b *builder) gpt2Layer(x int) int {
+	m := b.m
+	h := b.norm("ln_1", x)
+	qkv := b.linear("attn.qkv_proj", "qkv", 3*m.Hidden, true, h)
+	var qkvs [3]int
+	for i, name := range []string{"q", "k", "v"} {
+		part := b.op("attn."+name, ir.Split, ir.Attrs{Parts: 3, Index: i}, qkv)
+		qkvs[i] = b.heads("attn."+name, m.Heads, part)
+	}
+	o := b.merge(b.core(qkvs[0], qkvs[1], qkvs[2]))
+	o = b.linear("attn.out_proj", "o", m.Hidden, true, o)
+	o = b.dropout("attn.resid_dropout", o)
+	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
+	h = b.norm("ln_2", x)
+	h = b.linear("mlp.fc1", "up", m.FFN, true, h)
+	h = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, h)
+	h = b.linear("mlp.fc2", "down", m.Hidden, true, h)
+	h = b.dropout("mlp.resid_dropout", h)
+	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+}
+
+func (b *builder) llamaLayer(x int) int {
+	m := b.m
+	kvDim := m.KVHeads * m.HeadDim()
+	h := b.norm("input_layernorm", x)
+	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Hidden, m.QKVBias, h))
+	k := b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
+	v := b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
+	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads}, q)
+	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads}, k)
+	o := b.merge(b.core(q, k, v))
+	o = b.linear("attn.o_proj", "o", m.Hidden, false, o)
+	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
+	h = b.norm("post_attention_layernorm", x)
+	gate := b.linear("mlp.gate_proj", "gate", m.FFN, false, h)
+	up := b.linear("mlp.up_proj", "up", m.FFN, false, h)
+	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
+	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
+	h = b.linear("mlp.down_proj", "down", m.Hidden, false, h)
+	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+}

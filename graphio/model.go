@@ -1,0 +1,145 @@
+package graphio
+
+import (
+	"fmt"
+	"reflect"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"go.yaml.in/yaml/v3"
+)
+
+// Model describes a transformer of a known family and how it is trained.
+// Zero architecture fields take the family's defaults (kv_heads = heads;
+// ffn = 4·hidden for gpt2); Training fields left out take
+// ir.DefaultSetup's.
+type Model struct {
+	Name           string   `yaml:"name" json:"name"`
+	Family         string   `yaml:"family" json:"family"` // gpt2 | llama
+	Layers         int64    `yaml:"layers" json:"layers"`
+	Hidden         int64    `yaml:"hidden" json:"hidden"`
+	Heads          int64    `yaml:"heads" json:"heads"`
+	KVHeads        int64    `yaml:"kv_heads" json:"kv_heads"`
+	FFN            int64    `yaml:"ffn" json:"ffn"`
+	Vocab          int64    `yaml:"vocab" json:"vocab"`
+	TiedEmbeddings bool     `yaml:"tied_embeddings" json:"tied_embeddings"`
+	QKVBias        bool     `yaml:"qkv_bias" json:"qkv_bias"`
+	NormEps        float64  `yaml:"norm_eps" json:"norm_eps"`
+	RopeTheta      float64  `yaml:"rope_theta" json:"rope_theta"`
+	MaxSeq         int64    `yaml:"max_seq" json:"max_seq"`
+	Training       ir.Setup `yaml:"training" json:"training"`
+}
+
+// Families lists the model families the builders know.
+var Families = []string{"gpt2", "llama"}
+
+// HeadDim returns hidden/heads.
+func (m *Model) HeadDim() int64 { return m.Hidden / m.Heads }
+
+// ParseModel reads a model YAML document. file names it in errors.
+func ParseModel(file string, data []byte) (*Model, error) {
+	root, err := parseYAML(file, data)
+	if err != nil {
+		return nil, err
+	}
+	return decodeModel(newDecoder(file), root)
+}
+
+func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
+	m := &Model{Training: ir.DefaultSetup()}
+	if err := d.decode(root, reflect.ValueOf(m).Elem(), ""); err != nil {
+		return nil, err
+	}
+	m.fillDefaults()
+	if err := m.Validate(); err != nil {
+		if fe, ok := err.(*ir.FieldError); ok {
+			return nil, d.errField(fe.Field, "%s", fe.Error())
+		}
+		return nil, d.errAt(root, "%v", err)
+	}
+	return m, nil
+}
+
+func (m *Model) fillDefaults() {
+	if m.KVHeads == 0 {
+		m.KVHeads = m.Heads
+	}
+	if m.FFN == 0 && m.Family == "gpt2" {
+		m.FFN = 4 * m.Hidden
+	}
+	if m.NormEps == 0 {
+		m.NormEps = 1e-5
+	}
+	if m.RopeTheta == 0 && m.Family == "llama" {
+		m.RopeTheta = 10000
+	}
+}
+
+// Validate checks the architecture and the training setup. Errors are
+// *ir.FieldError values naming the field.
+func (m *Model) Validate() error {
+	fe := func(field, format string, args ...any) error {
+		return &ir.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if m.Name == "" {
+		return fe("name", "missing model name")
+	}
+	if m.Family != "gpt2" && m.Family != "llama" {
+		return fe("family", "unknown family %q (valid: gpt2, llama)", m.Family)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"layers", m.Layers}, {"hidden", m.Hidden}, {"heads", m.Heads}, {"kv_heads", m.KVHeads}, {"ffn", m.FFN}, {"vocab", m.Vocab}} {
+		if f.v <= 0 {
+			return fe(f.name, "must be positive, got %d", f.v)
+		}
+	}
+	if m.MaxSeq < 0 {
+		return fe("max_seq", "must not be negative, got %d", m.MaxSeq)
+	}
+	if m.NormEps <= 0 {
+		return fe("norm_eps", "must be positive, got %v", m.NormEps)
+	}
+	if m.Hidden%m.Heads != 0 {
+		return fe("heads", "%d heads do not divide hidden size %d", m.Heads, m.Hidden)
+	}
+	if m.Heads%m.KVHeads != 0 {
+		return fe("kv_heads", "%d kv_heads do not divide %d heads", m.KVHeads, m.Heads)
+	}
+	if m.Family == "gpt2" && m.KVHeads != m.Heads {
+		return fe("kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads (%d)", m.Heads)
+	}
+	if m.Family == "llama" && m.HeadDim()%2 != 0 {
+		return fe("heads", "head size %d is odd; rotary embeddings need an even one", m.HeadDim())
+	}
+	if err := m.Training.Validate("training"); err != nil {
+		return err
+	}
+	t := &m.Training
+	if t.Parallel.TP > 1 {
+		if m.Heads%t.Parallel.TP != 0 {
+			return fe("training.parallel.tp", "tensor parallel degree %d does not divide %d heads", t.Parallel.TP, m.Heads)
+		}
+	}
+	return m.checkSizes()
+}
+
+// checkSizes rejects models whose largest tensors or parameter count
+// would overflow int64 bytes.
+func (m *Model) checkSizes() error {
+	t := &m.Training
+	for _, s := range []struct {
+		field string
+		shape ir.Shape
+	}{
+		{"training.seq", ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq, 8}},
+		{"vocab", ir.Shape{t.Batch, t.Seq, m.Vocab, 8}},
+		{"ffn", ir.Shape{t.Batch, t.Seq, m.FFN, 8}},
+		{"hidden", ir.Shape{m.Layers, m.Hidden, m.Hidden + m.FFN + m.Vocab, 64}},
+	} {
+		if _, ok := s.shape.Elements(); !ok {
+			return &ir.FieldError{Field: s.field, Msg: fmt.Sprintf("sizes are too large: a tensor of %v elements overflows int64 bytes", s.shape[:len(s.shape)-1])}
+		}
+	}
+	return nil
+}

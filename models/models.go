@@ -1,0 +1,35 @@
+// Package models holds the bundled model descriptions, embedded in the
+// binary so that a model can be named from any directory without a network.
+package models
+
+import (
+	"embed"
+	"io/fs"
+	"sort"
+	"strings"
+)
+
+//go:embed *.yaml
+var files embed.FS
+
+// Names returns the bundled model names, sorted.
+func Names() []string {
+	entries, _ := fs.ReadDir(files, ".")
+	var names []string
+	for _, e := range entries {
+		if n, ok := strings.CutSuffix(e.Name(), ".yaml"); ok {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Read returns the YAML of the named model and whether it exists.
+func Read(name string) ([]byte, bool) {
+	if strings.ContainsAny(name, "/\\.") {
+		return nil, false
+	}
+	data, err := files.ReadFile(name + ".yaml")
+	return data, err == nil
+}
