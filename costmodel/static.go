@@ -1,12 +1,77 @@
 package costmodel
 
-import "github.com/ckptplan/ckptplan/ir"
+import (
+	"fmt"
 
-// Static is the memory that does not depend on the schedule.
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Static is the memory of one rank that does not depend on the schedule:
+// weights, their gradients and the optimizer state.
 type Static struct {
-	WeightsBytes   int64
-	GradientsBytes int64
-	OptimizerBytes int64
+	Parameters          int64 // of the whole model
+	TrainableParameters int64 // of the whole model
+	WeightsBytes        int64 // on one rank
+	GradientsBytes      int64 // on one rank
+	OptimizerBytes      int64 // on one rank, fp32 master weights included
 }
 
-func staticMemory(g *ir.Graph) (Static, error) { return Static{}, nil }
+// Total returns the static bytes of one rank.
+func (s Static) Total() int64 { return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes }
+
+// staticMemory follows the usual mixed-precision accounting (Rajbhandari
+// et al. 2020, ZeRO, §3): weights and gradients in the training dtype;
+// AdamW keeps two fp32 moments per trainable parameter, and 16-bit training
+// an fp32 master copy. Only trainable parameters (LoRA adapters, under
+// LoRA) have gradients and optimizer state. Tensor parallelism splits the
+// weights of linears and embeddings over tp ranks (norms are replicated);
+// ZeRO stage 1 splits the optimizer state over dp ranks, stage 2 also the
+// gradients, stage 3 (FSDP's full sharding) also the weights.
+func staticMemory(g *ir.Graph) (Static, error) {
+	s := g.Setup
+	e := g.DType.Size()
+	if e == 0 {
+		return Static{}, fmt.Errorf("graph %s has no dtype", g.Name)
+	}
+	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
+	var params, trainable, rankParams, rankTrainable int64
+	for i := range g.Nodes {
+		p, tr := g.Params(i), g.TrainableParams(i)
+		params += p
+		trainable += tr
+		if op := g.Nodes[i].Op; op == ir.Linear || op == ir.Embedding {
+			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
+		}
+		rankParams += p
+		rankTrainable += tr
+	}
+	var perParam int64 // optimizer bytes per trainable parameter
+	switch s.Optimizer {
+	case "adamw", "":
+		perParam = 8
+	case "sgd", "none":
+	default:
+		return Static{}, fmt.Errorf("unknown optimizer %q (valid: adamw, sgd, none)", s.Optimizer)
+	}
+	if e < 4 && s.Optimizer != "none" {
+		perParam += 4
+	}
+	st := Static{
+		Parameters: params, TrainableParameters: trainable,
+		WeightsBytes:   rankParams * e,
+		GradientsBytes: rankTrainable * e,
+		OptimizerBytes: rankTrainable * perParam,
+	}
+	if s.Parallel.Zero >= 1 {
+		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
+	}
+	if s.Parallel.Zero >= 2 {
+		st.GradientsBytes = ceilDiv(st.GradientsBytes, dp)
+	}
+	if s.Parallel.Zero >= 3 {
+		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
+	}
+	return st, nil
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

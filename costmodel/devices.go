@@ -1,0 +1,42 @@
+package costmodel
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Device is an accelerator a plan may target.
+type Device struct {
+	Name        string
+	MemoryBytes int64   // memory the driver reports as total
+	BF16FLOPS   float64 // dense bf16 tensor-core peak, FLOP/s
+	Source      string
+}
+
+// Devices lists the known accelerators. Memory is what nvidia-smi reports
+// as total (MiB), peak FLOP/s the vendor's dense (no sparsity) bf16 figure.
+var Devices = []Device{
+	{"a100-40gb", 40960 << 20, 312e12, "NVIDIA A100 datasheet (SXM, 40 GB)"},
+	{"a100-80gb", 81920 << 20, 312e12, "NVIDIA A100 datasheet (SXM, 80 GB)"},
+	{"h100-80gb", 81559 << 20, 989e12, "NVIDIA H100 datasheet (SXM5)"},
+	{"h200", 143771 << 20, 989e12, "NVIDIA H200 datasheet (SXM, 141 GB)"},
+	{"l4", 23034 << 20, 121e12, "NVIDIA L4 datasheet"},
+	{"rtx-4090", 24564 << 20, 165e12, "NVIDIA Ada whitepaper (fp32 accumulate)"},
+	{"rtx-3090", 24576 << 20, 71e12, "NVIDIA Ampere GA102 whitepaper (fp32 accumulate)"},
+}
+
+// LookupDevice returns the named device, or an error listing the known ones.
+func LookupDevice(name string) (Device, error) {
+	for _, d := range Devices {
+		if strings.EqualFold(d.Name, name) {
+			return d, nil
+		}
+	}
+	var names []string
+	for _, d := range Devices {
+		names = append(names, d.Name)
+	}
+	sort.Strings(names)
+	return Device{}, fmt.Errorf("unknown device %q (valid: %s)", name, strings.Join(names, ", "))
+}
