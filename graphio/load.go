@@ -50,7 +50,8 @@ func Load(arg string) (*Source, error) {
 	}
 	info, err := os.Stat(arg)
 	if err != nil {
-		if !strings.ContainsAny(arg, "/\\.") {
+		ext := strings.ToLower(filepath.Ext(arg))
+		if !strings.ContainsAny(arg, "/\\") && ext != ".yaml" && ext != ".yml" && ext != ".json" {
 			return nil, fmt.Errorf("unknown model %q: not a bundled model (see 'ckptplan models') nor a file", arg)
 		}
 		return nil, fmt.Errorf("%s: no such file", arg)

@@ -27,7 +27,7 @@ func Names() []string {
 
 // Read returns the YAML of the named model and whether it exists.
 func Read(name string) ([]byte, bool) {
-	if strings.ContainsAny(name, "/\\.") {
+	if name == "" || strings.ContainsAny(name, "/\\") || strings.HasPrefix(name, ".") {
 		return nil, false
 	}
 	data, err := files.ReadFile(name + ".yaml")

@@ -1,0 +1,181 @@
+package graphio
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Build expands the spec into a graph with the current Dims and DType.
+// Shape problems are reported at the node that has them. O(nodes).
+func (s *GraphSpec) Build() (*ir.Graph, error) {
+	d := s.d
+	g := ir.NewGraph(s.Name, s.DType)
+	g.Setup = ir.DefaultSetup()
+	g.Setup.DType = s.DType.String()
+	if b, ok := s.Dims["b"]; ok {
+		g.Setup.Batch = b
+	}
+	if v, ok := s.Dims["s"]; ok {
+		g.Setup.Seq = v
+	}
+	for _, in := range s.inputs {
+		shape, err := s.shape(in.Shape, in.path+".shape", false)
+		if err != nil {
+			return nil, err
+		}
+		dt := s.DType
+		if in.DType != "" {
+			if dt, err = ir.ParseDType(in.DType); err != nil {
+				return nil, d.errField(in.path+".dtype", "%s.dtype: %v", in.path, err)
+			}
+		}
+		if _, err := g.AddInput(in.Name, "", ir.Tensor{Shape: shape, DType: dt}); err != nil {
+			return nil, d.errField(in.path, "%s: %v", in.path, err)
+		}
+	}
+	order, err := s.order()
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range order {
+		n := &s.nodes[i]
+		a, err := s.attrs(n)
+		if err != nil {
+			return nil, err
+		}
+		var ins []int
+		for _, name := range n.inputs {
+			id, _ := g.Lookup(name)
+			ins = append(ins, id)
+		}
+		if _, err := g.AddOp(n.name, n.block, n.op, a, ins...); err != nil {
+			return nil, d.errField(n.path, "%v", err)
+		}
+	}
+	out, ok := g.Lookup(s.output)
+	if !ok {
+		out, _ = g.Lookup(s.alias[s.output])
+	}
+	g.Output = out
+	if err := ir.Validate(g); err != nil {
+		return nil, d.errField("graph", "%v", err)
+	}
+	return g, nil
+}
+
+// order returns the indexes of s.nodes in a topological order (check has
+// already ruled out cycles and dangling names).
+func (s *GraphSpec) order() ([]int, error) {
+	ids := map[string]int{}
+	var nodes []ir.Node
+	for _, in := range s.inputs {
+		ids[in.Name] = len(nodes)
+		nodes = append(nodes, ir.Node{Name: in.Name, Op: ir.Input})
+	}
+	for _, n := range s.nodes {
+		ids[n.name] = len(nodes)
+		nodes = append(nodes, ir.Node{Name: n.name, Op: n.op})
+	}
+	for i, n := range s.nodes {
+		for _, in := range n.inputs {
+			nodes[len(s.inputs)+i].Inputs = append(nodes[len(s.inputs)+i].Inputs, ids[in])
+		}
+	}
+	topo, err := ir.TopoOrder(nodes)
+	if err != nil {
+		return nil, s.d.errField("graph", "%v", err)
+	}
+	var out []int
+	for _, id := range topo {
+		if id >= len(s.inputs) {
+			out = append(out, id-len(s.inputs))
+		}
+	}
+	return out, nil
+}
+
+func (s *GraphSpec) attrs(n *flatNode) (ir.Attrs, error) {
+	e := n.spec
+	a := ir.Attrs{
+		Bias: e.Bias, Frozen: e.Frozen, Upcast: e.Upcast, Flash: e.Flash, Causal: e.Causal,
+		TransposeB: e.TransposeB, P: e.P, Factor: e.Factor, Eps: e.Eps,
+		Axis: e.Axis, Axis2: e.Axis2, Parts: e.Parts, Index: e.Index,
+	}
+	sizes := []struct {
+		key  string
+		expr string
+		dst  *int64
+	}{{"out", e.Out, &a.Out}, {"vocab", e.Vocab, &a.Vocab}, {"heads", e.Heads, &a.Heads}, {"kv_heads", e.KVHeads, &a.KVHeads}, {"lora_rank", e.LoRARank, &a.LoRARank}}
+	for _, sz := range sizes {
+		if sz.expr == "" {
+			continue
+		}
+		v, err := s.size(sz.expr, n.path+"."+sz.key, false)
+		if err != nil {
+			return a, err
+		}
+		*sz.dst = v
+	}
+	if e.To != "" {
+		dt, err := ir.ParseDType(e.To)
+		if err != nil {
+			return a, s.d.errField(n.path+".to", "%s.to: %v", n.path, err)
+		}
+		a.To = dt
+	}
+	if e.Shape != nil {
+		sh, err := s.shape(e.Shape, n.path+".shape", true)
+		if err != nil {
+			return a, err
+		}
+		a.Shape = sh
+	}
+	if n.op == ir.Split && a.Parts == 0 {
+		return a, s.d.errField(n.path, "%s: split needs parts", n.path)
+	}
+	return a, nil
+}
+
+func (s *GraphSpec) shape(exprs []string, path string, allowFree bool) (ir.Shape, error) {
+	sh := make(ir.Shape, len(exprs))
+	for i, e := range exprs {
+		v, err := s.size(e, fmt.Sprintf("%s[%d]", path, i), allowFree)
+		if err != nil {
+			return nil, err
+		}
+		sh[i] = v
+	}
+	return sh, nil
+}
+
+// size evaluates a size: an integer, a dim name, or a product of them
+// ("4*h"). -1 is allowed where a reshape may infer one size.
+func (s *GraphSpec) size(expr, path string, allowFree bool) (int64, error) {
+	if allowFree && strings.TrimSpace(expr) == "-1" {
+		return -1, nil
+	}
+	v := int64(1)
+	for _, term := range strings.Split(expr, "*") {
+		term = strings.TrimSpace(term)
+		x, err := strconv.ParseInt(term, 10, 64)
+		if err != nil {
+			dim, ok := s.Dims[term]
+			if !ok {
+				return 0, s.d.errField(path, "%s: %q is neither a positive integer nor a dim (dims: %s)", path, term, strings.Join(sortedKeys(s.Dims), ", "))
+			}
+			x = dim
+		}
+		if x <= 0 {
+			return 0, s.d.errField(path, "%s: size %d must be positive", path, x)
+		}
+		p, ok := ir.Shape{v, x}.Elements()
+		if !ok {
+			return 0, s.d.errField(path, "%s: %s overflows int64", path, expr)
+		}
+		v = p
+	}
+	return v, nil
+}

@@ -1,0 +1,59 @@
+package graphio
+
+import (
+	"math"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/models"
+)
+
+// TestPublishedParameterCounts checks the bundled models against the
+// parameter counts their authors publish.
+func TestPublishedParameterCounts(t *testing.T) {
+	published := map[string]float64{
+		"llama-3-8b":  8.03e9,      // Meta model card
+		"llama-2-7b":  6738415616,  // Meta model card (6.74B)
+		"llama-2-13b": 13015864320, // Meta model card (13.0B)
+		"qwen2-1.5b":  1.54e9,      // Qwen2 technical report
+		"gpt2":        124439808,   // openai-community/gpt2
+		"mistral-7b":  7.24e9,      // Mistral model card
+		"llama-3-70b": 70.6e9,      // Meta model card
+		"smollm-135m": 134515008,   // HuggingFaceTB/SmolLM-135M
+		"gpt3-175b":   175e9,       // Brown et al. 2020
+	}
+	for name, want := range published {
+		t.Run(name, func(t *testing.T) {
+			src, err := Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := Build(src.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := float64(g.NumParams())
+			if rel := math.Abs(got-want) / want; rel > 0.005 {
+				t.Errorf("%s has %.0f parameters, published %.0f (off by %.2f%%)", name, got, want, 100*rel)
+			}
+		})
+	}
+}
+
+func TestBundledModelsBuild(t *testing.T) {
+	names := models.Names()
+	if len(names) < 11 {
+		t.Fatalf("%d bundled models, want at least 11", len(names))
+	}
+	for _, name := range names {
+		src, err := Load(name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if src.Model.Name != name {
+			t.Errorf("models/%s.yaml names itself %q", name, src.Model.Name)
+		}
+		if _, err := Build(src.Model); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
