@@ -24,23 +24,23 @@ type oracleFile struct {
 type oracleRecord struct {
 	ID     string `json:"id"`
 	Config struct {
-		Arch         string   `json:"arch"`
-		DType        string   `json:"dtype"`
-		Hidden       int64    `json:"hidden"`
-		Heads        int64    `json:"heads"`
-		KVHeads      int64    `json:"kv_heads"`
-		FFN          int64    `json:"ffn"`
-		Seq          int64    `json:"seq"`
-		Batch        int64    `json:"batch"`
-		Vocab        int64    `json:"vocab"`
-		Layers       int64    `json:"layers"`
-		Dropout      float64  `json:"dropout"`
-		RMSUpcast    *bool    `json:"rms_upcast"`
-		SoftmaxFP32  bool     `json:"softmax_fp32"`
-		GQAImpl      *string  `json:"gqa_impl"`
-		UpcastLogits bool     `json:"upcast_logits"`
-		ElementBytes int64    `json:"element_bytes"`
-		Segments     []int    `json:"seq_segments"`
+		Arch         string  `json:"arch"`
+		DType        string  `json:"dtype"`
+		Hidden       int64   `json:"hidden"`
+		Heads        int64   `json:"heads"`
+		KVHeads      int64   `json:"kv_heads"`
+		FFN          int64   `json:"ffn"`
+		Seq          int64   `json:"seq"`
+		Batch        int64   `json:"batch"`
+		Vocab        int64   `json:"vocab"`
+		Layers       int64   `json:"layers"`
+		Dropout      float64 `json:"dropout"`
+		RMSUpcast    *bool   `json:"rms_upcast"`
+		SoftmaxFP32  bool    `json:"softmax_fp32"`
+		GQAImpl      *string `json:"gqa_impl"`
+		UpcastLogits bool    `json:"upcast_logits"`
+		ElementBytes int64   `json:"element_bytes"`
+		Segments     []int   `json:"seq_segments"`
 	} `json:"config"`
 	Block struct {
 		Saved struct {

@@ -102,4 +102,3 @@ func (c *Chain) validate(d *decoder) error {
 }
 
 func finite(f float64) bool { return !math.IsInf(f, 0) && !math.IsNaN(f) }
-

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// costReport is the JSON of 'ckptplan cost'.
+type costReport struct {
+	Model     string        `json:"model"`
+	Profile   string        `json:"profile"`
+	Batch     int64         `json:"batch"`
+	Seq       int64         `json:"seq"`
+	DType     string        `json:"dtype"`
+	Attention string        `json:"attention"`
+	Parallel  ir.Parallel   `json:"parallel"`
+	LoRARank  int64         `json:"lora_rank"`
+	Static    staticReport  `json:"static"`
+	Blocks    []blockReport `json:"blocks"`
+	Totals    totalsReport  `json:"totals"`
+}
+
+type staticReport struct {
+	Parameters          int64 `json:"parameters"`
+	TrainableParameters int64 `json:"trainable_parameters"`
+	WeightsBytes        int64 `json:"weights_bytes"`
+	GradientsBytes      int64 `json:"gradients_bytes"`
+	OptimizerBytes      int64 `json:"optimizer_bytes"`
+	TotalBytes          int64 `json:"total_bytes"`
+}
+
+type blockReport struct {
+	Name          string     `json:"name"`
+	InputBytes    int64      `json:"input_bytes"`
+	SavedBytes    int64      `json:"saved_bytes"`
+	ForwardFLOPs  int64      `json:"forward_flops"`
+	BackwardFLOPs int64      `json:"backward_flops"`
+	Ops           []opReport `json:"ops"`
+}
+
+type opReport struct {
+	Name          string `json:"name"`
+	Op            string `json:"op"`
+	OutputBytes   int64  `json:"output_bytes"`
+	SavedBytes    int64  `json:"saved_bytes"`
+	ForwardFLOPs  int64  `json:"forward_flops"`
+	BackwardFLOPs int64  `json:"backward_flops"`
+}
+
+type totalsReport struct {
+	SavedBytes                     int64 `json:"saved_bytes"`
+	SavedBytesCheckpointEveryLayer int64 `json:"saved_bytes_checkpoint_every_layer"`
+	ForwardFLOPs                   int64 `json:"forward_flops"`
+	BackwardFLOPs                  int64 `json:"backward_flops"`
+}
+
+func runCost(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("cost", "MODEL", stderr)
+	setup := addSetupFlags(fs)
+	setup.addTrainingFlags(fs)
+	format := addFormat(fs, "text", "json")
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return err
+	}
+	src, err := setup.load(arg)
+	if err != nil {
+		return err
+	}
+	if src.Kind == graphio.KindChain {
+		return fmt.Errorf("%s is a profiled chain: its costs are given, there is nothing to compute", arg)
+	}
+	if src.Kind == graphio.KindModel {
+		setup.applyTraining(fs, &src.Model.Training)
+		if err := src.Model.Validate(); err != nil {
+			return fmt.Errorf("%s: %v", arg, err)
+		}
+	}
+	g, err := buildGraph(src)
+	if err != nil {
+		return err
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		return err
+	}
+	r := newCostReport(src.Name, c)
+	if format.value == "json" {
+		return writeJSON(stdout, r)
+	}
+	return writeCostText(stdout, r)
+}
+
+func newCostReport(name string, c *costmodel.Costs) *costReport {
+	g, s := c.Graph, c.Graph.Setup
+	r := &costReport{
+		Model: name, Profile: string(c.Profile), Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(),
+		Attention: s.Attention, Parallel: s.Parallel, LoRARank: s.LoRA.Rank,
+		Static: staticReport{
+			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
+			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
+			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
+		},
+		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
+	}
+	for _, b := range c.Blocks {
+		br := blockReport{Name: b.Name, InputBytes: b.InputBytes, SavedBytes: b.SavedBytes, ForwardFLOPs: b.ForwardFLOPs, BackwardFLOPs: b.BackwardFLOPs, Ops: []opReport{}}
+		for _, id := range b.Nodes {
+			n, nc := &g.Nodes[id], &c.Nodes[id]
+			br.Ops = append(br.Ops, opReport{n.Name, n.Op.String(), nc.OutputBytes, nc.SavedBytes, nc.ForwardFLOPs, nc.BackwardFLOPs})
+		}
+		r.Blocks = append(r.Blocks, br)
+	}
+	return r
+}
+
+// layersShown is how many layers the text table lists before eliding the
+// identical middle ones.
+const layersShown = 4
+
+func writeCostText(w io.Writer, r *costReport) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, r.DType, r.Attention)
+	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
+		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
+	}
+	if r.LoRARank > 0 {
+		fmt.Fprintf(w, ", LoRA rank %d", r.LoRARank)
+	}
+	fmt.Fprintf(w, "\n\n")
+	fmt.Fprintf(tw, "block\tinput\tkept for backward\tforward FLOPs\tbackward FLOPs\t\n")
+	layers := 0
+	for _, b := range r.Blocks {
+		if strings.HasPrefix(b.Name, "layers.") {
+			layers++
+			if layers > layersShown && layers < countLayers(r)-0 {
+				if layers == layersShown+1 {
+					fmt.Fprintf(tw, "…\t\t\t\t\t\n")
+				}
+				continue
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\t%s\t\n", b.Name, ir.Bytes(b.InputBytes), ir.Bytes(b.SavedBytes), flops(b.ForwardFLOPs), flops(b.BackwardFLOPs))
+	}
+	t := r.Totals
+	fmt.Fprintf(tw, "total\t\t%v\t%s\t%s\t\n", ir.Bytes(t.SavedBytes), flops(t.ForwardFLOPs), flops(t.BackwardFLOPs))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	s := r.Static
+	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", ir.Bytes(t.SavedBytes), ir.Bytes(t.SavedBytesCheckpointEveryLayer))
+	fmt.Fprintf(w, "static memory: %v (weights %v, gradients %v, optimizer %v); %s parameters, %s trainable\n",
+		ir.Bytes(s.TotalBytes), ir.Bytes(s.WeightsBytes), ir.Bytes(s.GradientsBytes), ir.Bytes(s.OptimizerBytes), human(s.Parameters), human(s.TrainableParameters))
+	return nil
+}
+
+func countLayers(r *costReport) int {
+	n := 0
+	for _, b := range r.Blocks {
+		if strings.HasPrefix(b.Name, "layers.") {
+			n++
+		}
+	}
+	return n
+}
+
+// flops formats a FLOP count with a metric prefix: "1.23 TFLOP".
+func flops(f int64) string {
+	v := float64(f)
+	for _, u := range []struct {
+		div  float64
+		name string
+	}{{1e15, "PFLOP"}, {1e12, "TFLOP"}, {1e9, "GFLOP"}, {1e6, "MFLOP"}, {1e3, "kFLOP"}} {
+		if v >= u.div {
+			return fmt.Sprintf("%.2f %s", v/u.div, u.name)
+		}
+	}
+	return fmt.Sprintf("%d FLOP", f)
+}

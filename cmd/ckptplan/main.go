@@ -1,0 +1,107 @@
+// Command ckptplan plans activation checkpointing for training transformer
+// models: which activations to keep and which to recompute so that a
+// training step fits a memory budget with the least extra compute.
+//
+// Usage:
+//
+//	ckptplan models
+//	ckptplan inspect MODEL [--batch N] [--seq N] [--dtype fp32|bf16|fp16] [--format text|json]
+//	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero] [--format text|json]
+//
+// MODEL is a bundled model name (see 'ckptplan models'), a model, graph or
+// chain YAML file, or a Hugging Face config.json.
+//
+// Examples:
+//
+//	ckptplan models
+//	ckptplan inspect llama-3-8b --seq 4096
+//	ckptplan inspect ./config.json --format json
+//	ckptplan cost llama-3-8b --seq 8192 --attention flash
+//
+// Results go to standard output, diagnostics to standard error. The exit
+// status is 0 on success, 1 on failure and 2 for a usage error.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+func main() {
+	err := run(os.Stdout, os.Stderr, os.Args[1:])
+	if err == nil {
+		return
+	}
+	if !errors.Is(err, errUsageShown) {
+		fmt.Fprintf(os.Stderr, "ckptplan: %v\n", err)
+	}
+	var u *usageError
+	if errors.As(err, &u) || errors.Is(err, errUsageShown) {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
+
+// usageError is a mistake on the command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// errUsageShown reports that flag parsing already printed the problem and
+// the usage; nothing more is printed and the status is 2.
+var errUsageShown = errors.New("usage")
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+type command struct {
+	name  string
+	args  string
+	short string
+	run   func(stdout, stderr io.Writer, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"models", "", "list the bundled models", runModels},
+		{"inspect", "MODEL", "show a model's graph: layers, ops, parameters, largest tensors", runInspect},
+		{"cost", "MODEL", "activation bytes kept for backward and FLOPs, per block; static memory", runCost},
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: ckptplan COMMAND [flags] [args]\n\ncommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %-7s %s\n", c.name, c.args, c.short)
+	}
+	fmt.Fprintf(w, "\nMODEL is a bundled model name, a model/graph/chain YAML file or a Hugging Face config.json.\nRun 'ckptplan COMMAND -h' for a command's flags.\n")
+}
+
+// run executes one ckptplan command; main is a thin shell around it so that
+// tests can run commands in process.
+func run(stdout, stderr io.Writer, args []string) error {
+	if len(args) == 0 {
+		usage(stderr)
+		return errUsageShown
+	}
+	name := args[0]
+	if name == "help" || name == "-h" || name == "--help" || name == "-help" {
+		usage(stdout)
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			err := c.run(stdout, stderr, args[1:])
+			if errors.Is(err, errHelp) {
+				return nil
+			}
+			return err
+		}
+	}
+	usage(stderr)
+	return usagef("unknown command %q", strings.TrimSpace(name))
+}

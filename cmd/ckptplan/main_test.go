@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/models"
+	"github.com/google/go-cmp/cmp"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// golden compares got with testdata/NAME, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s (-want +got)\n%s", path, diff)
+	}
+}
+
+func runCmd(args ...string) (stdout, stderr string, err error) {
+	var o, e bytes.Buffer
+	err = run(&o, &e, args)
+	return o.String(), e.String(), err
+}
+
+func TestInspectGolden(t *testing.T) {
+	for _, name := range models.Names() {
+		for _, format := range []string{"text", "json"} {
+			t.Run(name+"/"+format, func(t *testing.T) {
+				out, _, err := runCmd("inspect", name, "--format", format)
+				if err != nil {
+					t.Fatal(err)
+				}
+				golden(t, "inspect/"+name+"."+format+".stdout", out)
+			})
+		}
+	}
+}
+
+func TestCostGolden(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"tiny-llama", []string{"cost", "tiny-llama"}},
+		{"tiny-gpt2-json", []string{"cost", "tiny-gpt2", "--format", "json"}},
+		{"llama-3-8b", []string{"cost", "llama-3-8b", "--seq", "8192"}},
+		{"gpt3-175b-tp8-sp", []string{"cost", "gpt3-175b", "--tp", "8", "--sp"}},
+		{"llama-2-13b-lora-flash", []string{"cost", "llama-2-13b", "--lora-rank", "64", "--attention", "flash", "--batch", "2", "--seq", "8192"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _, err := runCmd(tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "cost/"+tt.name+".stdout", out)
+		})
+	}
+}
+
+// TestCostEveryModel runs cost on every bundled model and on a config.json.
+func TestCostEveryModel(t *testing.T) {
+	args := append(models.Names(), "../../graphio/testdata/hf/llama-3-8b.json", "../../graphio/testdata/graphs/resmlp.yaml")
+	for _, name := range args {
+		if _, _, err := runCmd("cost", name, "--format", "json"); err != nil {
+			t.Errorf("cost %s: %v", name, err)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	tests := []struct {
+		args  []string
+		usage bool
+		want  string
+	}{
+		{[]string{}, true, ""},
+		{[]string{"frobnicate"}, true, `unknown command "frobnicate"`},
+		{[]string{"inspect"}, true, "inspect: missing MODEL"},
+		{[]string{"inspect", "a", "b"}, true, "want one MODEL"},
+		{[]string{"inspect", "--format", "xml", "gpt2"}, true, ""},
+		{[]string{"inspect", "no-such-model"}, false, `unknown model "no-such-model"`},
+		{[]string{"inspect", "missing.yaml"}, false, "missing.yaml: no such file"},
+		{[]string{"inspect", "gpt2", "--dtype", "fp8"}, true, `--dtype: unknown value "fp8"`},
+		{[]string{"cost", "gpt2", "--tp", "5"}, false, "tensor parallel degree 5 does not divide 12 heads"},
+		{[]string{"inspect", "../../graphio/testdata/bad/model-typo.yaml"}, false, `model-typo.yaml:5:1: unknown key "heds"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, _, err := runCmd(tt.args...)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var u *usageError
+			isUsage := errors.As(err, &u) || errors.Is(err, errUsageShown)
+			if isUsage != tt.usage {
+				t.Errorf("usage error = %v, want %v (%v)", isUsage, tt.usage, err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %q, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	out, _, err := runCmd("help")
+	if err != nil || !strings.Contains(out, "inspect") {
+		t.Errorf("help: %v\n%s", err, out)
+	}
+	if _, errOut, err := runCmd("inspect", "-h"); err != nil || !strings.Contains(errOut, "--seq") && !strings.Contains(errOut, "-seq") {
+		t.Errorf("inspect -h: %v\n%s", err, errOut)
+	}
+}

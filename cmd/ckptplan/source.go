@@ -1,0 +1,130 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// setupFlags are the training overrides shared by the commands that build
+// a graph. Zero values leave the model's own settings.
+type setupFlags struct {
+	batch, seq int64
+	dtype      string
+
+	// Cost-model overrides, registered by addTrainingFlags.
+	profile, attention string
+	loraRank, tp, dp   int64
+	zero               int64
+	sp                 bool
+	set                map[string]bool // flags given on the command line
+}
+
+func addSetupFlags(fs *flag.FlagSet) *setupFlags {
+	s := &setupFlags{}
+	fs.Int64Var(&s.batch, "batch", 0, "micro-batch size (default: the model's)")
+	fs.Int64Var(&s.seq, "seq", 0, "sequence length in tokens (default: the model's)")
+	fs.StringVar(&s.dtype, "dtype", "", "training dtype: fp32 | bf16 | fp16 (default: the model's)")
+	return s
+}
+
+// addTrainingFlags registers the flags that change how a model trains.
+func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
+	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: torch-eager | megatron (default: the model's)")
+	fs.StringVar(&s.attention, "attention", "", "attention kernel: eager | flash (default: the model's)")
+	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
+	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
+	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
+	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
+	fs.Int64Var(&s.zero, "zero", -1, "ZeRO stage 0-3 (default: the model's)")
+}
+
+// applyTraining copies the training flags that were given into t.
+func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "profile":
+			t.Profile = s.profile
+		case "attention":
+			t.Attention = s.attention
+		case "lora-rank":
+			t.LoRA.Rank = s.loraRank
+		case "tp":
+			t.Parallel.TP = s.tp
+		case "sp":
+			t.Parallel.SP = s.sp
+		case "dp":
+			t.Parallel.DP = s.dp
+		case "zero":
+			t.Parallel.Zero = s.zero
+		}
+	})
+}
+
+// load reads MODEL and applies the overrides.
+func (s *setupFlags) load(arg string) (*graphio.Source, error) {
+	if s.batch < 0 || s.seq < 0 {
+		return nil, usagef("--batch and --seq must be positive")
+	}
+	if s.dtype != "" {
+		d, err := ir.ParseDType(s.dtype)
+		if err != nil || !(d == ir.FP32 || d == ir.BF16 || d == ir.FP16) {
+			return nil, usagef("--dtype: unknown value %q (valid: fp32, bf16, fp16)", s.dtype)
+		}
+		s.dtype = d.String()
+	}
+	src, err := graphio.Load(arg)
+	if err != nil {
+		return nil, err
+	}
+	switch src.Kind {
+	case graphio.KindModel:
+		t := &src.Model.Training
+		if s.batch > 0 {
+			t.Batch = s.batch
+		}
+		if s.seq > 0 {
+			t.Seq = s.seq
+		}
+		if s.dtype != "" {
+			t.DType = s.dtype
+		}
+		if err := src.Model.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %v", arg, err)
+		}
+	case graphio.KindGraph:
+		for _, o := range []struct {
+			dim, flag string
+			v         int64
+		}{{"b", "batch", s.batch}, {"s", "seq", s.seq}} {
+			if o.v == 0 {
+				continue
+			}
+			if _, ok := src.Graph.Dims[o.dim]; !ok {
+				return nil, fmt.Errorf("%s: the graph has no dim %q for --%s to set", arg, o.dim, o.flag)
+			}
+			src.Graph.Dims[o.dim] = o.v
+		}
+		if s.dtype != "" {
+			src.Graph.DType, _ = ir.ParseDType(s.dtype)
+		}
+	case graphio.KindChain:
+		if s.batch != 0 || s.seq != 0 || s.dtype != "" {
+			return nil, usagef("%s is a profiled chain: --batch, --seq and --dtype do not apply", arg)
+		}
+	}
+	return src, nil
+}
+
+// buildGraph expands a model or graph source into its graph.
+func buildGraph(src *graphio.Source) (*ir.Graph, error) {
+	switch src.Kind {
+	case graphio.KindModel:
+		return graphio.Build(src.Model)
+	case graphio.KindGraph:
+		return src.Graph.Build()
+	}
+	return nil, fmt.Errorf("%s is a profiled chain, not a graph", src.Name)
+}
