@@ -1,46 +1,56 @@
 package graphio
 
 import (
+	"fmt"
 	"math"
 	"reflect"
-	"strconv"
 
 	"github.com/ckptplan/ckptplan/ir"
 	"go.yaml.in/yaml/v3"
 )
 
-// Chain is a profiled chain: stages whose costs and bytes were measured
-// elsewhere, handed to the solver as they are.
+// Chain is a profiled chain: a sequence of stages whose costs and sizes
+// were measured elsewhere, the input of the classic checkpointing
+// algorithms (Griewank and Walther's revolve, Herrmann et al.'s rotor),
+// handed to the solver as it is. Stage i reads stage i-1's output (the
+// chain's input for the first), and the loss reads the last one's.
 type Chain struct {
-	Name       string       `yaml:"name" json:"name"`
-	Unit       string       `yaml:"unit" json:"unit"` // unit of the costs, free text
-	InputBytes ir.Bytes     `yaml:"input_bytes" json:"input_bytes"`
+	Name       string       `yaml:"name" json:"name"`               // the file's stem if not given
+	Unit       string       `yaml:"unit" json:"unit"`               // of the costs, free text; "units" if not given
+	InputBytes ir.Bytes     `yaml:"input_bytes" json:"input_bytes"` // a_0, the chain's input
 	Stages     []ChainStage `yaml:"stages" json:"stages"`
-	Loss       ChainLoss    `yaml:"loss" json:"loss"`
+	Loss       ChainLoss    `yaml:"loss" json:"loss"` // zero if not given
 }
 
-// ChainStage is one stage: a_i → a_{i+1}.
+// ChainStage is one stage, a_i → a_{i+1}.
 type ChainStage struct {
-	Name              string   `yaml:"name" json:"name"`
-	Forward           float64  `yaml:"forward" json:"forward"`
-	Backward          float64  `yaml:"backward" json:"backward"`
-	OutputBytes       ir.Bytes `yaml:"output_bytes" json:"output_bytes"`
-	SavedBytes        ir.Bytes `yaml:"saved_bytes" json:"saved_bytes"` // everything a storing forward keeps, output included
-	ForwardTempBytes  ir.Bytes `yaml:"forward_temp_bytes" json:"forward_temp_bytes"`
-	BackwardTempBytes ir.Bytes `yaml:"backward_temp_bytes" json:"backward_temp_bytes"`
+	Name     string  `yaml:"name" json:"name"`
+	Forward  float64 `yaml:"forward" json:"forward"`   // cost of the forward, in the chain's unit
+	Backward float64 `yaml:"backward" json:"backward"` // cost of the backward
+	// OutputBytes is a_{i+1}, the next stage's input: all that a forward
+	// which keeps nothing for its backward leaves behind.
+	OutputBytes ir.Bytes `yaml:"output_bytes" json:"output_bytes"`
+	// SavedBytes is everything a storing forward keeps for the backward,
+	// the output included, so it is never below OutputBytes.
+	SavedBytes        ir.Bytes `yaml:"saved_bytes" json:"saved_bytes"`
+	ForwardTempBytes  ir.Bytes `yaml:"forward_temp_bytes" json:"forward_temp_bytes"`   // freed when the forward returns; 0 if not given
+	BackwardTempBytes ir.Bytes `yaml:"backward_temp_bytes" json:"backward_temp_bytes"` // freed when the backward returns; 0 if not given
 }
 
-// ChainLoss is the loss after the last stage.
+// ChainLoss is the loss after the last stage: its backward's cost and
+// the temporary memory that backward needs.
 type ChainLoss struct {
 	Backward  float64  `yaml:"backward" json:"backward"`
 	TempBytes ir.Bytes `yaml:"temp_bytes" json:"temp_bytes"`
 }
 
-type chainDoc struct {
-	Chain *Chain `yaml:"chain"`
-}
-
-// ParseChain reads a profiled chain YAML document.
+// ParseChain reads a profiled chain YAML document, whose only top-level
+// key is chain; file names it in errors. Errors are *PosError values at
+// the offending value: syntax, unknown keys, wrong types, and the rules
+// that make a chain meaningful: at least one stage, each with a unique
+// name, a forward and backward cost, output_bytes and saved_bytes;
+// finite costs and sizes, none negative; a non-empty input and outputs;
+// saved_bytes ≥ output_bytes. It runs in time linear in len(data).
 func ParseChain(file string, data []byte) (*Chain, error) {
 	root, err := parseYAML(file, data)
 	if err != nil {
@@ -49,56 +59,111 @@ func ParseChain(file string, data []byte) (*Chain, error) {
 	return decodeChain(newDecoder(file), root)
 }
 
+// decodeChain decodes a chain document; root is the document's mapping,
+// whose first key is "chain".
 func decodeChain(d *decoder, root *yaml.Node) (*Chain, error) {
-	var doc chainDoc
+	var doc struct {
+		Chain *Chain `yaml:"chain"`
+	}
 	if err := d.decode(root, reflect.ValueOf(&doc).Elem(), ""); err != nil {
 		return nil, err
 	}
 	c := doc.Chain
 	if c == nil {
+		if _, ok := d.pos["chain"]; ok {
+			return nil, d.errField("chain", "chain: is empty, want input_bytes and stages")
+		}
 		return nil, d.errAt(root, "missing chain")
+	}
+	if c.Name == "" {
+		c.Name = fileStem(d.file)
 	}
 	if c.Unit == "" {
 		c.Unit = "units"
 	}
-	return c, c.validate(d)
+	if err := checkChain(d, c); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
-func (c *Chain) validate(d *decoder) error {
+// chainRequired lists the keys every stage must give; the temporary
+// sizes default to zero.
+var chainRequired = []string{"name", "forward", "backward", "output_bytes", "saved_bytes"}
+
+// checkChain enforces the rules ParseChain lists, at the value that
+// breaks them, or at the mapping that lacks a key.
+func checkChain(d *decoder, c *Chain) error {
+	if _, ok := d.pos["chain.input_bytes"]; !ok {
+		return d.errField("chain", "chain: missing input_bytes (the size of the first stage's input)")
+	}
 	if c.InputBytes <= 0 {
-		return d.errField("chain.input_bytes", "chain.input_bytes: must be positive (the bytes of the chain's input a_0)")
+		return d.errField("chain.input_bytes", "chain.input_bytes: must be positive, got %v", c.InputBytes)
 	}
 	if len(c.Stages) == 0 {
 		return d.errField("chain.stages", "chain.stages: a chain needs at least one stage")
 	}
-	seen := map[string]bool{}
-	for i, s := range c.Stages {
-		p := "chain.stages[" + strconv.Itoa(i) + "]"
-		switch {
-		case s.Name == "":
-			return d.errField(p, "%s: missing name", p)
-		case seen[s.Name]:
-			return d.errField(p+".name", "%s: stage name %q is used twice", p, s.Name)
-		case !finite(s.Forward) || s.Forward < 0:
-			return d.errField(p+".forward", "%s.forward: must be a non-negative cost, got %v", p, s.Forward)
-		case !finite(s.Backward) || s.Backward < 0:
-			return d.errField(p+".backward", "%s.backward: must be a non-negative cost, got %v", p, s.Backward)
-		case s.OutputBytes <= 0:
-			return d.errField(p+".output_bytes", "%s.output_bytes: must be positive", p)
-		case s.SavedBytes < s.OutputBytes:
-			return d.errField(p+".saved_bytes", "%s.saved_bytes: %v is less than output_bytes %v; saved_bytes is everything a storing forward keeps, its output included", p, s.SavedBytes, s.OutputBytes)
-		case s.ForwardTempBytes < 0 || s.BackwardTempBytes < 0:
-			return d.errField(p, "%s: temp bytes must not be negative", p)
+	first := map[string]int{}
+	for i := range c.Stages {
+		p := fmt.Sprintf("chain.stages[%d]", i)
+		for _, k := range chainRequired {
+			if _, ok := d.pos[p+"."+k]; !ok {
+				return d.errField(p, "%s: missing %s", p, k)
+			}
 		}
-		seen[s.Name] = true
+		s := &c.Stages[i]
+		if s.Name == "" {
+			return d.errField(p+".name", "%s.name: must not be empty", p)
+		}
+		if j, ok := first[s.Name]; ok {
+			return d.errField(p+".name", "%s.name: duplicate stage name %q (also stage %d's)", p, s.Name, j)
+		}
+		first[s.Name] = i
+		if err := checkStage(d, p, s); err != nil {
+			return err
+		}
 	}
-	if !finite(c.Loss.Backward) || c.Loss.Backward < 0 {
-		return d.errField("chain.loss.backward", "chain.loss.backward: must be a non-negative cost, got %v", c.Loss.Backward)
+	if err := checkCost(d, "chain.loss.backward", c.Loss.Backward); err != nil {
+		return err
 	}
-	if c.Loss.TempBytes < 0 {
-		return d.errField("chain.loss.temp_bytes", "chain.loss.temp_bytes: must not be negative")
+	return checkSize(d, "chain.loss.temp_bytes", c.Loss.TempBytes)
+}
+
+func checkStage(d *decoder, p string, s *ChainStage) error {
+	if err := checkCost(d, p+".forward", s.Forward); err != nil {
+		return err
+	}
+	if err := checkCost(d, p+".backward", s.Backward); err != nil {
+		return err
+	}
+	for _, b := range []struct {
+		key string
+		v   ir.Bytes
+	}{{"output_bytes", s.OutputBytes}, {"saved_bytes", s.SavedBytes}, {"forward_temp_bytes", s.ForwardTempBytes}, {"backward_temp_bytes", s.BackwardTempBytes}} {
+		if err := checkSize(d, p+"."+b.key, b.v); err != nil {
+			return err
+		}
+	}
+	if s.OutputBytes == 0 {
+		return d.errField(p+".output_bytes", "%s.output_bytes: must be positive, got 0", p)
+	}
+	if s.SavedBytes < s.OutputBytes {
+		return d.errField(p+".saved_bytes", "%s.saved_bytes: %v is less than output_bytes %v; saved_bytes is everything a storing forward keeps, its output included",
+			p, s.SavedBytes, s.OutputBytes)
 	}
 	return nil
 }
 
-func finite(f float64) bool { return !math.IsInf(f, 0) && !math.IsNaN(f) }
+func checkCost(d *decoder, path string, v float64) error {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		return d.errField(path, "%s: must be a non-negative cost, got %v", path, v)
+	}
+	return nil
+}
+
+func checkSize(d *decoder, path string, v ir.Bytes) error {
+	if v < 0 {
+		return d.errField(path, "%s: must not be negative, got %v", path, v)
+	}
+	return nil
+}

@@ -5,214 +5,447 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ckptplan/ckptplan/ir"
+	"go.yaml.in/yaml/v3"
 )
 
-// hfConfig holds the fields of a Hugging Face config.json that shape the
-// graph. Pointers tell an absent field from a zero one.
-type hfConfig struct {
-	ModelType  string  `yaml:"model_type"`
-	NameOrPath string  `yaml:"_name_or_path"`
+// A Hugging Face config.json is read in three steps. encoding/json checks
+// the syntax, so that a truncated or malformed file gets the messages
+// people know ("unexpected end of JSON input"), placed at a line:col
+// computed from the error's byte offset. The top level is then rebuilt as
+// yaml.Nodes whose lines and columns come from the json.Decoder's offsets,
+// and the strict YAML decoder, run leniently (configs carry dozens of keys
+// that do not change the graph), decodes it and points at the offending
+// value. Last, the model's validation errors are mapped back from Model
+// fields to the config keys they came from.
+//
+// yaml.v3 could parse the JSON directly, JSON being YAML, but it rejects
+// some valid JSON ("\/", surrogate pairs) and words its errors for YAML.
+
+// hfModelTypes maps the supported values of model_type to the family
+// each builds.
+var hfModelTypes = map[string]string{
+	"gpt2":    "gpt2",
+	"llama":   "llama",
+	"mistral": "llama",
+	"qwen2":   "llama",
+}
+
+// hfMaxTrainSeq caps the default training length taken from
+// max_position_embeddings: long-context models (Qwen2's 131072) are
+// rarely trained at full length, and s² attention tensors would dwarf
+// everything else.
+const hfMaxTrainSeq = 8192
+
+// hfCommon holds the keys every supported config reads the same way.
+type hfCommon struct {
+	ModelType  *string `yaml:"model_type"`
+	NameOrPath *string `yaml:"_name_or_path"`
 	TorchDType *string `yaml:"torch_dtype"`
-
-	// Llama, Mistral, Qwen2.
-	Layers      *int64   `yaml:"num_hidden_layers"`
-	Hidden      *int64   `yaml:"hidden_size"`
-	Heads       *int64   `yaml:"num_attention_heads"`
-	KVHeads     *int64   `yaml:"num_key_value_heads"`
-	FFN         *int64   `yaml:"intermediate_size"`
-	Vocab       *int64   `yaml:"vocab_size"`
-	Tie         *bool    `yaml:"tie_word_embeddings"`
-	RMSEps      *float64 `yaml:"rms_norm_eps"`
-	RopeTheta   *float64 `yaml:"rope_theta"`
-	MaxPos      *int64   `yaml:"max_position_embeddings"`
-	AttnBias    *bool    `yaml:"attention_bias"`
-	AttnDropout *float64 `yaml:"attention_dropout"`
-	HeadDim     *int64   `yaml:"head_dim"`
-
-	// GPT-2.
-	NLayer   *int64   `yaml:"n_layer"`
-	NEmbd    *int64   `yaml:"n_embd"`
-	NHead    *int64   `yaml:"n_head"`
-	NInner   *int64   `yaml:"n_inner"`
-	NPos     *int64   `yaml:"n_positions"`
-	LNEps    *float64 `yaml:"layer_norm_epsilon"`
-	AttnDrop *float64 `yaml:"attn_pdrop"`
+	DType      *string `yaml:"dtype"` // the name transformers ≥ 4.56 writes
 }
 
-// hfTypes maps the supported model_type values to our families.
-var hfTypes = map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
-
-// hfFields maps model fields to the config keys they come from, so that a
-// validation error points at the key.
-var hfFields = map[string]string{
-	"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-	"kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
-	"norm_eps": "rms_norm_eps", "max_seq": "max_position_embeddings", "training.dropout": "attention_dropout",
-	"training.dtype": "torch_dtype",
+// hfLlama holds the keys of LlamaConfig, MistralConfig and Qwen2Config.
+type hfLlama struct {
+	Layers        *int64   `yaml:"num_hidden_layers"`
+	Hidden        *int64   `yaml:"hidden_size"`
+	Heads         *int64   `yaml:"num_attention_heads"`
+	KVHeads       *int64   `yaml:"num_key_value_heads"`
+	FFN           *int64   `yaml:"intermediate_size"`
+	Vocab         *int64   `yaml:"vocab_size"`
+	Tied          *bool    `yaml:"tie_word_embeddings"`
+	NormEps       *float64 `yaml:"rms_norm_eps"`
+	RopeTheta     *float64 `yaml:"rope_theta"`
+	MaxPos        *int64   `yaml:"max_position_embeddings"`
+	AttentionBias *bool    `yaml:"attention_bias"`
+	HeadDim       *int64   `yaml:"head_dim"`
+	Dropout       *float64 `yaml:"attention_dropout"`
 }
 
-var gpt2Fields = map[string]string{
-	"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head", "ffn": "n_inner",
-	"vocab": "vocab_size", "norm_eps": "layer_norm_epsilon", "max_seq": "n_positions",
-	"training.dropout": "attn_pdrop", "training.dtype": "torch_dtype",
+// hfGPT2 holds the keys of GPT2Config.
+type hfGPT2 struct {
+	Layers     *int64   `yaml:"n_layer"`
+	Hidden     *int64   `yaml:"n_embd"`
+	Heads      *int64   `yaml:"n_head"`
+	Inner      *int64   `yaml:"n_inner"`
+	Vocab      *int64   `yaml:"vocab_size"`
+	Positions  *int64   `yaml:"n_positions"`
+	Eps        *float64 `yaml:"layer_norm_epsilon"`
+	Tied       *bool    `yaml:"tie_word_embeddings"`
+	AttnPdrop  *float64 `yaml:"attn_pdrop"`
+	ResidPdrop *float64 `yaml:"resid_pdrop"`
+	EmbdPdrop  *float64 `yaml:"embd_pdrop"`
 }
 
-// ParseHFConfig reads a Hugging Face config.json of a llama, mistral, qwen2
-// or gpt2 model. Keys it does not need are ignored. The training setup is
-// ir.DefaultSetup with the config's dtype and dropout, and a sequence of
-// the model's context length up to 8192.
+// hfRead is one config being read: the decoder, which knows where each
+// key is, and the config key each Model field (as Validate names it)
+// came from.
+type hfRead struct {
+	d    *decoder
+	root *yaml.Node
+	keys map[string]string
+}
+
+// ParseHFConfig reads a Hugging Face config.json of a supported
+// model_type (gpt2, llama, mistral, qwen2) into a Model; file names it in
+// errors, and its base name without extension is the model's name when
+// the config has no _name_or_path. Keys that do not change the graph are
+// ignored. The training setup is ir.DefaultSetup's with the config's
+// dtype (torch_dtype; bf16 if absent) and dropout, and a sequence length
+// of max_position_embeddings (n_positions) capped at 8192.
+//
+// Errors are *PosError values at the offending value: JSON syntax, wrong
+// types, missing or unsupported keys, and whatever Model.Validate
+// rejects, named by the config's key. It runs in time linear in
+// len(data).
 func ParseHFConfig(file string, data []byte) (*Model, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, &PosError{File: file, Msg: "empty file"}
-	}
-	if err := checkJSON(file, data); err != nil {
-		return nil, err
-	}
-	root, err := parseYAML(file, data)
+	root, err := parseJSON(file, data)
 	if err != nil {
 		return nil, err
 	}
-	d := newDecoder(file)
-	d.lenient = true
-	var c hfConfig
-	if err := d.decode(root, reflect.ValueOf(&c).Elem(), ""); err != nil {
+	r := &hfRead{d: newDecoder(file), root: root, keys: map[string]string{}}
+	r.d.lenient = true
+	if root.Kind != yaml.MappingNode {
+		return nil, r.d.errAt(root, "want a JSON object (a config.json), got %s", jsonKind(root))
+	}
+	var c hfCommon
+	if err := r.d.decode(root, reflect.ValueOf(&c).Elem(), ""); err != nil {
 		return nil, err
 	}
-	family, ok := hfTypes[c.ModelType]
+	supported := strings.Join(slices.Sorted(maps.Keys(hfModelTypes)), ", ")
+	if c.ModelType == nil {
+		return nil, r.d.errAt(root, "missing model_type (supported: %s)", supported)
+	}
+	family, ok := hfModelTypes[*c.ModelType]
 	if !ok {
-		var types []string
-		for t := range hfTypes {
-			types = append(types, t)
-		}
-		sort.Strings(types)
-		at := d.pos["model_type"]
-		if at == nil {
-			at = root
-		}
-		return nil, d.errAt(at, "unsupported model_type %q (supported: %s)", c.ModelType, strings.Join(types, ", "))
+		return nil, r.d.errField("model_type", "unsupported model_type %q (supported: %s)", *c.ModelType, supported)
 	}
-	m, err := c.model(family, file)
+	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
+	r.keys["name"] = "_name_or_path"
+	if err := r.dtype(&c, m); err != nil {
+		return nil, err
+	}
+	if family == "gpt2" {
+		err = r.gpt2(m)
+	} else {
+		err = r.llama(m, *c.ModelType)
+	}
 	if err != nil {
-		return nil, d.errAt(root, "%v", err)
+		return nil, err
 	}
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
-		var fe *ir.FieldError
-		if errors.As(err, &fe) {
-			fields := hfFields
-			if family == "gpt2" {
-				fields = gpt2Fields
-			}
-			key := fields[fe.Field]
-			msg := fe.Msg
-			if key != "" {
-				msg = key + ": " + msg
-			}
-			return nil, d.errField(key, "%s", msg)
-		}
-		return nil, d.errAt(root, "%v", err)
+		return nil, r.fieldError(err)
 	}
 	return m, nil
 }
 
-func (c *hfConfig) model(family, file string) (*Model, error) {
-	i := func(p *int64) int64 {
-		if p == nil {
-			return 0
-		}
-		return *p
+// hfName is _name_or_path if set, else the file's stem ("config" for a
+// config.json).
+func hfName(file string, nameOrPath *string) string {
+	if nameOrPath != nil && *nameOrPath != "" {
+		return *nameOrPath
 	}
-	m := &Model{Family: family, Training: ir.DefaultSetup()}
-	m.Name = c.NameOrPath
-	if m.Name == "" {
-		m.Name = strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
-	}
-	if family == "gpt2" {
-		m.Layers, m.Hidden, m.Heads, m.FFN, m.Vocab, m.MaxSeq = i(c.NLayer), i(c.NEmbd), i(c.NHead), i(c.NInner), i(c.Vocab), i(c.NPos)
-		m.KVHeads = m.Heads
-		m.TiedEmbeddings, m.QKVBias = c.Tie == nil || *c.Tie, true
-		if c.LNEps != nil {
-			m.NormEps = *c.LNEps
-		}
-		if c.AttnDrop != nil {
-			m.Training.Dropout = *c.AttnDrop
-		}
-	} else {
-		m.Layers, m.Hidden, m.Heads, m.KVHeads, m.FFN, m.Vocab, m.MaxSeq = i(c.Layers), i(c.Hidden), i(c.Heads), i(c.KVHeads), i(c.FFN), i(c.Vocab), i(c.MaxPos)
-		m.TiedEmbeddings = c.Tie != nil && *c.Tie
-		m.QKVBias = c.ModelType == "qwen2" || c.AttnBias != nil && *c.AttnBias
-		if c.RMSEps != nil {
-			m.NormEps = *c.RMSEps
-		}
-		if c.RopeTheta != nil {
-			m.RopeTheta = *c.RopeTheta
-		}
-		if c.AttnDropout != nil {
-			m.Training.Dropout = *c.AttnDropout
-		}
-		if c.HeadDim != nil && m.Heads > 0 && *c.HeadDim != m.Hidden/m.Heads {
-			return nil, fmt.Errorf("head_dim %d differs from hidden_size/num_attention_heads = %d: not supported", *c.HeadDim, m.Hidden/m.Heads)
-		}
-	}
-	if c.TorchDType != nil {
-		dt, err := ir.ParseDType(*c.TorchDType)
-		if err != nil {
-			return nil, fmt.Errorf("torch_dtype: %v", err)
-		}
-		m.Training.DType = dt.String()
-	}
-	if m.MaxSeq > 0 {
-		m.Training.Seq = min(m.MaxSeq, 8192)
-	}
-	return m, nil
+	return fileStem(file)
 }
 
-// checkJSON reports a JSON syntax error at its line and column.
-func checkJSON(file string, data []byte) error {
-	var v any
-	err := json.Unmarshal(data, &v)
-	if err == nil {
-		if _, ok := v.(map[string]any); !ok {
-			return &PosError{File: file, Line: 1, Col: 1, Msg: "want a JSON object (a config.json), got " + jsonKind(v)}
-		}
+// fileStem is a path's last element without its extension.
+func fileStem(file string) string {
+	base := file
+	if i := strings.LastIndexAny(base, `/\`); i >= 0 {
+		base = base[i+1:]
+	}
+	return strings.TrimSuffix(base, filepath.Ext(base))
+}
+
+func (r *hfRead) dtype(c *hfCommon, m *Model) error {
+	key, v := "torch_dtype", c.TorchDType
+	if v == nil {
+		key, v = "dtype", c.DType
+	}
+	if v == nil {
 		return nil
 	}
+	dt, err := ir.ParseDType(*v)
+	if err != nil || !slices.Contains(ir.TrainDTypes, dt) {
+		return r.d.errField(key, "%s: unsupported dtype %q (supported: float32, bfloat16, float16)", key, *v)
+	}
+	m.Training.DType = dt.String()
+	r.keys["training.dtype"] = key
+	return nil
+}
+
+// required reports the first of the named keys the config lacks: the
+// transformers defaults for these describe no particular model, so
+// taking them would hide a mistake.
+func (r *hfRead) required(keys ...string) error {
+	for _, k := range keys {
+		if _, ok := r.d.pos[k]; !ok {
+			return r.d.errAt(r.root, "missing %s", k)
+		}
+	}
+	return nil
+}
+
+func (r *hfRead) llama(m *Model, modelType string) error {
+	var c hfLlama
+	if err := r.d.decode(r.root, reflect.ValueOf(&c).Elem(), ""); err != nil {
+		return err
+	}
+	if err := r.required("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"); err != nil {
+		return err
+	}
+	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
+	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
+	setField(r, &m.Heads, c.Heads, "heads", "num_attention_heads")
+	setField(r, &m.KVHeads, c.KVHeads, "kv_heads", "num_key_value_heads")
+	setField(r, &m.FFN, c.FFN, "ffn", "intermediate_size")
+	setField(r, &m.Vocab, c.Vocab, "vocab", "vocab_size")
+	setField(r, &m.NormEps, c.NormEps, "norm_eps", "rms_norm_eps")
+	setField(r, &m.RopeTheta, c.RopeTheta, "rope_theta", "rope_theta")
+	setField(r, &m.Training.Dropout, c.Dropout, "training.dropout", "attention_dropout")
+	setField(r, &m.TiedEmbeddings, c.Tied, "tied_embeddings", "tie_word_embeddings")
+	switch modelType {
+	case "llama":
+		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
+	case "qwen2":
+		m.QKVBias = true // Qwen2Attention always biases q, k and v
+	}
+	if m.RopeTheta < 0 {
+		return r.d.errField("rope_theta", "rope_theta: must be positive, got %v", m.RopeTheta)
+	}
+	r.maxPos(m, c.MaxPos, "max_position_embeddings")
+	// Validate reports heads that do not divide hidden; head_dim is
+	// checked only once the division is known to be exact.
+	if c.HeadDim != nil && m.Heads > 0 && m.Hidden%m.Heads == 0 && *c.HeadDim != m.Hidden/m.Heads {
+		return r.d.errField("head_dim", "head_dim: %d differs from hidden_size/num_attention_heads = %d; a head size of its own is unsupported",
+			*c.HeadDim, m.Hidden/m.Heads)
+	}
+	return nil
+}
+
+func (r *hfRead) gpt2(m *Model) error {
+	var c hfGPT2
+	if err := r.d.decode(r.root, reflect.ValueOf(&c).Elem(), ""); err != nil {
+		return err
+	}
+	if err := r.required("n_layer", "n_embd", "n_head", "vocab_size"); err != nil {
+		return err
+	}
+	setField(r, &m.Layers, c.Layers, "layers", "n_layer")
+	setField(r, &m.Hidden, c.Hidden, "hidden", "n_embd")
+	setField(r, &m.Heads, c.Heads, "heads", "n_head")
+	setField(r, &m.FFN, c.Inner, "ffn", "n_inner") // null: 4·n_embd, by fillDefaults
+	setField(r, &m.Vocab, c.Vocab, "vocab", "vocab_size")
+	setField(r, &m.NormEps, c.Eps, "norm_eps", "layer_norm_epsilon")
+	m.TiedEmbeddings, m.QKVBias = true, true
+	setField(r, &m.TiedEmbeddings, c.Tied, "tied_embeddings", "tie_word_embeddings")
+	// GPT-2 has three dropout rates, equal in every published config; the
+	// setup has one, and attention's is the one whose mask every layer
+	// keeps for its backward.
+	m.Training.Dropout = 0.1 // GPT2Config's default
+	for _, p := range []struct {
+		v   *float64
+		key string
+	}{{c.AttnPdrop, "attn_pdrop"}, {c.ResidPdrop, "resid_pdrop"}, {c.EmbdPdrop, "embd_pdrop"}} {
+		if p.v != nil {
+			setField(r, &m.Training.Dropout, p.v, "training.dropout", p.key)
+			break
+		}
+	}
+	r.maxPos(m, c.Positions, "n_positions")
+	return nil
+}
+
+// setField copies a config value that is present into a Model field and
+// remembers which key the field came from.
+func setField[T any](r *hfRead, dst, src *T, field, key string) {
+	if src != nil {
+		*dst = *src
+	}
+	r.keys[field] = key
+}
+
+// maxPos sets the model's sequence limit and the default training length
+// from the size of the position table, if the config gives it.
+func (r *hfRead) maxPos(m *Model, v *int64, key string) {
+	r.keys["max_seq"] = key
+	if v == nil {
+		return
+	}
+	m.MaxSeq = *v
+	m.Training.Seq = min(*v, hfMaxTrainSeq)
+	r.keys["training.seq"] = key
+}
+
+// fieldError places a validation error at the config key its field came
+// from, named as the config names it.
+func (r *hfRead) fieldError(err error) error {
+	var fe *ir.FieldError
+	if !errors.As(err, &fe) {
+		return r.d.errAt(r.root, "%v", err)
+	}
+	if key, ok := r.keys[fe.Field]; ok {
+		return r.d.errField(key, "%s: %s", key, fe.Msg)
+	}
+	return r.d.errAt(r.root, "%s", fe.Error())
+}
+
+// parseJSON checks that data is JSON and returns its top-level value as a
+// yaml.Node placed where it starts. Nested objects and arrays come back
+// as nodes of their kind without content: no supported key holds one,
+// and the decoder needs only their kind to reject them.
+func parseJSON(file string, data []byte) (*yaml.Node, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, &PosError{File: file, Msg: "empty file"}
+	}
+	var raw json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, jsonSyntaxError(file, data, err)
+	}
+	t := &jsonTokens{dec: json.NewDecoder(bytes.NewReader(data)), pos: textPos{data: data, line: 1, col: 1}}
+	t.dec.UseNumber()
+	root, delim, err := t.next()
+	if err != nil || delim != '{' {
+		return root, err
+	}
+	for t.dec.More() {
+		k, _, err := t.next()
+		if err != nil {
+			return nil, err
+		}
+		v, delim, err := t.next()
+		if err != nil {
+			return nil, err
+		}
+		if delim != 0 {
+			if err := t.skip(); err != nil {
+				return nil, err
+			}
+		}
+		root.Content = append(root.Content, k, v)
+	}
+	return root, nil
+}
+
+// jsonSyntaxError places an encoding/json error at the offending byte, or
+// just past the last token when the input ends early.
+func jsonSyntaxError(file string, data []byte, err error) error {
 	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	offset := int64(len(data))
-	switch {
-	case errors.As(err, &se):
-		offset = se.Offset
-	case errors.As(err, &te):
-		offset = te.Offset
+	if !errors.As(err, &se) {
+		return &PosError{File: file, Msg: err.Error()}
 	}
-	line, col := lineCol(data, offset)
-	return &PosError{File: file, Line: line, Col: col, Msg: "invalid JSON: " + err.Error()}
+	off := int(se.Offset) - 1
+	if off >= len(data) || strings.Contains(se.Error(), "end of JSON input") {
+		off = len(bytes.TrimRight(data, " \t\r\n"))
+	}
+	p := textPos{data: data, line: 1, col: 1}
+	line, col := p.at(max(off, 0))
+	return &PosError{File: file, Line: line, Col: col, Msg: se.Error()}
 }
 
-func jsonKind(v any) string {
-	switch v.(type) {
-	case []any:
-		return "an array"
+// jsonTokens reads JSON tokens as yaml.Nodes placed where they start.
+type jsonTokens struct {
+	dec *json.Decoder
+	pos textPos
+}
+
+// next reads a token: a scalar node, or for '{' and '[' an empty node of
+// the container's kind and the delimiter.
+func (t *jsonTokens) next() (*yaml.Node, json.Delim, error) {
+	// InputOffset is the end of the last token; the separators between
+	// it and the next one are not tokens.
+	start := int(t.dec.InputOffset())
+	for start < len(t.pos.data) && strings.IndexByte(" \t\r\n:,", t.pos.data[start]) >= 0 {
+		start++
+	}
+	tok, err := t.dec.Token()
+	if err != nil {
+		return nil, 0, err
+	}
+	n := &yaml.Node{Kind: yaml.ScalarNode}
+	n.Line, n.Column = t.pos.at(start)
+	var delim json.Delim
+	switch v := tok.(type) {
+	case json.Delim:
+		delim = v
+		n.Kind = yaml.MappingNode
+		if v == '[' {
+			n.Kind = yaml.SequenceNode
+		}
 	case string:
-		return "a string"
+		n.Tag, n.Value = "!!str", v
+	case json.Number:
+		n.Tag, n.Value = "!!int", v.String()
+		if strings.ContainsAny(n.Value, ".eE") {
+			n.Tag = "!!float"
+		}
+	case bool:
+		n.Tag, n.Value = "!!bool", fmt.Sprint(v)
 	case nil:
-		return "null"
+		n.Tag, n.Value = "!!null", "null"
 	}
-	return "a " + fmt.Sprintf("%T", v)
+	return n, delim, nil
 }
 
-// lineCol converts a byte offset to a 1-based line and column.
-func lineCol(data []byte, offset int64) (int, int) {
-	offset = min(max(offset, 0), int64(len(data)))
-	before := data[:offset]
-	line := bytes.Count(before, []byte("\n")) + 1
-	col := int(offset) - bytes.LastIndexByte(before, '\n')
-	return line, col
+// skip reads the rest of a container whose opening delimiter was read.
+func (t *jsonTokens) skip() error {
+	for depth := 1; depth > 0; {
+		tok, err := t.dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+	return nil
+}
+
+func jsonKind(n *yaml.Node) string {
+	switch {
+	case n.Kind == yaml.SequenceNode:
+		return "an array"
+	case n.Tag == "!!null":
+		return "null"
+	case n.Tag == "!!str":
+		return fmt.Sprintf("the string %q", n.Value)
+	}
+	return "the value " + n.Value
+}
+
+// textPos turns byte offsets into 1-based lines and columns counted in
+// runes, as yaml.v3 counts them. Offsets that grow from call to call scan
+// the data once in all.
+type textPos struct {
+	data      []byte
+	off       int
+	line, col int
+}
+
+func (p *textPos) at(off int) (line, col int) {
+	if off < p.off {
+		p.off, p.line, p.col = 0, 1, 1
+	}
+	off = min(off, len(p.data))
+	for p.off < off {
+		r, size := utf8.DecodeRune(p.data[p.off:])
+		p.off += size
+		if r == '\n' {
+			p.line, p.col = p.line+1, 1
+		} else {
+			p.col++
+		}
+	}
+	return p.line, p.col
 }

@@ -2,15 +2,172 @@ package graphio
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
+// hfSetup is the default training setup with what a config.json sets.
+func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
+	s := ir.DefaultSetup()
+	s.DType, s.Dropout, s.Seq = dtype, dropout, seq
+	return s
+}
+
+func TestParseHFConfigFiles(t *testing.T) {
+	tests := []struct {
+		file string
+		want *Model
+	}{
+		{"llama-3-8b.json", &Model{
+			Name: "llama-3-8b", Family: "llama", Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 8,
+			FFN: 14336, Vocab: 128256, NormEps: 1e-5, RopeTheta: 500000, MaxSeq: 8192,
+			Training: hfSetup("bf16", 0, 8192),
+		}},
+		{"mistral-7b.json", &Model{
+			Name: "mistral-7b", Family: "llama", Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 8,
+			FFN: 14336, Vocab: 32000, NormEps: 1e-5, RopeTheta: 10000, MaxSeq: 32768,
+			Training: hfSetup("bf16", 0, 8192),
+		}},
+		{"qwen2-1.5b.json", &Model{
+			Name: "qwen2-1.5b", Family: "llama", Layers: 28, Hidden: 1536, Heads: 12, KVHeads: 2,
+			FFN: 8960, Vocab: 151936, TiedEmbeddings: true, QKVBias: true, NormEps: 1e-6,
+			RopeTheta: 1000000, MaxSeq: 131072,
+			Training: hfSetup("bf16", 0, 8192),
+		}},
+		{"gpt2.json", &Model{
+			Name: "gpt2", Family: "gpt2", Layers: 12, Hidden: 768, Heads: 12, KVHeads: 12,
+			FFN: 3072, Vocab: 50257, TiedEmbeddings: true, QKVBias: true, NormEps: 1e-5, MaxSeq: 1024,
+			Training: hfSetup("bf16", 0.1, 1024),
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			path := filepath.Join("testdata", "hf", tt.file)
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := ParseHFConfig(path, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ParseHFConfig(%s) (-want +got)\n%s", path, diff)
+			}
+		})
+	}
+}
+
+// TestParseHFConfigKeys checks one mapping rule at a time on small
+// configs.
+func TestParseHFConfigKeys(t *testing.T) {
+	const llama = `"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100`
+	const gpt2 = `"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100`
+	small := func(family string, edit func(*Model)) *Model {
+		m := &Model{Name: "config", Family: family, Layers: 2, Hidden: 64, Heads: 4, KVHeads: 4,
+			FFN: 128, Vocab: 100, NormEps: 1e-5, Training: ir.DefaultSetup()}
+		if family == "llama" {
+			m.RopeTheta = 10000
+		} else {
+			m.FFN = 256
+			m.TiedEmbeddings, m.QKVBias = true, true
+			m.Training.Dropout = 0.1
+		}
+		edit(m)
+		return m
+	}
+	tests := []struct {
+		name, json string
+		want       *Model
+	}{
+		{"llama defaults", `{` + llama + `}`, small("llama", func(m *Model) {})},
+		{"name_or_path", `{"_name_or_path": "meta-llama/Meta-Llama-3-8B", ` + llama + `}`,
+			small("llama", func(m *Model) { m.Name = "meta-llama/Meta-Llama-3-8B" })},
+		{"float32", `{"torch_dtype": "float32", ` + llama + `}`,
+			small("llama", func(m *Model) { m.Training.DType = "fp32" })},
+		{"float16 as dtype", `{"dtype": "float16", ` + llama + `}`,
+			small("llama", func(m *Model) { m.Training.DType = "fp16" })},
+		{"llama attention_bias", `{"attention_bias": true, ` + llama + `}`,
+			small("llama", func(m *Model) { m.QKVBias = true })},
+		{"mistral ignores attention_bias", `{` + strings.Replace(llama, `"llama"`, `"mistral"`, 1) + `, "attention_bias": true}`,
+			small("llama", func(m *Model) {})},
+		{"qwen2 biases qkv, ties nothing by default", `{` + strings.Replace(llama, `"llama"`, `"qwen2"`, 1) + `}`,
+			small("llama", func(m *Model) { m.QKVBias = true })},
+		{"kv heads and dropout", `{"num_key_value_heads": 2, "attention_dropout": 0.05, ` + llama + `}`,
+			small("llama", func(m *Model) { m.KVHeads, m.Training.Dropout = 2, 0.05 })},
+		{"head_dim that agrees", `{"head_dim": 16, ` + llama + `}`, small("llama", func(m *Model) {})},
+		{"short context", `{"max_position_embeddings": 512, ` + llama + `}`,
+			small("llama", func(m *Model) { m.MaxSeq, m.Training.Seq = 512, 512 })},
+		{"long context capped", `{"max_position_embeddings": 1048576, ` + llama + `}`,
+			small("llama", func(m *Model) { m.MaxSeq, m.Training.Seq = 1048576, 8192 })},
+		{"JSON escapes and nesting", `{"a\/b": "\ud83d\ude00", "rope_scaling": {"type": "linear", "factor": [2.0]}, ` + llama + `}`,
+			small("llama", func(m *Model) {})},
+		{"integral float", `{"num_hidden_layers": 2.0, ` + strings.Replace(llama, `"num_hidden_layers": 2, `, "", 1) + `}`,
+			small("llama", func(m *Model) {})},
+		{"gpt2 defaults", `{` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
+		{"gpt2 n_inner null", `{"n_inner": null, ` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
+		{"gpt2 n_inner", `{"n_inner": 100, ` + gpt2 + `}`, small("gpt2", func(m *Model) { m.FFN = 100 })},
+		{"gpt2 untied", `{"tie_word_embeddings": false, ` + gpt2 + `}`,
+			small("gpt2", func(m *Model) { m.TiedEmbeddings = false })},
+		{"gpt2 attn_pdrop first", `{"resid_pdrop": 0.2, "attn_pdrop": 0.0, ` + gpt2 + `}`,
+			small("gpt2", func(m *Model) { m.Training.Dropout = 0 })},
+		{"gpt2 resid_pdrop alone", `{"resid_pdrop": 0.2, ` + gpt2 + `}`,
+			small("gpt2", func(m *Model) { m.Training.Dropout = 0.2 })},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseHFConfig("some/dir/config.json", []byte(tt.json))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("(-want +got)\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseHFConfigErrors(t *testing.T) {
+	tests := []struct{ name, json, want string }{
+		{"empty", " \n", "x.json: empty file"},
+		{"string root", `"llama"`, `x.json:1:1: want a JSON object (a config.json), got the string "llama"`},
+		{"null root", "\n  null", "x.json:2:3: want a JSON object (a config.json), got null"},
+		{"garbage after", `{"model_type": "gpt2"} x`, "x.json:1:24: invalid character 'x' after top-level value"},
+		{"unterminated string", "{\"model_type\": \"gpt", "x.json:1:20: unexpected end of JSON input"},
+		{"columns count runes", `{"é": 1, "model_type": 7}`, `x.json:1:24: unsupported model_type "7"`},
+		{"duplicate key", "{\"model_type\": \"gpt2\",\n \"model_type\": \"gpt2\"}", `x.json:2:2: duplicate key "model_type"`},
+		{"negative rope_theta", `{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "rope_theta": -1}`,
+			"x.json:1:153: rope_theta: must be positive, got -1"},
+		{"odd head size", `{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 60, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}`,
+			"x.json:1:91: num_attention_heads: head size 15 is odd"},
+		{"gpt2 bool layers", `{"model_type": "gpt2", "n_layer": true, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,
+			`x.json:1:35: n_layer: want an integer, got "true"`},
+		{"zero context", `{"model_type": "gpt2", "n_positions": 0, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,
+			"x.json:1:39: n_positions: must be positive, got 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseHFConfig("x.json", []byte(tt.json))
+			if err == nil {
+				t.Fatalf("no error, want %q", tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), tt.want) {
+				t.Errorf("error = %q\nwant it to start with %q", err, tt.want)
+			}
+		})
+	}
+}
+
 // TestHFConfigMatchesBundled checks that a Hugging Face config.json gives
-// the same graph as the bundled description of the same model.
+// the same model and graph as the bundled description of the same model,
+// once both train the same way.
 func TestHFConfigMatchesBundled(t *testing.T) {
-	for _, name := range []string{"llama-3-8b", "gpt2", "qwen2-1.5b"} {
+	for _, name := range []string{"llama-3-8b", "mistral-7b", "qwen2-1.5b", "gpt2"} {
 		t.Run(name, func(t *testing.T) {
 			hf, err := Load("testdata/hf/" + name + ".json")
 			if err != nil {
@@ -20,10 +177,13 @@ func TestHFConfigMatchesBundled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The training setup is the bundled file's choice; the
-			// architecture must agree.
+			// The training setup is the bundled file's choice and the name
+			// its own; the architecture must agree.
 			hf.Model.Training = bundled.Model.Training
 			hf.Model.Name = bundled.Model.Name
+			if diff := cmp.Diff(bundled.Model, hf.Model); diff != "" {
+				t.Errorf("model from config.json differs from the bundled one (-bundled +hf)\n%s", diff)
+			}
 			a, err := Build(hf.Model)
 			if err != nil {
 				t.Fatal(err)
@@ -32,7 +192,7 @@ func TestHFConfigMatchesBundled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(b.Nodes, a.Nodes); diff != "" {
+			if diff := cmp.Diff(b, a, cmpopts.IgnoreUnexported(ir.Graph{})); diff != "" {
 				t.Errorf("graph from config.json differs from the bundled one (-bundled +hf)\n%s", diff)
 			}
 		})
@@ -40,8 +200,16 @@ func TestHFConfigMatchesBundled(t *testing.T) {
 }
 
 func FuzzParseHFConfig(f *testing.F) {
-	for _, name := range []string{"llama-3-8b", "gpt2", "qwen2-1.5b"} {
-		data, err := os.ReadFile("testdata/hf/" + name + ".json")
+	seeds, err := filepath.Glob("testdata/hf/*.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	bad, err := filepath.Glob("testdata/bad/hf-*.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, path := range append(seeds, bad...) {
+		data, err := os.ReadFile(path)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -49,11 +217,18 @@ func FuzzParseHFConfig(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseHFConfig("config.json", data)
-		if err == nil {
-			m.Training.Seq = min(m.Training.Seq, 64)
-			m.Layers = min(m.Layers, 2)
-			_, _ = Build(m)
+		if err != nil {
+			if _, ok := err.(*PosError); !ok {
+				t.Fatalf("error %q is a %T, want a *PosError", err, err)
+			}
+			return
 		}
+		if err := m.Validate(); err != nil {
+			t.Fatalf("ParseHFConfig returned a model that does not validate: %v", err)
+		}
+		m.Training.Seq = min(m.Training.Seq, 64)
+		m.Layers = min(m.Layers, 2)
+		_, _ = Build(m)
 	})
 }
 
@@ -71,12 +246,5 @@ func FuzzParseModel(f *testing.F) {
 			src.Model.Layers = min(src.Model.Layers, 2)
 			_, _ = Build(src.Model)
 		}
-	})
-}
-
-func FuzzParseChain(f *testing.F) {
-	f.Add([]byte("chain:\n  name: c\n  input_bytes: 1MiB\n  stages:\n    - {name: a, forward: 1, backward: 2, output_bytes: 1KiB, saved_bytes: 2KiB}\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _ = ParseChain("chain.yaml", data)
 	})
 }
