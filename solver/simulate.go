@@ -1,0 +1,138 @@
+package solver
+
+import "fmt"
+
+// Result is what Simulate measures of a schedule.
+type Result struct {
+	Cost float64
+	Peak int64
+	// Timeline[k] is the live bytes while op k runs, transients included
+	// (the op's own peak).
+	Timeline []int64
+}
+
+// state is the live set of a replay.
+type state struct {
+	c     *Chain
+	act   []bool // standalone a_i
+	ckpt  []bool // a_i was kept by F_ck(i): it persists until B(i)
+	tape  []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
+	delta []bool
+	live  int64
+}
+
+func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
+
+// Simulate replays a schedule op by op under the memory model of the
+// package doc and returns its cost, its peak and the memory at each op.
+// An op whose inputs are not live, a value computed twice while live, or a
+// schedule that does not end with δ_0 computed is an error. O(len(s) + L).
+//
+// The rules: a_0 is live at the start. A forward of stage i needs a_i and
+// peaks at live + |a_{i+1}| (|ā_{i+1}| for F_all) + its transients; F_n
+// then frees a standalone a_i. Schedules are persistent: an activation kept
+// by F_ck is a checkpoint until its backward, and F_n may not drop it. The loss needs a_L and peaks at live + its
+// transients; B(i) needs a_i, δ_{i+1} and ā_{i+1} and peaks at live + its
+// transients, then frees δ_{i+1} and ā_{i+1}. The gradient δ_i takes over
+// the bytes of a standalone a_i, or is new bytes if a_i lives in a tape.
+func Simulate(c *Chain, sched Schedule) (Result, error) {
+	if err := c.Validate(); err != nil {
+		return Result{}, err
+	}
+	l := c.Len()
+	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), delta: make([]bool, l+2)}
+	s.act[0] = true
+	s.live = c.ActBytes[0]
+	var r Result
+	r.Timeline = make([]int64, len(sched))
+	r.Peak = s.live
+	for k, op := range sched {
+		peak, cost, err := s.step(op)
+		if err != nil {
+			return Result{}, fmt.Errorf("op %d, %v: %v", k, op, err)
+		}
+		r.Timeline[k] = peak
+		r.Peak = max(r.Peak, peak, s.live)
+		r.Cost += cost
+	}
+	if !s.delta[0] {
+		return Result{}, fmt.Errorf("schedule does not reach δ_0: the backward is incomplete")
+	}
+	return r, nil
+}
+
+func (s *state) step(op Op) (peak int64, cost float64, err error) {
+	c, l, i := s.c, s.c.Len(), op.Stage
+	switch op.Kind {
+	case FCk, FN, FAll:
+		if i < 0 || i >= l {
+			return 0, 0, fmt.Errorf("no stage %d", i)
+		}
+		if !s.hasAct(i) {
+			return 0, 0, fmt.Errorf("input a_%d is not live", i)
+		}
+		if s.act[i+1] || s.tape[i+1] {
+			return 0, 0, fmt.Errorf("a_%d is already live", i+1)
+		}
+		if op.Kind == FN && s.ckpt[i] {
+			return 0, 0, fmt.Errorf("a_%d is a checkpoint: it persists until B(%d), F_n may not drop it", i, i)
+		}
+		if op.Kind == FCk && s.act[i] {
+			s.ckpt[i] = true
+		}
+		out := c.ActBytes[i+1]
+		if op.Kind == FAll {
+			out = c.TapeBytes[i]
+		}
+		peak = s.live + out + c.ForwardTempBytes[i]
+		s.live += out
+		if op.Kind == FAll {
+			s.tape[i+1] = true
+		} else {
+			s.act[i+1] = true
+		}
+		if op.Kind == FN && s.act[i] {
+			s.act[i] = false
+			s.live -= c.ActBytes[i]
+		}
+		return peak, c.Forward[i], nil
+	case Loss:
+		if i != l {
+			return 0, 0, fmt.Errorf("the loss is stage %d", l)
+		}
+		if !s.hasAct(l) || s.delta[l] {
+			return 0, 0, fmt.Errorf("the loss needs a_%d and runs once", l)
+		}
+		peak = s.live + c.LossTempBytes
+		s.gradient(l)
+		return peak, c.LossBackward, nil
+	case B:
+		if i < 0 || i >= l {
+			return 0, 0, fmt.Errorf("no stage %d", i)
+		}
+		switch {
+		case !s.delta[i+1]:
+			return 0, 0, fmt.Errorf("δ_%d is not live", i+1)
+		case !s.tape[i+1]:
+			return 0, 0, fmt.Errorf("tape ā_%d is not live", i+1)
+		case !s.hasAct(i):
+			return 0, 0, fmt.Errorf("a_%d is not live", i)
+		}
+		peak = s.live + c.BackwardTempBytes[i]
+		s.delta[i+1], s.tape[i+1] = false, false
+		s.live -= c.TapeBytes[i] + c.ActBytes[i+1]
+		s.gradient(i)
+		return peak, c.Backward[i], nil
+	}
+	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
+}
+
+// gradient makes δ_i live, taking over a standalone a_i's bytes.
+func (s *state) gradient(i int) {
+	s.delta[i] = true
+	if s.act[i] {
+		s.act[i], s.ckpt[i] = false, false
+		return
+	}
+	s.live += s.c.ActBytes[i]
+}

@@ -1,0 +1,163 @@
+package solver
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Strategies lists the strategies Solve knows, cheapest-to-compute first.
+var Strategies = []string{"none", "every-k", "sqrt", "chen-greedy", "revolve", "optimal"}
+
+// Options tunes Solve. The zero value (or nil) means defaults.
+type Options struct {
+	Slots int // optimal: slots of the table (0: DefaultSlots)
+	K     int // every-k: checkpoint every K-th stage (0: 1)
+}
+
+// Solution is a schedule and its replay.
+type Solution struct {
+	Strategy string
+	Schedule Schedule
+	Result
+}
+
+// Solve returns the schedule a strategy makes for a budget (bytes, a_0
+// included), replayed by Simulate. A budget the strategy cannot meet is an
+// *ErrInfeasible whose MinBudget is the least the strategy needs (for the
+// optimal strategy: the least found by bisection on the table's budget).
+func Solve(c *Chain, strategy string, budget int64, o *Options) (*Solution, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	var opt Options
+	if o != nil {
+		opt = *o
+	}
+	switch strategy {
+	case "none":
+		return fixed(c, strategy, StoreAll(c), budget)
+	case "every-k":
+		return fixed(c, strategy, EveryK(c, opt.K), budget)
+	case "sqrt":
+		return fixed(c, strategy, Sqrt(c), budget)
+	case "chen-greedy":
+		s, _ := ChenGreedy(c, budget)
+		return fixed(c, strategy, s, budget)
+	case "revolve":
+		return solveRevolve(c, budget)
+	case "optimal":
+		return solveOptimal(c, budget, opt.Slots)
+	}
+	return nil, fmt.Errorf("unknown strategy %q (valid: %s)", strategy, strings.Join(Strategies, ", "))
+}
+
+func fixed(c *Chain, name string, s Schedule, budget int64) (*Solution, error) {
+	r, err := Simulate(c, s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	if r.Peak > budget {
+		return nil, &ErrInfeasible{Budget: budget, MinBudget: r.Peak}
+	}
+	return &Solution{Strategy: name, Schedule: s, Result: r}, nil
+}
+
+// solveRevolve tries every snapshot count and keeps the cheapest schedule
+// that fits.
+func solveRevolve(c *Chain, budget int64) (*Solution, error) {
+	var best *Solution
+	minPeak := int64(math.MaxInt64)
+	for s := 1; s <= c.Len(); s++ {
+		sched := Revolve(c, s)
+		r, err := Simulate(c, sched)
+		if err != nil {
+			return nil, fmt.Errorf("revolve: %v", err)
+		}
+		minPeak = min(minPeak, r.Peak)
+		if r.Peak <= budget && (best == nil || r.Cost < best.Cost) {
+			best = &Solution{Strategy: "revolve", Schedule: sched, Result: r}
+		}
+	}
+	if best == nil {
+		return nil, &ErrInfeasible{Budget: budget, MinBudget: minPeak}
+	}
+	return best, nil
+}
+
+func solveOptimal(c *Chain, budget int64, slots int) (*Solution, error) {
+	t, err := NewTable(c, budget, slots)
+	if err != nil {
+		return nil, err
+	}
+	s, err := t.Schedule(budget)
+	var inf *ErrInfeasible
+	if errors.As(err, &inf) {
+		inf.MinBudget = minOptimalBudget(c, budget, slots)
+		return nil, inf
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, err := Simulate(c, s)
+	if err != nil {
+		return nil, fmt.Errorf("optimal: %v", err) // a bug: the table only builds valid schedules
+	}
+	best := &Solution{Strategy: "optimal", Schedule: s, Result: r}
+	// Rounding sizes up to slots can cost the table a schedule a baseline
+	// finds; the optimal strategy is never worse than any of them.
+	for _, name := range Strategies[:len(Strategies)-1] {
+		if b, err := Solve(c, name, budget, nil); err == nil && b.Cost < best.Cost {
+			best = &Solution{Strategy: "optimal", Schedule: b.Schedule, Result: b.Result}
+		}
+	}
+	return best, nil
+}
+
+// minOptimalBudget finds, by bisection between the budget that failed and
+// the peak of Revolve with one snapshot (the least memory of any schedule
+// of the family, up to transients), the smallest budget at which the
+// table finds a schedule; it returns that schedule's replayed peak.
+func minOptimalBudget(c *Chain, failed int64, slots int) int64 {
+	hi := int64(math.MaxInt64)
+	for s := 1; s <= min(c.Len(), 2); s++ {
+		if r, err := Simulate(c, Revolve(c, s)); err == nil {
+			hi = min(hi, r.Peak)
+		}
+	}
+	if r, err := Simulate(c, StoreAll(c)); err == nil {
+		hi = min(hi, r.Peak)
+	}
+	lo := failed
+	slots = max(slots, DefaultSlots)
+	peakAt := func(b int64) (int64, bool) {
+		t, err := NewTable(c, b, slots)
+		if err != nil {
+			return 0, false
+		}
+		s, err := t.Schedule(b)
+		if err != nil {
+			return 0, false
+		}
+		r, err := Simulate(c, s)
+		return r.Peak, err == nil
+	}
+	best, ok := peakAt(hi)
+	for i := 0; !ok && i < 64; i++ { // rounding can make hi too small: grow it
+		hi += hi/2 + 1
+		best, ok = peakAt(hi)
+	}
+	if !ok {
+		return 0
+	}
+	for i := 0; i < 40 && hi-lo > 1; i++ {
+		mid := lo + (hi-lo)/2
+		if p, ok := peakAt(mid); ok {
+			hi, best = mid, min(best, p)
+		} else {
+			lo = mid
+		}
+	}
+	return best
+}
