@@ -30,11 +30,11 @@ package solver
 // cannot hoist. Time O(S·L³), space O(S·L²); one table answers every budget
 // up to M, which gives the whole memory/cost curve in one solve.
 //
-// A tiny example: three stages of cost 1 forward and 2 backward, every
-// activation 1 byte, every tape 3 bytes, M = 8 (a_0 included). Storing all
-// tapes needs 1 + 3·3 = 10 bytes; the table instead checkpoints a_2 (F_ck(0),
-// F_n(1)), stores stage 2's tape for the loss, then recomputes stages 0
-// and 1 with tapes: cost 3 + 2 (recomputed) + 6 = 11 instead of 9.
+// A tiny example (ExampleNewTable): three stages costing 1 forward and 2
+// backward, 1-byte activations, 3-byte tapes. Storing every tape peaks at
+// 11 bytes and costs 9; at 10 bytes the table keeps a_2 as a checkpoint and
+// recomputes stage 1 (cost 10); at 8, stages 0 and 1 (cost 11); at 6 it
+// recomputes from a_0 twice (cost 12); 5 bytes admit no schedule.
 
 import (
 	"fmt"
