@@ -47,6 +47,24 @@ type Costs struct {
 	ForwardFLOPs                   int64
 	BackwardFLOPs                  int64
 	Static                         Static
+
+	outputs []int // storage of each node's output
+}
+
+// OutputStorage returns the storage holding node id's output (its own, or
+// the one it is a view of).
+func (c *Costs) OutputStorage(id int) int { return c.outputs[id] }
+
+// ExtraBytes returns the bytes of the storages node id allocates besides
+// its output: masks, statistics, contiguous copies.
+func (c *Costs) ExtraBytes(id int) int64 {
+	var b int64
+	for k := range c.Storages {
+		if s := &c.Storages[k]; s.Node == id && s.Role != "out" {
+			b += s.Bytes
+		}
+	}
+	return b
 }
 
 type analyzer struct {
@@ -81,6 +99,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	for i := range g.Nodes {
 		a.node(&g.Nodes[i])
 	}
+	a.c.outputs = a.lay.out
 	a.count()
 	a.blocks()
 	st, err := staticMemory(g)

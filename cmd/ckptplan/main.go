@@ -7,6 +7,8 @@
 //	ckptplan models
 //	ckptplan inspect MODEL [--batch N] [--seq N] [--dtype fp32|bf16|fp16] [--format text|json]
 //	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero] [--format text|json]
+//	ckptplan plan MODEL|CHAIN.yaml --budget 24GiB [--solver optimal] [--device h100-80gb] [--slots N] [--format text|json|yaml]
+//	ckptplan compare MODEL|CHAIN.yaml --budget 40GiB [--format text|json]
 //
 // MODEL is a bundled model name (see 'ckptplan models'), a model, graph or
 // chain YAML file, or a Hugging Face config.json.
@@ -17,6 +19,8 @@
 //	ckptplan inspect llama-3-8b --seq 4096
 //	ckptplan inspect ./config.json --format json
 //	ckptplan cost llama-3-8b --seq 8192 --attention flash
+//	ckptplan plan llama-3-8b --seq 8192 --budget 40GiB
+//	ckptplan compare llama-3-8b --seq 8192 --budget 40GiB
 //
 // Results go to standard output, diagnostics to standard error. The exit
 // status is 0 on success, 1 on failure and 2 for a usage error.
@@ -70,6 +74,8 @@ func commands() []command {
 		{"models", "", "list the bundled models", runModels},
 		{"inspect", "MODEL", "show a model's graph: layers, ops, parameters, largest tensors", runInspect},
 		{"cost", "MODEL", "activation bytes kept for backward and FLOPs, per block; static memory", runCost},
+		{"plan", "MODEL", "the checkpointing schedule that fits a budget with the least recompute", runPlan},
+		{"compare", "MODEL", "every strategy side by side at one budget", runCompare},
 	}
 }
 

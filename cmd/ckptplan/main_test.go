@@ -79,6 +79,30 @@ func TestCostGolden(t *testing.T) {
 	}
 }
 
+func TestPlanGolden(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"tiny-llama", []string{"plan", "tiny-llama", "--budget", "5MiB"}},
+		{"tiny-gpt2-json", []string{"plan", "tiny-gpt2", "--budget", "4MiB", "--format", "json"}},
+		{"tiny-gpt2-every-k-yaml", []string{"plan", "tiny-gpt2", "--budget", "8MiB", "--solver", "every-k", "--format", "yaml"}},
+		{"chain", []string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}},
+		{"compare-llama-3-8b", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "40GiB"}},
+		{"compare-llama-3-8b-200", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "200GiB"}},
+		{"compare-tiny-llama-json", []string{"compare", "tiny-llama", "--budget", "5MiB", "--format", "json"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _, err := runCmd(tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "plan/"+tt.name+".stdout", out)
+		})
+	}
+}
+
 // TestCostEveryModel runs cost on every bundled model and on a config.json.
 func TestCostEveryModel(t *testing.T) {
 	args := append(models.Names(), "../../graphio/testdata/hf/llama-3-8b.json", "../../graphio/testdata/graphs/resmlp.yaml")
@@ -105,6 +129,12 @@ func TestErrors(t *testing.T) {
 		{[]string{"inspect", "gpt2", "--dtype", "fp8"}, true, `--dtype: unknown value "fp8"`},
 		{[]string{"cost", "gpt2", "--tp", "5"}, false, "tensor parallel degree 5 does not divide 12 heads"},
 		{[]string{"inspect", "../../graphio/testdata/bad/model-typo.yaml"}, false, `model-typo.yaml:5:1: unknown key "heds"`},
+		{[]string{"plan", "tiny-llama"}, true, "need --budget or --device"},
+		{[]string{"plan", "tiny-llama", "--budget", "12 parsecs"}, true, ""},
+		{[]string{"plan", "tiny-llama", "--budget", "1MiB"}, false, "tiny-llama does not fit in 1 MiB with the optimal solver: it needs at least 4.79 MiB"},
+		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB"}, false, "tiny-llama does not fit in 4.50 MiB with the optimal solver: it needs at least"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, false, `unknown strategy "magic"`},
+		{[]string{"plan", "tiny-llama", "--device", "tpu"}, false, `unknown device "tpu"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

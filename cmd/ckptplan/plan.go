@@ -1,0 +1,151 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+	"go.yaml.in/yaml/v3"
+)
+
+// planFlags are the flags of plan and compare.
+type planFlags struct {
+	setup  *setupFlags
+	budget ir.Bytes
+	solver string
+	device string
+	slots  int
+	k      int
+}
+
+func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
+	p := &planFlags{setup: addSetupFlags(fs)}
+	p.setup.addTrainingFlags(fs)
+	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included (e.g. 24GiB); default: the --device's memory")
+	if withSolver {
+		fs.StringVar(&p.solver, "solver", "optimal", "strategy: none | every-k | sqrt | chen-greedy | revolve | optimal")
+	}
+	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
+	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
+	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
+	return p
+}
+
+// load reads MODEL, applies overrides and returns the source and options.
+func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planner.Options, error) {
+	if p.budget <= 0 && p.device == "" {
+		fs.Usage()
+		return nil, nil, usagef("%s: need --budget or --device", fs.Name())
+	}
+	if p.slots <= 0 || p.k <= 0 {
+		return nil, nil, usagef("%s: --slots and --k must be positive", fs.Name())
+	}
+	src, err := p.setup.load(arg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if src.Kind == graphio.KindModel {
+		p.setup.applyTraining(fs, &src.Model.Training)
+		if err := src.Model.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("%s: %v", arg, err)
+		}
+	}
+	return src, &planner.Options{Budget: int64(p.budget), Strategy: p.solver, Slots: p.slots, K: p.k, Device: p.device}, nil
+}
+
+func runPlan(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("plan", "MODEL|CHAIN.yaml", stderr)
+	pf := addPlanFlags(fs, true)
+	format := addFormat(fs, "text", "json", "yaml")
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return err
+	}
+	src, opt, err := pf.load(fs, arg)
+	if err != nil {
+		return err
+	}
+	plan, err := planner.Make(src, opt)
+	if err != nil {
+		return err
+	}
+	if !plan.Feasible {
+		return infeasible(plan)
+	}
+	switch format.value {
+	case "json":
+		return writeJSON(stdout, plan)
+	case "yaml":
+		enc := yaml.NewEncoder(stdout)
+		enc.SetIndent(2)
+		return enc.Encode(plan)
+	}
+	return writePlanText(stdout, plan)
+}
+
+func infeasible(p *planner.Plan) error {
+	if p.MinBudgetBytes > 0 {
+		return fmt.Errorf("%s does not fit in %v with the %s solver: it needs at least %v (%d bytes)", p.Model, ir.Bytes(p.BudgetBytes), p.Solver, ir.Bytes(p.MinBudgetBytes), p.MinBudgetBytes)
+	}
+	return fmt.Errorf("%s does not fit in %v with the %s solver: static memory alone is %v", p.Model, ir.Bytes(p.BudgetBytes), p.Solver, ir.Bytes(p.StaticBytes))
+}
+
+func writePlanText(w io.Writer, p *planner.Plan) error {
+	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v (static %v + activations %v)\n",
+		p.Model, p.Solver, ir.Bytes(p.BudgetBytes), ir.Bytes(p.PeakBytes), ir.Bytes(p.StaticBytes), ir.Bytes(p.ActivationPeakBytes))
+	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tforward\n")
+	for _, s := range p.Stages {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%s\n", s.Index, s.Name, s.Decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), costString(s.Forward, p.Unit))
+	}
+	return tw.Flush()
+}
+
+func costString(v float64, unit string) string {
+	if unit == "FLOPs" {
+		return flops(int64(v))
+	}
+	return fmt.Sprintf("%g %s", v, unit)
+}
+
+func runCompare(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("compare", "MODEL|CHAIN.yaml", stderr)
+	pf := addPlanFlags(fs, false)
+	format := addFormat(fs, "text", "json")
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return err
+	}
+	src, opt, err := pf.load(fs, arg)
+	if err != nil {
+		return err
+	}
+	plans, err := planner.Compare(src, opt)
+	if err != nil {
+		return err
+	}
+	if format.value == "json" {
+		return writeJSON(stdout, plans)
+	}
+	fmt.Fprintf(stdout, "%s in %v (static %v)\n\n", plans[0].Model, ir.Bytes(opt.Budget), ir.Bytes(plans[0].StaticBytes))
+	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "solver\tfits\tpeak\toverhead\n")
+	for _, p := range plans {
+		if !p.Feasible {
+			need := "static memory alone is too large"
+			if p.MinBudgetBytes > 0 {
+				need = fmt.Sprintf("needs %v", ir.Bytes(p.MinBudgetBytes))
+			}
+			fmt.Fprintf(tw, "%s\tno\t%s\t\n", p.Solver, need)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%\n", p.Solver, ir.Bytes(p.PeakBytes), 100*p.Overhead)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,242 @@
+package planner
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// SchemaVersion is the version of the JSON plan format.
+const SchemaVersion = 1
+
+// Options configures Make. The zero value plans with the optimal strategy
+// under the device's memory (Device required then) or fails asking for a
+// budget.
+type Options struct {
+	Budget   int64  // total bytes of one GPU, static memory included; 0: the device's memory
+	Strategy string // one of solver.Strategies; "": optimal
+	Slots    int    // optimal: DP slots (0: solver.DefaultSlots)
+	K        int    // every-k: k (0: 1)
+	Device   string // optional: a costmodel device name, for its memory and time estimates
+}
+
+// Plan is a schedule for one training step and what it costs. Its JSON
+// form is the documented plan format (docs/formats.md).
+type Plan struct {
+	Schema              int     `json:"schema" yaml:"schema"`
+	Model               string  `json:"model" yaml:"model"`
+	Solver              string  `json:"solver" yaml:"solver"`
+	Unit                string  `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
+	Device              string  `json:"device,omitempty" yaml:"device,omitempty"`
+	BudgetBytes         int64   `json:"budget_bytes" yaml:"budget_bytes"`
+	Feasible            bool    `json:"feasible" yaml:"feasible"`
+	MinBudgetBytes      int64   `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
+	StaticBytes         int64   `json:"static_bytes" yaml:"static_bytes"`
+	PeakBytes           int64   `json:"peak_bytes" yaml:"peak_bytes"`
+	ActivationPeakBytes int64   `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
+	Cost                float64 `json:"cost" yaml:"cost"`
+	BaselineCost        float64 `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead            float64 `json:"overhead" yaml:"overhead"`
+	Stages              []Stage `json:"stages" yaml:"stages"`
+	Schedule            []Step  `json:"schedule" yaml:"schedule"`
+}
+
+// Stage is one stage of the chain and what the plan does with it.
+type Stage struct {
+	Index      int     `json:"index" yaml:"index"`
+	Name       string  `json:"name" yaml:"name"`
+	Forward    float64 `json:"forward" yaml:"forward"`
+	Backward   float64 `json:"backward" yaml:"backward"`
+	InputBytes int64   `json:"input_bytes" yaml:"input_bytes"`
+	SavedBytes int64   `json:"saved_bytes" yaml:"saved_bytes"` // the tape F_all keeps
+	// Decision: "store" (the first forward keeps the tape), "checkpoint"
+	// (it keeps only its input), or "recompute" (it keeps nothing).
+	Decision string `json:"decision" yaml:"decision"`
+}
+
+// Step is one op of the schedule.
+type Step struct {
+	Op    string `json:"op" yaml:"op"`
+	Stage int    `json:"stage" yaml:"stage"`
+}
+
+// Problem is a model, graph or chain reduced to a solver chain.
+type Problem struct {
+	Name   string
+	Unit   string
+	Static int64 // static bytes of one rank
+	Chain  *solver.Chain
+	Names  []string
+	Costs  *costmodel.Costs // nil for a profiled chain
+}
+
+// NewProblem computes the costs of a source and cuts it into a chain:
+// models at their blocks, graphs at their cut points, chains as given.
+// O(nodes) plus the cost model's work.
+func NewProblem(src *graphio.Source) (*Problem, error) {
+	if src.Kind == graphio.KindChain {
+		return chainProblem(src.Chain), nil
+	}
+	var g *ir.Graph
+	var err error
+	if src.Kind == graphio.KindModel {
+		g, err = graphio.Build(src.Model)
+	} else {
+		g, err = src.Graph.Build()
+	}
+	if err != nil {
+		return nil, err
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		return nil, err
+	}
+	var stages []stage
+	if src.Kind == graphio.KindModel {
+		stages = blockStages(g)
+	} else if stages, err = graphStages(g); err != nil {
+		return nil, err
+	}
+	sc, inputs := stageCosts(c, stages)
+	out := c.Storages[c.OutputStorage(g.Output)].Bytes
+	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: c.Static.Total(), Chain: toSolver(sc, inputs, out), Costs: c}
+	for _, s := range sc {
+		p.Names = append(p.Names, s.Name)
+	}
+	return p, nil
+}
+
+func chainProblem(c *graphio.Chain) *Problem {
+	ch := &solver.Chain{ActBytes: []int64{int64(c.InputBytes)}, LossBackward: c.Loss.Backward, LossTempBytes: int64(c.Loss.TempBytes)}
+	p := &Problem{Name: c.Name, Unit: c.Unit, Chain: ch}
+	for _, s := range c.Stages {
+		ch.Forward = append(ch.Forward, s.Forward)
+		ch.Backward = append(ch.Backward, s.Backward)
+		ch.ActBytes = append(ch.ActBytes, int64(s.OutputBytes))
+		ch.TapeBytes = append(ch.TapeBytes, int64(s.SavedBytes))
+		ch.ForwardTempBytes = append(ch.ForwardTempBytes, int64(s.ForwardTempBytes))
+		ch.BackwardTempBytes = append(ch.BackwardTempBytes, int64(s.BackwardTempBytes))
+		p.Names = append(p.Names, s.Name)
+	}
+	return p
+}
+
+// Make plans a source under the options. An infeasible budget is not an
+// error: the plan says Feasible false and MinBudgetBytes; errors are for
+// inputs that cannot be planned at all.
+func Make(src *graphio.Source, o *Options) (*Plan, error) {
+	p, err := NewProblem(src)
+	if err != nil {
+		return nil, err
+	}
+	return p.Solve(o)
+}
+
+// Solve plans the problem under the options.
+func (p *Problem) Solve(o *Options) (*Plan, error) {
+	var opt Options
+	if o != nil {
+		opt = *o
+	}
+	if opt.Strategy == "" {
+		opt.Strategy = "optimal"
+	}
+	if opt.Budget == 0 && opt.Device != "" {
+		d, err := costmodel.LookupDevice(opt.Device)
+		if err != nil {
+			return nil, err
+		}
+		opt.Budget = d.MemoryBytes
+	}
+	if opt.Budget <= 0 {
+		return nil, errors.New("no memory budget: give a budget or a device")
+	}
+	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: opt.Strategy, Unit: p.Unit, Device: opt.Device,
+		BudgetBytes: opt.Budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain)}
+	for i, name := range p.Names {
+		plan.Stages = append(plan.Stages, Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
+			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]})
+	}
+	// With no room left for activations, still ask the strategy for the
+	// least it needs, so that the plan can say what budget would work.
+	act := max(opt.Budget-p.Static, 1)
+	sol, err := solver.Solve(p.Chain, opt.Strategy, act, &solver.Options{Slots: opt.Slots, K: opt.K})
+	var inf *solver.ErrInfeasible
+	if errors.As(err, &inf) {
+		plan.Feasible = false
+		if inf != nil && inf.MinBudget > 0 {
+			plan.MinBudgetBytes = inf.MinBudget + p.Static
+		}
+		return plan, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	plan.Feasible = true
+	plan.ActivationPeakBytes = sol.Peak
+	plan.PeakBytes = sol.Peak + p.Static
+	plan.Cost = sol.Cost
+	if plan.BaselineCost > 0 {
+		plan.Overhead = plan.Cost/plan.BaselineCost - 1
+	}
+	decide(plan.Stages, sol.Schedule)
+	for _, op := range sol.Schedule {
+		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage})
+	}
+	return plan, nil
+}
+
+// baselineCost is the cost of storing everything: every forward and
+// backward once.
+func baselineCost(c *solver.Chain) float64 {
+	s := c.LossBackward
+	for i := range c.Forward {
+		s += c.Forward[i] + c.Backward[i]
+	}
+	return s
+}
+
+// decide names what the first forward of each stage does.
+func decide(stages []Stage, s solver.Schedule) {
+	done := make([]bool, len(stages))
+	for _, op := range s {
+		if op.Kind == solver.Loss || op.Kind == solver.B || done[op.Stage] {
+			continue
+		}
+		done[op.Stage] = true
+		switch op.Kind {
+		case solver.FAll:
+			stages[op.Stage].Decision = "store"
+		case solver.FCk:
+			stages[op.Stage].Decision = "checkpoint"
+		case solver.FN:
+			stages[op.Stage].Decision = "recompute"
+		}
+	}
+}
+
+// Compare plans the source with every strategy at the same budget.
+func Compare(src *graphio.Source, o *Options) ([]*Plan, error) {
+	p, err := NewProblem(src)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Plan
+	for _, s := range solver.Strategies {
+		opt := Options{}
+		if o != nil {
+			opt = *o
+		}
+		opt.Strategy = s
+		plan, err := p.Solve(&opt)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", s, err)
+		}
+		out = append(out, plan)
+	}
+	return out, nil
+}
