@@ -21,10 +21,15 @@ package solver
 // Revolve returns the binomial schedule with s snapshots in Griewank's
 // sense: activations kept at once, a_0 included (s ≥ 1).
 func Revolve(c *Chain, s int) Schedule {
-	l := c.Len()
-	free := max(0, min(s-1, l))
-	r := &revolver{c: c, split: revolveSplits(l, free)}
-	r.reverse(0, l, free)
+	free := max(0, min(s-1, c.Len()))
+	return revolveWith(c, free, revolveSplits(c.Len(), free))
+}
+
+// revolveWith builds the schedule from a split table computed for at least
+// free snapshots (the table for k snapshots holds those for fewer).
+func revolveWith(c *Chain, free int, split [][]int) Schedule {
+	r := &revolver{c: c, split: split}
+	r.reverse(0, c.Len(), free)
 	return r.out
 }
 

@@ -69,8 +69,9 @@ func fixed(c *Chain, name string, s Schedule, budget int64) (*Solution, error) {
 func solveRevolve(c *Chain, budget int64) (*Solution, error) {
 	var best *Solution
 	minPeak := int64(math.MaxInt64)
+	split := revolveSplits(c.Len(), c.Len())
 	for s := 1; s <= c.Len(); s++ {
-		sched := Revolve(c, s)
+		sched := revolveWith(c, min(s-1, c.Len()), split)
 		r, err := Simulate(c, sched)
 		if err != nil {
 			return nil, fmt.Errorf("revolve: %v", err)
