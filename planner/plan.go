@@ -27,22 +27,23 @@ type Options struct {
 // Plan is a schedule for one training step and what it costs. Its JSON
 // form is the documented plan format (docs/formats.md).
 type Plan struct {
-	Schema              int     `json:"schema" yaml:"schema"`
-	Model               string  `json:"model" yaml:"model"`
-	Solver              string  `json:"solver" yaml:"solver"`
-	Unit                string  `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
-	Device              string  `json:"device,omitempty" yaml:"device,omitempty"`
-	BudgetBytes         int64   `json:"budget_bytes" yaml:"budget_bytes"`
-	Feasible            bool    `json:"feasible" yaml:"feasible"`
-	MinBudgetBytes      int64   `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
-	StaticBytes         int64   `json:"static_bytes" yaml:"static_bytes"`
-	PeakBytes           int64   `json:"peak_bytes" yaml:"peak_bytes"`
-	ActivationPeakBytes int64   `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
-	Cost                float64 `json:"cost" yaml:"cost"`
-	BaselineCost        float64 `json:"baseline_cost" yaml:"baseline_cost"`
-	Overhead            float64 `json:"overhead" yaml:"overhead"`
-	Stages              []Stage `json:"stages" yaml:"stages"`
-	Schedule            []Step  `json:"schedule" yaml:"schedule"`
+	Schema              int      `json:"schema" yaml:"schema"`
+	Model               string   `json:"model" yaml:"model"`
+	Solver              string   `json:"solver" yaml:"solver"`
+	Unit                string   `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
+	Device              string   `json:"device,omitempty" yaml:"device,omitempty"`
+	BudgetBytes         int64    `json:"budget_bytes" yaml:"budget_bytes"`
+	Feasible            bool     `json:"feasible" yaml:"feasible"`
+	MinBudgetBytes      int64    `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
+	StaticBytes         int64    `json:"static_bytes" yaml:"static_bytes"`
+	PeakBytes           int64    `json:"peak_bytes" yaml:"peak_bytes"`
+	ActivationPeakBytes int64    `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
+	Cost                float64  `json:"cost" yaml:"cost"`
+	BaselineCost        float64  `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead            float64  `json:"overhead" yaml:"overhead"`
+	Stages              []Stage  `json:"stages" yaml:"stages"`
+	Schedule            []Step   `json:"schedule" yaml:"schedule"`
+	Notes               []string `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
 
 // Stage is one stage of the chain and what the plan does with it.
@@ -72,6 +73,9 @@ type Problem struct {
 	Chain  *solver.Chain
 	Names  []string
 	Costs  *costmodel.Costs // nil for a profiled chain
+	// Notes are remarks a user should see, such as a graph that has no
+	// cut point and is planned as one stage.
+	Notes []string
 }
 
 // NewProblem computes the costs of a source and cuts it into a chain:
@@ -106,6 +110,9 @@ func NewProblem(src *graphio.Source) (*Problem, error) {
 	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: c.Static.Total(), Chain: toSolver(sc, inputs, out), Costs: c}
 	for _, s := range sc {
 		p.Names = append(p.Names, s.Name)
+	}
+	if src.Kind == graphio.KindGraph && len(sc) == 1 {
+		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
 	}
 	return p, nil
 }
@@ -156,7 +163,7 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 		return nil, errors.New("no memory budget: give a budget or a device")
 	}
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: opt.Strategy, Unit: p.Unit, Device: opt.Device,
-		BudgetBytes: opt.Budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain)}
+		BudgetBytes: opt.Budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain), Notes: p.Notes}
 	for i, name := range p.Names {
 		plan.Stages = append(plan.Stages, Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
 			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]})

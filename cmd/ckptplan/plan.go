@@ -74,6 +74,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, n := range plan.Notes {
+		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
+	}
 	if !plan.Feasible {
 		return infeasible(plan)
 	}
