@@ -193,10 +193,6 @@ func appendUnique(s []int64, v int64) []int64 {
 func keptByRegion(c *Costs, b *Block) (first, again map[string][]int64) {
 	first, again = map[string][]int64{}, map[string][]int64{}
 	seen := map[int]bool{}
-	if b.Input >= 0 {
-		// The block input is kept first by the block (its producer does not
-		// keep it), so it is a first keep when it appears.
-	}
 	for _, id := range b.Nodes {
 		n := &c.Graph.Nodes[id]
 		region := strings.TrimPrefix(n.Name, b.Name+".")

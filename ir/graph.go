@@ -1,9 +1,6 @@
 package ir
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // Node is one op application. Its ID is its index in Graph.Nodes.
 type Node struct {
@@ -170,17 +167,4 @@ func (g *Graph) NumParams() int64 {
 		p += g.Params(i)
 	}
 	return p
-}
-
-// names formats up to max node names for an error message.
-func (g *Graph) names(ids []int, max int) string {
-	var parts []string
-	for i, id := range ids {
-		if i == max {
-			parts = append(parts, fmt.Sprintf("and %d more", len(ids)-max))
-			break
-		}
-		parts = append(parts, g.Nodes[id].Name)
-	}
-	return strings.Join(parts, ", ")
 }

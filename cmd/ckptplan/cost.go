@@ -135,11 +135,12 @@ func writeCostText(w io.Writer, r *costReport) error {
 	}
 	fmt.Fprintf(w, "\n\n")
 	fmt.Fprintf(tw, "block\tinput\tkept for backward\tforward FLOPs\tbackward FLOPs\t\n")
-	layers := 0
+	layers, total := 0, countLayers(r)
 	for _, b := range r.Blocks {
 		if strings.HasPrefix(b.Name, "layers.") {
 			layers++
-			if layers > layersShown && layers < countLayers(r)-0 {
+			// Layers are alike: show the first few and the last.
+			if layers > layersShown && layers < total {
 				if layers == layersShown+1 {
 					fmt.Fprintf(tw, "…\t\t\t\t\t\n")
 				}

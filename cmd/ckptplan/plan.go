@@ -36,6 +36,15 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	return p
 }
 
+// parse parses the command line (one MODEL) and loads the model.
+func (p *planFlags) parse(fs *flag.FlagSet, args []string) (*graphio.Source, *planner.Options, error) {
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return nil, nil, err
+	}
+	return p.load(fs, arg)
+}
+
 // load reads MODEL, applies overrides and returns the source and options.
 func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planner.Options, error) {
 	if p.budget <= 0 && p.device == "" {
@@ -62,11 +71,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("plan", "MODEL|CHAIN.yaml", stderr)
 	pf := addPlanFlags(fs, true)
 	format := addFormat(fs, "text", "json", "yaml")
-	arg, err := oneArg(fs, args, "MODEL")
-	if err != nil {
-		return err
-	}
-	src, opt, err := pf.load(fs, arg)
+	src, opt, err := pf.parse(fs, args)
 	if err != nil {
 		return err
 	}
@@ -121,11 +126,7 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("compare", "MODEL|CHAIN.yaml", stderr)
 	pf := addPlanFlags(fs, false)
 	format := addFormat(fs, "text", "json")
-	arg, err := oneArg(fs, args, "MODEL")
-	if err != nil {
-		return err
-	}
-	src, opt, err := pf.load(fs, arg)
+	src, opt, err := pf.parse(fs, args)
 	if err != nil {
 		return err
 	}
