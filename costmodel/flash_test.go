@@ -1,0 +1,39 @@
+package costmodel
+
+import (
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// TestFlashLayer checks a Llama layer with flash attention against the
+// closed form of what it keeps (fp32, kv = a, no dropout): two RMSNorms
+// (x, x², the normalized x: 3·sbh, and rstd: bs, each), the q/k/v input
+// (sbh), flash attention's q, k, v and output (4·sbh) and fp32 log-sum-exp
+// (b·a·s), the o_proj input (sbh), the gate/up input (sbh) and the MLP's
+// 4·bsf: 13·sbh + 2·bs + bas + 4·bsf elements, never an s² term.
+func TestFlashLayer(t *testing.T) {
+	const b, s, h, a, f = 2, 32, 64, 4, 192
+	m := &graphio.Model{Name: "flash", Family: "llama", Layers: 2, Hidden: h, Heads: a, KVHeads: a, FFN: f, Vocab: 100, Training: ir.DefaultSetup()}
+	m.Training.Batch, m.Training.Seq, m.Training.DType, m.Training.Attention = b, s, "fp32", "flash"
+	g, err := graphio.Build(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Analyze(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(4 * (13*s*b*h + 2*b*s + b*a*s + 4*b*s*f))
+	if got := blockByName(c, "layers.1").SavedBytes; got != want {
+		t.Errorf("flash layer keeps %d bytes, want %d", got, want)
+	}
+	// Doubling the sequence doubles what a flash layer keeps: no s² term.
+	m.Training.Seq = 2 * s
+	g2, _ := graphio.Build(m)
+	c2, _ := Analyze(g2)
+	if got := blockByName(c2, "layers.1").SavedBytes; got != 2*want {
+		t.Errorf("at twice the sequence: %d bytes, want %d", got, 2*want)
+	}
+}
