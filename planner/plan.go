@@ -1,8 +1,10 @@
 package planner
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
@@ -246,4 +248,24 @@ func Compare(src *graphio.Source, o *Options) ([]*Plan, error) {
 		out = append(out, plan)
 	}
 	return out, nil
+}
+
+// ReadPlan reads a plan saved as JSON (ckptplan plan --format json). A
+// plan of another schema version is an error.
+func ReadPlan(r io.Reader) (*Plan, error) {
+	var p Plan
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("reading plan: %v", err)
+	}
+	if p.Schema != SchemaVersion {
+		return nil, fmt.Errorf("plan has schema %d; this version reads schema %d", p.Schema, SchemaVersion)
+	}
+	for _, s := range p.Schedule {
+		if _, ok := solver.ParseKind(s.Op); !ok {
+			return nil, fmt.Errorf("plan schedule: unknown op %q", s.Op)
+		}
+	}
+	return &p, nil
 }
