@@ -14,8 +14,11 @@ type Chain struct {
 	ActBytes []int64
 	// TapeBytes[i] is what F_all(i) keeps: everything B(i) needs besides
 	// a_i, its output a_{i+1} included.
-	TapeBytes         []int64
-	ForwardTempBytes  []int64 // transient bytes during a forward of stage i
+	TapeBytes        []int64
+	ForwardTempBytes []int64 // transient bytes during F_ck(i) and F_n(i)
+	// FAllTempBytes are the transient bytes during F_all(i) beyond its
+	// tape; nil means ForwardTempBytes.
+	FAllTempBytes     []int64
 	BackwardTempBytes []int64 // transient bytes during B(i)
 	LossBackward      float64 // cost of the loss op
 	LossTempBytes     int64   // transient bytes during the loss op
@@ -30,11 +33,12 @@ func (c *Chain) Validate() error {
 	if l == 0 {
 		return errors.New("chain has no stages")
 	}
-	if len(c.Backward) != l || len(c.TapeBytes) != l || len(c.ForwardTempBytes) != l || len(c.BackwardTempBytes) != l || len(c.ActBytes) != l+1 {
+	if len(c.Backward) != l || len(c.TapeBytes) != l || len(c.ForwardTempBytes) != l || len(c.BackwardTempBytes) != l || len(c.ActBytes) != l+1 ||
+		c.FAllTempBytes != nil && len(c.FAllTempBytes) != l {
 		return fmt.Errorf("chain slices have inconsistent lengths for %d stages", l)
 	}
 	for i := 0; i < l; i++ {
-		if c.Forward[i] < 0 || c.Backward[i] < 0 || c.ForwardTempBytes[i] < 0 || c.BackwardTempBytes[i] < 0 {
+		if c.Forward[i] < 0 || c.Backward[i] < 0 || c.ForwardTempBytes[i] < 0 || c.BackwardTempBytes[i] < 0 || c.FAllTemp(i) < 0 {
 			return fmt.Errorf("stage %d: negative cost or bytes", i)
 		}
 		if c.TapeBytes[i] < c.ActBytes[i+1] {
@@ -50,6 +54,14 @@ func (c *Chain) Validate() error {
 		return errors.New("loss: negative cost or bytes")
 	}
 	return nil
+}
+
+// FAllTemp returns the transient bytes of F_all(i).
+func (c *Chain) FAllTemp(i int) int64 {
+	if c.FAllTempBytes == nil {
+		return c.ForwardTempBytes[i]
+	}
+	return c.FAllTempBytes[i]
 }
 
 // Kind is the kind of a schedule op.

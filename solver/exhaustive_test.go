@@ -96,7 +96,7 @@ func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
 			n = s
 			n.tape |= 1 << (i + 1)
 			op = Op{FAll, i}
-			relax(n, cur+c.TapeBytes[i]+c.ForwardTempBytes[i], c.Forward[i])
+			relax(n, cur+c.TapeBytes[i]+c.FAllTemp(i), c.Forward[i])
 		}
 		if s.delta < 0 && hasAct(s, l) {
 			n := s
@@ -148,6 +148,7 @@ func randomChain(r *rand.Rand, l int) *Chain {
 		c.Backward = append(c.Backward, float64(1+r.Intn(8)))
 		c.TapeBytes = append(c.TapeBytes, c.ActBytes[i+1]+int64(r.Intn(7)))
 		c.ForwardTempBytes = append(c.ForwardTempBytes, int64(r.Intn(3)))
+		c.FAllTempBytes = append(c.FAllTempBytes, int64(r.Intn(3)))
 		c.BackwardTempBytes = append(c.BackwardTempBytes, int64(r.Intn(4)))
 	}
 	return c

@@ -54,7 +54,8 @@ type Table struct {
 	maxBud  int64
 	act     []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
 	tape    []int // ā of stage 0 … L in slots (the loss: 0)
-	ftmp    []int
+	ftmp    []int // F_ck, F_n
+	fatmp   []int // F_all
 	btmp    []int
 	fw, bw  []float64
 	sumFw   []float64
@@ -103,11 +104,12 @@ func (t *Table) prepare() {
 	for i, x := range c.ActBytes {
 		t.act[i] = t.toSlots(x)
 	}
-	t.tape, t.ftmp, t.btmp = make([]int, l+1), make([]int, l+1), make([]int, l+1)
+	t.tape, t.ftmp, t.fatmp, t.btmp = make([]int, l+1), make([]int, l+1), make([]int, l+1), make([]int, l+1)
 	t.fw, t.bw, t.sumFw = make([]float64, l+1), make([]float64, l+1), make([]float64, l+2)
 	for i := 0; i < l; i++ {
 		t.tape[i] = t.toSlots(c.TapeBytes[i])
 		t.ftmp[i] = t.toSlots(c.ForwardTempBytes[i])
+		t.fatmp[i] = t.toSlots(c.FAllTemp(i))
 		t.btmp[i] = t.toSlots(c.BackwardTempBytes[i])
 		t.fw[i], t.bw[i] = c.Forward[i], c.Backward[i]
 	}
@@ -155,7 +157,7 @@ func (t *Table) fill() {
 func (t *Table) fillLeaf(a int, cost []float64, choice []int16) {
 	need := t.btmp[a] + t.act[a+1]
 	if a < t.l {
-		need = t.act[a+1] + t.tape[a] + max(t.ftmp[a], t.btmp[a])
+		need = t.act[a+1] + t.tape[a] + max(t.fatmp[a], t.btmp[a])
 	}
 	v := t.fw[a] + t.bw[a]
 	for m := need; m <= t.slots; m++ {
@@ -170,7 +172,7 @@ func (t *Table) fillChain(a, b int, cost []float64, choice []int16) {
 		return
 	}
 	tape := t.tape[a]
-	lo := max(t.act[b+1]+tape+t.ftmp[a], t.act[a+1]+tape+t.btmp[a], tape)
+	lo := max(t.act[b+1]+tape+t.fatmp[a], t.act[a+1]+tape+t.btmp[a], tape)
 	if lo > t.slots {
 		return
 	}

@@ -80,11 +80,11 @@ func (s *state) step(op Op) (peak int64, cost float64, err error) {
 		if op.Kind == FCk && s.act[i] {
 			s.ckpt[i] = true
 		}
-		out := c.ActBytes[i+1]
+		out, tmp := c.ActBytes[i+1], c.ForwardTempBytes[i]
 		if op.Kind == FAll {
-			out = c.TapeBytes[i]
+			out, tmp = c.TapeBytes[i], c.FAllTemp(i)
 		}
-		peak = s.live + out + c.ForwardTempBytes[i]
+		peak = s.live + out + tmp
 		s.live += out
 		if op.Kind == FAll {
 			s.tape[i+1] = true
