@@ -145,7 +145,8 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 func (a *analyzer) keepAttention(n *ir.Node) {
 	q := &a.g.Nodes[n.Inputs[0]]
 	for i := range n.Inputs {
-		a.keep(n, a.lay.out[n.Inputs[i]])
+		// The kernel works on contiguous q, k, v; a strided one is copied.
+		a.keep(n, a.operand(n, i))
 	}
 	sh := a.shard[n.ID]
 	if n.Attrs.Flash {
