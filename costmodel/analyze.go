@@ -48,8 +48,18 @@ type Costs struct {
 	BackwardFLOPs                  int64
 	Static                         Static
 
-	outputs []int // storage of each node's output
+	outputs []int   // storage of each node's output
+	grad    []bool  // whether each node's output requires grad
+	owned   [][]int // storages each node allocates, in index order
 }
+
+// RequiresGrad reports whether node id's output needs a gradient: it
+// depends on a trainable parameter.
+func (c *Costs) RequiresGrad(id int) bool { return c.grad[id] }
+
+// Owned returns the storages node id allocates (its output first when it
+// has one of its own, then masks, statistics and copies), in index order.
+func (c *Costs) Owned(id int) []int { return c.owned[id] }
 
 // OutputStorage returns the storage holding node id's output (its own, or
 // the one it is a view of).
@@ -59,8 +69,8 @@ func (c *Costs) OutputStorage(id int) int { return c.outputs[id] }
 // its output: masks, statistics, contiguous copies.
 func (c *Costs) ExtraBytes(id int) int64 {
 	var b int64
-	for k := range c.Storages {
-		if s := &c.Storages[k]; s.Node == id && s.Role != "out" {
+	for _, k := range c.owned[id] {
+		if s := &c.Storages[k]; s.Role != "out" {
 			b += s.Bytes
 		}
 	}
@@ -99,7 +109,11 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	for i := range g.Nodes {
 		a.node(&g.Nodes[i])
 	}
-	a.c.outputs = a.lay.out
+	a.c.outputs, a.c.grad = a.lay.out, a.grad
+	a.c.owned = make([][]int, n)
+	for k, st := range a.c.Storages {
+		a.c.owned[st.Node] = append(a.c.owned[st.Node], k)
+	}
 	a.count()
 	a.blocks()
 	st, err := staticMemory(g)

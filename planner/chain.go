@@ -14,9 +14,11 @@ type StageCosts struct {
 	BackwardFLOPs     int64
 	InputBytes        int64 // a_i
 	TapeBytes         int64 // what F_all keeps: saved activations but a_i, and a_{i+1}
-	ForwardTempBytes  int64
+	ForwardTempBytes  int64 // beyond the output, during F_ck and F_n
+	FAllTempBytes     int64 // beyond the tape, during F_all
 	BackwardTempBytes int64
 	Nodes             []int
+	Tape              map[int]bool // the storages F_all keeps, the output included
 }
 
 // stageCosts turns a cut graph into per-stage costs. a_0 is the bytes of
@@ -66,7 +68,13 @@ func stageCosts(c *costmodel.Costs, stages []stage) ([]StageCosts, int64) {
 		if !seen[outStorage] {
 			sc.TapeBytes += c.Storages[outStorage].Bytes
 		}
-		sc.ForwardTempBytes, sc.BackwardTempBytes = transients(c, st, in, outStorage, seen)
+		seen[outStorage] = true
+		sc.Tape = seen
+		outBytes := c.Storages[outStorage].Bytes
+		sc.ForwardTempBytes = ForwardProgram(c, st.nodes, false, seen).Peak() - outBytes
+		sc.FAllTempBytes = ForwardProgram(c, st.nodes, true, seen).Peak() - sc.TapeBytes
+		delta := sc.InputBytes
+		sc.BackwardTempBytes = BackwardProgram(c, st.nodes, delta).Peak()
 	}
 	return out, inputs
 }
@@ -94,80 +102,6 @@ func stageInput(c *costmodel.Costs, stageOf []int, k int, st stage) int {
 	return -1
 }
 
-// transients returns the bytes a stage holds beyond its input, its output
-// and (for F_all) its tape while it runs forward, and beyond its tape,
-// its input and δ_{i+1} while it runs backward. Forward: every new output
-// lives from its op until its last consumer in the stage has run, and an
-// op's extra buffers (masks, statistics, copies) live during the op; the
-// larger of the storing and the non-storing forward is taken. Backward:
-// the gradient of every intermediate lives from the backward of its last
-// consumer to its own, and δ_i is allocated at the start.
-func transients(c *costmodel.Costs, st stage, in, out int, tape map[int]bool) (fwd, bwd int64) {
-	g := c.Graph
-	pos := map[int]int{}
-	for k, id := range st.nodes {
-		pos[id] = k
-	}
-	lastUse := make([]int, len(st.nodes))
-	for k := range st.nodes {
-		lastUse[k] = k
-	}
-	for k, id := range st.nodes {
-		for _, src := range g.Nodes[id].Inputs {
-			if p, ok := pos[src]; ok {
-				lastUse[p] = max(lastUse[p], k)
-			}
-		}
-	}
-	own := func(k int) int64 { // bytes of the new storage of node k's output
-		s := c.OutputStorage(st.nodes[k])
-		if c.Storages[s].Node != st.nodes[k] || s == out {
-			return 0
-		}
-		return c.Storages[s].Bytes
-	}
-	for _, keep := range []bool{false, true} {
-		var live, peak int64
-		for k, id := range st.nodes {
-			extra := c.ExtraBytes(id)
-			peak = max(peak, live+own(k)+extra)
-			live += own(k)
-			for p := 0; p <= k; p++ {
-				if lastUse[p] == k && !(keep && tape[c.OutputStorage(st.nodes[p])]) {
-					live -= own(p)
-				}
-			}
-		}
-		fwd = max(fwd, peak)
-	}
-	grad := func(k int) int64 { // bytes of the gradient of node k's output
-		n := &g.Nodes[st.nodes[k]]
-		if n.Op.IsView() || !n.DType.IsFloat() || st.nodes[k] == st.nodes[len(st.nodes)-1] {
-			return 0
-		}
-		return n.Bytes()
-	}
-	var delta int64
-	if in >= 0 {
-		delta = c.Storages[in].Bytes
-	}
-	var live, peak int64
-	held := make([]bool, len(st.nodes))
-	for k := len(st.nodes) - 1; k >= 0; k-- {
-		for _, src := range g.Nodes[st.nodes[k]].Inputs {
-			if p, ok := pos[src]; ok && !held[p] {
-				held[p] = true
-				live += grad(p)
-			}
-		}
-		peak = max(peak, live)
-		if held[k] {
-			live -= grad(k)
-		}
-	}
-	return fwd, peak + delta
-}
-
 // toSolver converts stage costs to a solver chain: costs in FLOPs, the
 // last stage's output a_L as the loss input.
 func toSolver(stages []StageCosts, inputBytes, outputBytes int64) *solver.Chain {
@@ -182,6 +116,7 @@ func toSolver(stages []StageCosts, inputBytes, outputBytes int64) *solver.Chain 
 		ch.Backward = append(ch.Backward, float64(s.BackwardFLOPs))
 		ch.TapeBytes = append(ch.TapeBytes, s.TapeBytes)
 		ch.ForwardTempBytes = append(ch.ForwardTempBytes, s.ForwardTempBytes)
+		ch.FAllTempBytes = append(ch.FAllTempBytes, s.FAllTempBytes)
 		ch.BackwardTempBytes = append(ch.BackwardTempBytes, s.BackwardTempBytes)
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)

@@ -1,7 +1,6 @@
 package solver
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -92,26 +91,34 @@ func solveOptimal(c *Chain, budget int64, slots int) (*Solution, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := t.Schedule(budget)
-	var inf *ErrInfeasible
-	if errors.As(err, &inf) {
-		inf.MinBudget = minOptimalBudget(c, budget, slots)
-		return nil, inf
+	var best *Solution
+	if s, err := t.Schedule(budget); err == nil {
+		r, err := Simulate(c, s)
+		if err != nil {
+			return nil, fmt.Errorf("optimal: %v", err) // a bug: the table only builds valid schedules
+		}
+		best = &Solution{Strategy: "optimal", Schedule: s, Result: r}
 	}
-	if err != nil {
-		return nil, err
-	}
-	r, err := Simulate(c, s)
-	if err != nil {
-		return nil, fmt.Errorf("optimal: %v", err) // a bug: the table only builds valid schedules
-	}
-	best := &Solution{Strategy: "optimal", Schedule: s, Result: r}
 	// Rounding sizes up to slots can cost the table a schedule a baseline
 	// finds; the optimal strategy is never worse than any of them.
+	need := int64(math.MaxInt64)
 	for _, name := range Strategies[:len(Strategies)-1] {
-		if b, err := Solve(c, name, budget, nil); err == nil && b.Cost < best.Cost {
+		b, err := Solve(c, name, budget, nil)
+		if inf, ok := err.(*ErrInfeasible); ok && inf.MinBudget > 0 {
+			need = min(need, inf.MinBudget)
+		}
+		if err == nil && (best == nil || b.Cost < best.Cost) {
 			best = &Solution{Strategy: "optimal", Schedule: b.Schedule, Result: b.Result}
 		}
+	}
+	if best == nil {
+		if m := minOptimalBudget(c, budget, slots); m > 0 {
+			need = min(need, m)
+		}
+		if need == math.MaxInt64 {
+			need = 0
+		}
+		return nil, &ErrInfeasible{Budget: budget, MinBudget: need}
 	}
 	return best, nil
 }
