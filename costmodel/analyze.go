@@ -84,8 +84,11 @@ type analyzer struct {
 	sp      bool
 	lay     layout
 	grad    []bool // whether each node's output requires grad
-	shard   []bool // whether each node's output is split over tensor-parallel ranks
-	c       *Costs
+	// firstOwned is the index of the first storage each node allocates
+	// (storages are appended in node order).
+	firstOwned []int
+	shard      []bool // whether each node's output is split over tensor-parallel ranks
+	c          *Costs
 }
 
 // Analyze computes the costs of every node and block of g under g.Setup.
@@ -105,6 +108,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	a.lay = layout{out: make([]int, n), contig: make([]bool, n)}
 	a.grad = make([]bool, n)
 	a.shard = make([]bool, n)
+	a.firstOwned = make([]int, n)
 	a.c.Nodes = make([]Node, n)
 	for i := range g.Nodes {
 		a.node(&g.Nodes[i])
@@ -135,6 +139,7 @@ func (a *analyzer) node(n *ir.Node) {
 		a.grad[n.ID] = true
 	}
 	a.shard[n.ID] = a.sharded(n)
+	a.firstOwned[n.ID] = len(a.c.Storages)
 	inContig := len(n.Inputs) == 0 || a.lay.contig[n.Inputs[0]]
 	if view, contig := viewOf(g, n, inContig); view && n.Op != ir.Input {
 		a.lay.out[n.ID] = a.lay.out[n.Inputs[0]]
@@ -144,6 +149,7 @@ func (a *analyzer) node(n *ir.Node) {
 		a.lay.contig[n.ID] = true
 		c.OutputBytes = a.c.Storages[a.lay.out[n.ID]].Bytes
 	}
+	a.copyOperands(n)
 	if a.grad[n.ID] {
 		a.keeps(n)
 	}

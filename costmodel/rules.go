@@ -174,6 +174,24 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 	if a.lay.contig[id] {
 		return a.lay.out[id]
 	}
+	role := fmt.Sprintf("copy%d", i)
+	for k := a.firstOwned[n.ID]; k < len(a.c.Storages); k++ {
+		if s := &a.c.Storages[k]; s.Node == n.ID && s.Role == role {
+			return k // made already
+		}
+	}
 	in := &a.g.Nodes[id]
-	return a.extra(n, fmt.Sprintf("copy%d", i), in.Shape, in.DType, a.shard[id])
+	return a.extra(n, role, in.Shape, in.DType, a.shard[id])
+}
+
+// copyOperands makes the contiguous copies a product kernel needs of its
+// strided operands, whether or not the backward keeps them: the kernel
+// copies either way, and an unkept copy is a transient.
+func (a *analyzer) copyOperands(n *ir.Node) {
+	switch n.Op {
+	case ir.MatMul, ir.Linear, ir.Attention:
+		for i := range n.Inputs {
+			a.operand(n, i)
+		}
+	}
 }
