@@ -1,0 +1,552 @@
+// Scaled dot-product attention with grouped-query heads. For query head h of
+// a batch entry, with key/value head g = h/(heads/kvheads), scale c = 1/√d
+// and causal masking (key j visible to query i when j ≤ i):
+//
+//	S = c·Q_h·K_gᵀ,  P = softmax_rows(S),  O_h = (P ⊙ M)·V_g,
+//
+// where M is an optional dropout mask holding the scaled keep mask (0 or
+// 1/(1-p)). With D = rowsum(∂O ⊙ O) = rowsum(P ⊙ (∂O·V_gᵀ ⊙ M)):
+//
+//	∂V_g += (P ⊙ M)ᵀ·∂O_h,  ∂S = P ⊙ (M ⊙ ∂O_h·V_gᵀ - D),
+//	∂Q_h = c·∂S·K_g,  ∂K_g += c·∂Sᵀ·Q_h,
+//
+// the sums over the heads of a group taken in ascending head order.
+//
+// The eager kernels keep the probabilities P (and with dropout P ⊙ M),
+// O(s²) per head. The flash kernels (Dao et al. 2022, FlashAttention:
+// Fast and Memory-Efficient Exact Attention with IO-Awareness) tile the
+// keys with an online softmax, keep only the output and the row
+// log-sum-exp L = max S + log Σ exp(S - max S), and recompute P = exp(S - L)
+// tile by tile in the backward.
+
+package kernel
+
+import (
+	"fmt"
+	"math"
+)
+
+// AttnShape gives the sizes of an attention: q and the output are
+// [Batch, Heads, Seq, Dim], k and v [Batch, KVHeads, Seq, Dim], the
+// probabilities and a dropout mask [Batch, Heads, Seq, Seq]. A KVHeads of 0
+// means Heads; otherwise it must divide Heads. Causal hides key j from
+// query i when j > i.
+type AttnShape struct {
+	Batch, Heads, KVHeads, Seq, Dim int
+	Causal                          bool
+}
+
+// kv is the number of key/value heads.
+func (sh AttnShape) kv() int {
+	if sh.KVHeads == 0 {
+		return sh.Heads
+	}
+	return sh.KVHeads
+}
+
+// group is how many query heads share one key/value head.
+func (sh AttnShape) group() int {
+	kv := sh.kv()
+	if kv <= 0 || sh.Heads%kv != 0 {
+		panic(fmt.Sprintf("kernel: %d kv heads do not divide %d heads", kv, sh.Heads))
+	}
+	return sh.Heads / kv
+}
+
+// scale is 1/√d in float32, applied to Q·Kᵀ after the product.
+func (sh AttnShape) scale() float32 {
+	return float32(1 / math.Sqrt(float64(sh.Dim)))
+}
+
+// visible is how many of the keys j0, j0+1, …, j0+width-1 query i sees.
+func (sh AttnShape) visible(i, j0, width int) int {
+	if !sh.Causal {
+		return width
+	}
+	return max(0, min(width, i+1-j0))
+}
+
+// attnHead locates head n (batch entry n/Heads) and its key/value head.
+type attnHead struct {
+	q, kv int  // matrix indices into q-shaped and kv-shaped tensors
+	first bool // the first query head of its group, which writes ∂K and ∂V
+}
+
+// head returns the indices for query head n < Batch·Heads.
+func (sh AttnShape) head(n int) attnHead {
+	rep := sh.group()
+	b, h := n/sh.Heads, n%sh.Heads
+	return attnHead{q: n, kv: b*sh.kv() + h/rep, first: h%rep == 0}
+}
+
+// check panics when a tensor is too small; nil tensors are skipped.
+func (sh AttnShape) check(what string, t []float32, perHead int, kvShaped bool) {
+	if t == nil {
+		return
+	}
+	heads := sh.Heads
+	if kvShaped {
+		heads = sh.kv()
+	}
+	mmCheck(what, len(t), sh.Batch*heads*perHead)
+}
+
+// RepeatKV expands x [batch, kv, s, d] to y [batch, heads, s, d] by copying
+// each key/value head to the heads/kv query heads of its group, as Hugging
+// Face's repeat_kv does. It takes O(batch·heads·s·d) time.
+func RepeatKV(y, x []float32, batch, kv, heads, s, d int) {
+	sh := AttnShape{Batch: batch, Heads: heads, KVHeads: kv, Seq: s, Dim: d}
+	sh.check("repeat_kv x", x, s*d, true)
+	sh.check("repeat_kv y", y, s*d, false)
+	sd := s * d
+	for n := 0; n < batch*heads; n++ {
+		g := sh.head(n).kv
+		copy(y[n*sd:(n+1)*sd], x[g*sd:(g+1)*sd])
+	}
+}
+
+// RepeatKVBackward writes dx [batch, kv, s, d] as the sum of dy
+// [batch, heads, s, d] over each group's heads, in ascending head order. It
+// keeps nothing. It takes O(batch·heads·s·d) time.
+func RepeatKVBackward(dx, dy []float32, batch, kv, heads, s, d int) {
+	sh := AttnShape{Batch: batch, Heads: heads, KVHeads: kv, Seq: s, Dim: d}
+	sh.check("repeat_kv dx", dx, s*d, true)
+	sh.check("repeat_kv dy", dy, s*d, false)
+	sd := s * d
+	for n := 0; n < batch*heads; n++ {
+		hd := sh.head(n)
+		dst, src := dx[hd.kv*sd:(hd.kv+1)*sd], dy[n*sd:(n+1)*sd]
+		if hd.first {
+			copy(dst, src)
+			continue
+		}
+		for i, g := range src {
+			dst[i] += g
+		}
+	}
+}
+
+// Attention is the eager fused attention. It writes out [b, a, s, d] and
+// probs [b, a, s, s] (the softmax, zero where causally hidden), and with a
+// dropout mask (the scaled keep mask, [b, a, s, s]; nil without dropout)
+// dropped = probs ⊙ mask, which the output is computed from. dropped must be
+// nil when mask is. probs and dropped are what torch-eager keeps, with q, k,
+// v and mask. It takes O(b·a·s²·d) time.
+func Attention(out, probs, dropped, q, k, v, mask []float32, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	ss, sd := s*s, s*d
+	sh.check("attention q", q, sd, false)
+	sh.check("attention k", k, sd, true)
+	sh.check("attention v", v, sd, true)
+	sh.check("attention out", out, sd, false)
+	sh.check("attention probs", probs, ss, false)
+	sh.check("attention mask", mask, ss, false)
+	sh.check("attention dropped", dropped, ss, false)
+	if (mask == nil) != (dropped == nil) {
+		panic("kernel: attention mask and dropped must both be given or both be nil")
+	}
+	c := sh.scale()
+	for n := 0; n < sh.Batch*sh.Heads; n++ {
+		hd := sh.head(n)
+		p := probs[n*ss : (n+1)*ss]
+		sgemm(false, true, s, s, d, q[n*sd:], d, k[hd.kv*sd:], d, p, s, false)
+		for i := 0; i < s; i++ {
+			attnSoftmax(p[i*s:(i+1)*s], sh.visible(i, 0, s), c)
+		}
+		if mask != nil {
+			pd, m := dropped[n*ss:(n+1)*ss], mask[n*ss:(n+1)*ss]
+			for j, pv := range p {
+				pd[j] = pv * m[j]
+			}
+			p = pd
+		}
+		sgemm(false, false, s, d, s, p, s, v[hd.kv*sd:], d, out[n*sd:], d, false)
+	}
+}
+
+// attnSoftmax replaces the first nv entries of row with the softmax of
+// c·row and zeroes the rest. The exponentials are taken in float64 and
+// rounded before summing, in the order FlashAttention's tiles use, so the
+// two kernels differ only by the online rescaling.
+func attnSoftmax(row []float32, nv int, c float32) {
+	mx := float32(math.Inf(-1))
+	for j := range row[:nv] {
+		row[j] *= c
+		mx = max(mx, row[j])
+	}
+	var sum float64
+	for j, x := range row[:nv] {
+		e := float32(math.Exp(float64(x) - float64(mx)))
+		row[j] = e
+		sum += float64(e)
+	}
+	for j, e := range row[:nv] {
+		row[j] = float32(float64(e) / sum)
+	}
+	clear(row[nv:])
+}
+
+// AttentionBackwardScratch is the length of the scratch AttentionBackward
+// takes: one s×s matrix.
+func AttentionBackwardScratch(sh AttnShape) int {
+	return sh.Seq * sh.Seq
+}
+
+// AttentionBackward writes dq, dk and dv from dout for Attention, using what
+// torch-eager keeps: q, k, v, probs, and with dropout mask and dropped (both
+// nil without). dk and dv sum the heads of each group. A nil dq, dk or dv is
+// not computed; dv needs only probs (or dropped), dq needs k, and dk needs q.
+// scratch holds at least AttentionBackwardScratch(sh) elements. It takes
+// O(b·a·s²·d) time.
+func AttentionBackward(dq, dk, dv, q, k, v, probs, mask, dropped, dout, scratch []float32, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	ss, sd := s*s, s*d
+	sh.check("attention dq", dq, sd, false)
+	sh.check("attention dk", dk, sd, true)
+	sh.check("attention dv", dv, sd, true)
+	sh.check("attention dout", dout, sd, false)
+	sh.check("attention probs", probs, ss, false)
+	if (mask == nil) != (dropped == nil) {
+		panic("kernel: attention mask and dropped must both be given or both be nil")
+	}
+	if dq != nil || dk != nil {
+		mmCheck("attention scratch", len(scratch), AttentionBackwardScratch(sh))
+	}
+	for n := 0; n < sh.Batch*sh.Heads; n++ {
+		hd := sh.head(n)
+		p, do := probs[n*ss:(n+1)*ss], dout[n*sd:]
+		if dv != nil {
+			pd := p
+			if dropped != nil {
+				pd = dropped[n*ss : (n+1)*ss]
+			}
+			sgemm(true, false, s, d, s, pd, s, do, d, dv[hd.kv*sd:], d, !hd.first)
+		}
+		if dq == nil && dk == nil {
+			continue
+		}
+		ds := scratch[:ss]
+		sgemm(false, true, s, s, d, do, d, v[hd.kv*sd:], d, ds, s, false)
+		var m []float32
+		if mask != nil {
+			m = mask[n*ss : (n+1)*ss]
+		}
+		for i := 0; i < s; i++ {
+			nv := sh.visible(i, 0, s)
+			var mi []float32
+			if m != nil {
+				mi = m[i*s : i*s+nv]
+			}
+			dot := attnRowDot(p[i*s:i*s+nv], ds[i*s:i*s+nv], mi)
+			attnScoreGrad(ds[i*s:(i+1)*s], p[i*s:(i+1)*s], mi, nv, dot, sh.scale())
+		}
+		if dq != nil {
+			sgemm(false, false, s, d, s, ds, s, k[hd.kv*sd:], d, dq[n*sd:], d, false)
+		}
+		if dk != nil {
+			sgemm(true, false, s, d, s, ds, s, q[n*sd:], d, dk[hd.kv*sd:], d, !hd.first)
+		}
+	}
+}
+
+// attnRowDot is Σ_j p_j·(m_j·g_j), the softmax backward's row term
+// (m nil means all ones), summed in float64.
+func attnRowDot(p, g, m []float32) float32 {
+	var dot float64
+	for j, pv := range p {
+		gv := g[j]
+		if m != nil {
+			gv *= m[j]
+		}
+		dot += float64(pv) * float64(gv)
+	}
+	return float32(dot)
+}
+
+// attnScoreGrad turns a row of ∂(P⊙M) into c·∂S: g_j ← c·p_j·(m_j·g_j - dot)
+// for the nv visible keys, zero for the rest (m nil means all ones).
+func attnScoreGrad(g, p, m []float32, nv int, dot, c float32) {
+	for j := range g[:nv] {
+		gv := g[j]
+		if m != nil {
+			gv *= m[j]
+		}
+		g[j] = p[j] * (gv - dot) * c
+	}
+	clear(g[nv:])
+}
+
+// The flash kernels' tile sizes: queries and keys per tile. A variable so
+// tests can force many tiles on small sequences; the scratch functions read
+// it, so a scratch sized after a change is sized right.
+var flashTileQ, flashTileK = 64, 64
+
+// flashTiles returns the tile sizes clamped to the sequence.
+func (sh AttnShape) flashTiles() (bq, bk int) {
+	return min(flashTileQ, sh.Seq), min(flashTileK, sh.Seq)
+}
+
+// FlashAttentionScratch is the length of the scratch FlashAttention takes:
+// one score tile and the running maximum and sum of a query tile,
+// O(tile²), independent of the sequence beyond the tile.
+func FlashAttentionScratch(sh AttnShape) int {
+	bq, bk := sh.flashTiles()
+	return bq*bk + 2*bq
+}
+
+// FlashAttention writes out [b, a, s, d] and lse [b, a, s], the log-sum-exp
+// of each row of scaled scores, which torch-eager's flash attention keeps
+// with q, k, v and out; it never holds more than one tile of scores. mask is
+// nil without dropout, else the scaled keep mask indexed [b, a, s, s] like
+// Attention's, filled by the caller, which must pass the same mask to the
+// backward. scratch holds at least FlashAttentionScratch(sh) elements. It
+// takes O(b·a·s²·d) time.
+func FlashAttention(out, lse, q, k, v, mask, scratch []float32, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	sd := s * d
+	sh.check("attention q", q, sd, false)
+	sh.check("attention k", k, sd, true)
+	sh.check("attention v", v, sd, true)
+	sh.check("attention out", out, sd, false)
+	sh.check("attention lse", lse, s, false)
+	sh.check("attention mask", mask, s*s, false)
+	mmCheck("flash scratch", len(scratch), FlashAttentionScratch(sh))
+	bq, _ := sh.flashTiles()
+	for n := 0; n < sh.Batch*sh.Heads; n++ {
+		hd := sh.head(n)
+		var m []float32
+		if mask != nil {
+			m = mask[n*s*s : (n+1)*s*s]
+		}
+		for i0 := 0; i0 < s; i0 += bq {
+			br := min(bq, s-i0)
+			flashForwardTile(out[n*sd+i0*d:n*sd+(i0+br)*d], lse[n*s+i0:n*s+i0+br],
+				q[n*sd+i0*d:], k[hd.kv*sd:], v[hd.kv*sd:], m, scratch, i0, br, sh)
+		}
+	}
+}
+
+// flashForwardTile computes the output rows i0..i0+br-1 of one head by
+// sweeping the key tiles, keeping per row the running maximum mx and sum l
+// of exp(S - mx); o accumulates Σ exp(S - mx)·M·V and is rescaled whenever
+// mx grows, then divided by l at the end.
+func flashForwardTile(o, lse, q, k, v, mask, scratch []float32, i0, br int, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	bq, bk := sh.flashTiles()
+	st := scratch[:bq*bk]
+	mx, l := scratch[bq*bk:bq*bk+br], scratch[bq*bk+bq:bq*bk+bq+br]
+	for r := range mx {
+		mx[r], l[r] = float32(math.Inf(-1)), 0
+	}
+	clear(o)
+	jEnd := s
+	if sh.Causal {
+		jEnd = i0 + br
+	}
+	c := sh.scale()
+	for j0 := 0; j0 < jEnd; j0 += bk {
+		bc := min(bk, s-j0)
+		t := st[:br*bc]
+		sgemm(false, true, br, bc, d, q, d, k[j0*d:], d, t, bc, false)
+		for r := 0; r < br; r++ {
+			i := i0 + r
+			row := t[r*bc : (r+1)*bc]
+			nv := sh.visible(i, j0, bc)
+			alpha := flashOnline(row, nv, c, &mx[r], &l[r])
+			if alpha != 1 {
+				for e := range o[r*d : (r+1)*d] {
+					o[r*d+e] *= alpha
+				}
+			}
+			if mask != nil {
+				for j, mv := range mask[i*s+j0 : i*s+j0+nv] {
+					row[j] *= mv
+				}
+			}
+		}
+		sgemm(false, false, br, d, bc, t, bc, v[j0*d:], d, o, d, true)
+	}
+	for r := 0; r < br; r++ {
+		for e := range o[r*d : (r+1)*d] {
+			o[r*d+e] /= l[r]
+		}
+		lse[r] = float32(float64(mx[r]) + math.Log(float64(l[r])))
+	}
+}
+
+// flashOnline folds one tile row of raw scores into a row's running maximum
+// and sum: it overwrites the nv visible entries with exp(c·S - max), zeroes
+// the rest, and returns the factor the row's earlier output must be scaled
+// by (1 when the maximum did not move or nothing is visible).
+func flashOnline(row []float32, nv int, c float32, mx, l *float32) float32 {
+	if nv <= 0 {
+		clear(row)
+		return 1
+	}
+	m := *mx
+	for j := range row[:nv] {
+		row[j] *= c
+		m = max(m, row[j])
+	}
+	var sum float64
+	for j, x := range row[:nv] {
+		e := float32(math.Exp(float64(x) - float64(m)))
+		row[j] = e
+		sum += float64(e)
+	}
+	clear(row[nv:])
+	alpha := float32(1)
+	if m != *mx {
+		alpha = float32(math.Exp(float64(*mx) - float64(m)))
+	}
+	*l = float32(float64(*l)*float64(alpha) + sum)
+	*mx = m
+	return alpha
+}
+
+// FlashAttentionBackwardScratch is the length of the scratch
+// FlashAttentionBackward takes: two tiles and one value per query row.
+func FlashAttentionBackwardScratch(sh AttnShape) int {
+	bq, bk := sh.flashTiles()
+	return 2*bq*bk + sh.Seq
+}
+
+// FlashAttentionBackward writes dq, dk and dv from dout for FlashAttention,
+// using what torch-eager keeps for flash attention: q, k, v, out and lse
+// (plus the dropout mask the forward used, nil without dropout). It
+// recomputes the probabilities one tile at a time; dk and dv sum the heads
+// of each group. A nil dq, dk or dv is not computed. scratch holds at least
+// FlashAttentionBackwardScratch(sh) elements. It takes O(b·a·s²·d) time,
+// about 2.5 times the forward's products.
+func FlashAttentionBackward(dq, dk, dv, q, k, v, out, lse, mask, dout, scratch []float32, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	sd := s * d
+	sh.check("attention dq", dq, sd, false)
+	sh.check("attention dk", dk, sd, true)
+	sh.check("attention dv", dv, sd, true)
+	sh.check("attention q", q, sd, false)
+	sh.check("attention k", k, sd, true)
+	sh.check("attention v", v, sd, true)
+	sh.check("attention out", out, sd, false)
+	sh.check("attention lse", lse, s, false)
+	sh.check("attention dout", dout, sd, false)
+	sh.check("attention mask", mask, s*s, false)
+	if dq == nil && dk == nil && dv == nil {
+		return
+	}
+	mmCheck("flash scratch", len(scratch), FlashAttentionBackwardScratch(sh))
+	for n := 0; n < sh.Batch*sh.Heads; n++ {
+		hd := sh.head(n)
+		t := flashHead{
+			q: q[n*sd : (n+1)*sd], k: k[hd.kv*sd : (hd.kv+1)*sd], v: v[hd.kv*sd : (hd.kv+1)*sd],
+			dout: dout[n*sd : (n+1)*sd], lse: lse[n*s : (n+1)*s],
+		}
+		if mask != nil {
+			t.mask = mask[n*s*s : (n+1)*s*s]
+		}
+		if dq != nil {
+			t.dq = dq[n*sd : (n+1)*sd]
+			clear(t.dq)
+		}
+		if dk != nil {
+			t.dk = dk[hd.kv*sd : (hd.kv+1)*sd]
+			if hd.first {
+				clear(t.dk)
+			}
+		}
+		if dv != nil {
+			t.dv = dv[hd.kv*sd : (hd.kv+1)*sd]
+			if hd.first {
+				clear(t.dv)
+			}
+		}
+		flashBackwardHead(&t, out[n*sd:(n+1)*sd], scratch, sh)
+	}
+}
+
+// flashHead is one head's slices of the backward's tensors; a nil gradient
+// is not computed.
+type flashHead struct {
+	q, k, v, dout, lse, mask []float32
+	dq, dk, dv               []float32
+}
+
+// flashBackwardHead adds one query head's share to dq, dk and dv, key tile
+// by key tile (outer) and query tile by query tile (inner), as
+// FlashAttention-2's backward orders them.
+func flashBackwardHead(t *flashHead, out, scratch []float32, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	bq, bk := sh.flashTiles()
+	dd := scratch[2*bq*bk : 2*bq*bk+s]
+	for i := range dd {
+		dd[i] = flashRowDot(t.dout[i*d:(i+1)*d], out[i*d:(i+1)*d])
+	}
+	for j0 := 0; j0 < s; j0 += bk {
+		bc := min(bk, s-j0)
+		iStart := 0
+		if sh.Causal {
+			// Query tiles wholly above the diagonal see none of these keys.
+			iStart = j0 / bq * bq
+		}
+		for i0 := iStart; i0 < s; i0 += bq {
+			br := min(bq, s-i0)
+			flashBackwardTile(t, dd, scratch[:br*bc], scratch[bq*bk:bq*bk+br*bc], i0, br, j0, bc, sh)
+		}
+	}
+}
+
+// flashRowDot is Σ_e a_e·b_e in float64: D = rowsum(∂O ⊙ O).
+func flashRowDot(a, b []float32) float32 {
+	var dot float64
+	for e, av := range a {
+		dot += float64(av) * float64(b[e])
+	}
+	return float32(dot)
+}
+
+// flashBackwardTile handles the br×bc tile of query rows i0.. and key rows
+// j0..: it recomputes P = exp(c·S - lse), turns ∂O·Vᵀ into c·∂S in ds, and
+// adds the tile's products to dv, dq and dk.
+func flashBackwardTile(t *flashHead, dd, p, ds []float32, i0, br, j0, bc int, sh AttnShape) {
+	s, d := sh.Seq, sh.Dim
+	c := sh.scale()
+	sgemm(false, true, br, bc, d, t.q[i0*d:], d, t.k[j0*d:], d, p, bc, false)
+	for r := 0; r < br; r++ {
+		i := i0 + r
+		row := p[r*bc : (r+1)*bc]
+		nv := sh.visible(i, j0, bc)
+		for j, x := range row[:nv] {
+			row[j] = float32(math.Exp(float64(x*c) - float64(t.lse[i])))
+		}
+		clear(row[nv:])
+	}
+	if t.dq != nil || t.dk != nil {
+		sgemm(false, true, br, bc, d, t.dout[i0*d:], d, t.v[j0*d:], d, ds, bc, false)
+		for r := 0; r < br; r++ {
+			i := i0 + r
+			nv := sh.visible(i, j0, bc)
+			var m []float32
+			if t.mask != nil {
+				m = t.mask[i*s+j0 : i*s+j0+nv]
+			}
+			attnScoreGrad(ds[r*bc:(r+1)*bc], p[r*bc:(r+1)*bc], m, nv, dd[i], c)
+		}
+	}
+	if t.dv != nil {
+		if t.mask != nil {
+			for r := 0; r < br; r++ {
+				i := i0 + r
+				for j := range p[r*bc : (r+1)*bc] {
+					p[r*bc+j] *= t.mask[i*s+j0+j]
+				}
+			}
+		}
+		sgemm(true, false, bc, d, br, p, bc, t.dout[i0*d:], d, t.dv[j0*d:], d, true)
+	}
+	if t.dq != nil {
+		sgemm(false, false, br, d, bc, ds, bc, t.k[j0*d:], d, t.dq[i0*d:], d, true)
+	}
+	if t.dk != nil {
+		sgemm(true, false, bc, d, br, ds, bc, t.q[i0*d:], d, t.dk[j0*d:], d, true)
+	}
+}

@@ -1,0 +1,221 @@
+// Elementwise kernels and the exponential they share.
+//
+//	GELU (tanh):  y = x·σ(2u), u = c(x + 0.044715x³), c = √(2/π)
+//	              (equal to ½x(1 + tanh u), without its cancellation at x ≪ 0)
+//	              dy/dx = σ(2u) + x·σ(2u)(1−σ(2u))·2c(1 + 3·0.044715x²)
+//	SiLU:         y = x·σ(x),  dy/dx = σ(x) + x·σ(x)(1−σ(x))
+//	Mul:          y = a·b,  da = dy·b,  db = Σ dy·a over the rows b repeats on
+//	Add:          y = a + b,  da = dy,  db = Σ dy over the rows b repeats on
+//	Scale:        y = c·x,  dx = c·dy
+//
+// Mul and Add broadcast their second operand over leading axes: a and y hold
+// rows×cols values, b holds cols (b repeats for every row); operands of
+// equal shape are rows = 1. Elementwise outputs may alias their input.
+//
+// expf is the one exponential of the package. Go does not vectorize, so a
+// float64 evaluation costs what a float32 one does and buys correct rounding
+// almost everywhere: x·log2(e) is rounded to n, r = x − n·ln2 lies in
+// [−ln2/2, ln2/2], e^r is its degree-7 Taylor polynomial (truncation
+// below 6e-9 relative), and 2^n is built in the exponent bits. The one
+// float32 rounding at the end dominates: the error stays below 6.5e-8
+// relative on [−87, 88], under half an ulp plus a hair.
+package kernel
+
+import (
+	"fmt"
+	"math"
+)
+
+const (
+	expfLog2e = 1.4426950408889634 // log2(e)
+	expfLn2   = 0.6931471805599453 // ln(2)
+	// expfShift is 1.5·2^52 + 1023: adding it to a float64 of magnitude
+	// below 2^51 rounds it to an integer n and leaves n+1023, the biased
+	// exponent of 2^n, in the low mantissa bits.
+	expfShift = 0x1.8p52 + 1023
+	// Below expfLow the float32 result is 0, above expfHigh it is +Inf;
+	// clamping there keeps n+1023 inside float64's normal exponents.
+	expfLow  = -104
+	expfHigh = 89
+)
+
+// expf returns e^x rounded to float32: 0 below about −103.97, +Inf above
+// about 88.72, NaN for NaN, with subnormal results rounded from float64.
+// Its inlining cost is exactly the compiler's budget of 80, which is what
+// keeps the loops that call it free of calls: check with -gcflags=-m after
+// touching it.
+func expf(x float32) float32 {
+	z := float64(min(max(x, expfLow), expfHigh))
+	t := z*expfLog2e + expfShift
+	r := z - (t-expfShift)*expfLn2
+	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040)))))))
+	// n+1023 is in [873, 1151]: the shift keeps exactly those 11 bits.
+	return float32(p * math.Float64frombits(math.Float64bits(t)<<52))
+}
+
+// pointwiseSigmoid returns σ(z) and σ(z)(1−σ(z)). With t = e^−|z| ≤ 1 both
+// come without overflow or cancellation: σ(|z|) = 1/(1+t), σ(−|z|) = t/(1+t),
+// and the product is t/(1+t)² on either side. The side is picked from z's
+// sign bit rather than by a branch, which random signs would mispredict
+// half the time.
+func pointwiseSigmoid(z float32) (s, ds float32) {
+	t := expf(-pointwiseAbs(z))
+	q := 1 / (1 + t)
+	neg := uint32(int32(math.Float32bits(z)) >> 31) // all ones when z < 0
+	f := math.Float32frombits(math.Float32bits(t)&neg | math.Float32bits(1)&^neg)
+	return f * q, t * q * q
+}
+
+func pointwiseAbs(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
+
+// pointwiseMustLen panics when a buffer's length is not what the shape
+// says; a mismatch is a bug in the caller, not an input error.
+func pointwiseMustLen(op, name string, got, want int) {
+	if got != want {
+		panic(fmt.Sprintf("kernel: %s: %s has %d elements, want %d", op, name, got, want))
+	}
+}
+
+const (
+	geluC = 0.7978845608028654 // √(2/π)
+	geluK = 0.044715
+)
+
+// GELU writes y = gelu(x) with PyTorch's tanh approximation
+// (gelu(approximate='tanh'), GPT-2's gelu_new). y may be x. O(len(x)).
+func GELU(y, x []float32) {
+	pointwiseMustLen("gelu", "y", len(y), len(x))
+	y = y[:len(x)]
+	for i, v := range x {
+		s, _ := pointwiseSigmoid(2 * geluC * (v + geluK*v*v*v))
+		y[i] = v * s
+	}
+}
+
+// GELUBackward writes dx = dy·gelu'(x). It needs the forward's input x,
+// which is what torch-eager keeps. dx may be dy. O(len(x)).
+func GELUBackward(dx, x, dy []float32) {
+	pointwiseMustLen("gelu backward", "dx", len(dx), len(x))
+	pointwiseMustLen("gelu backward", "dy", len(dy), len(x))
+	dx, dy = dx[:len(x)], dy[:len(x)]
+	for i, v := range x {
+		s, ds := pointwiseSigmoid(2 * geluC * (v + geluK*v*v*v))
+		dx[i] = dy[i] * (s + v*ds*(2*geluC)*(1+3*geluK*v*v))
+	}
+}
+
+// SiLU writes y = x·σ(x). y may be x. O(len(x)).
+func SiLU(y, x []float32) {
+	pointwiseMustLen("silu", "y", len(y), len(x))
+	y = y[:len(x)]
+	for i, v := range x {
+		s, _ := pointwiseSigmoid(v)
+		y[i] = v * s
+	}
+}
+
+// SiLUBackward writes dx = dy·(σ(x) + x·σ(x)(1−σ(x))). It needs the
+// forward's input x, which is what torch-eager keeps. dx may be dy.
+// O(len(x)).
+func SiLUBackward(dx, x, dy []float32) {
+	pointwiseMustLen("silu backward", "dx", len(dx), len(x))
+	pointwiseMustLen("silu backward", "dy", len(dy), len(x))
+	dx, dy = dx[:len(x)], dy[:len(x)]
+	for i, v := range x {
+		s, ds := pointwiseSigmoid(v)
+		dx[i] = dy[i] * (s + v*ds)
+	}
+}
+
+// Mul writes y = a·b, where a and y hold rows×cols values and b holds cols,
+// repeated for every row (pass rows = 1 for equal shapes). y may be a.
+// O(rows·cols).
+func Mul(y, a, b []float32, rows, cols int) {
+	pointwiseMustLen("mul", "a", len(a), rows*cols)
+	pointwiseMustLen("mul", "y", len(y), rows*cols)
+	pointwiseMustLen("mul", "b", len(b), cols)
+	for off := 0; off < rows*cols; off += cols {
+		yr, ar := y[off:off+cols], a[off:off+cols]
+		for j, bv := range b {
+			yr[j] = ar[j] * bv
+		}
+	}
+}
+
+// MulBackward writes da = dy·b and db = Σ dy·a, the sum running over the
+// rows b was repeated on, in row order. Shapes are Mul's. A nil da or db is
+// a gradient nobody needs; torch-eager keeps only the partner each needed
+// gradient reads, so a may be nil when db is, and b when da is. Both
+// gradients are written, not accumulated. O(rows·cols).
+func MulBackward(da, db, a, b, dy []float32, rows, cols int) {
+	pointwiseMustLen("mul backward", "dy", len(dy), rows*cols)
+	if da != nil {
+		pointwiseMustLen("mul backward", "da", len(da), rows*cols)
+		pointwiseMustLen("mul backward", "b", len(b), cols)
+		Mul(da, dy, b, rows, cols)
+	}
+	if db == nil {
+		return
+	}
+	pointwiseMustLen("mul backward", "db", len(db), cols)
+	pointwiseMustLen("mul backward", "a", len(a), rows*cols)
+	clear(db)
+	for off := 0; off < rows*cols; off += cols {
+		dr, ar := dy[off:off+cols], a[off:off+cols]
+		for j := range db {
+			db[j] += dr[j] * ar[j]
+		}
+	}
+}
+
+// Add writes y = a + b, where a and y hold rows×cols values and b holds
+// cols, repeated for every row (pass rows = 1 for equal shapes). y may be a.
+// O(rows·cols).
+func Add(y, a, b []float32, rows, cols int) {
+	pointwiseMustLen("add", "a", len(a), rows*cols)
+	pointwiseMustLen("add", "y", len(y), rows*cols)
+	pointwiseMustLen("add", "b", len(b), cols)
+	for off := 0; off < rows*cols; off += cols {
+		yr, ar := y[off:off+cols], a[off:off+cols]
+		for j, bv := range b {
+			yr[j] = ar[j] + bv
+		}
+	}
+}
+
+// AddBackward writes da = dy and db = Σ dy over the rows b was repeated on,
+// in row order. Shapes are Add's; a nil da or db is not needed. Add keeps
+// nothing. Both gradients are written, not accumulated. O(rows·cols).
+func AddBackward(da, db, dy []float32, rows, cols int) {
+	pointwiseMustLen("add backward", "dy", len(dy), rows*cols)
+	if da != nil {
+		pointwiseMustLen("add backward", "da", len(da), rows*cols)
+		copy(da, dy)
+	}
+	if db == nil {
+		return
+	}
+	pointwiseMustLen("add backward", "db", len(db), cols)
+	clear(db)
+	for off := 0; off < rows*cols; off += cols {
+		dr := dy[off : off+cols]
+		for j := range db {
+			db[j] += dr[j]
+		}
+	}
+}
+
+// Scale writes y = c·x. The ir's factor is a float64; PyTorch multiplies a
+// float32 tensor by the scalar rounded to float32, and so should the
+// caller. y may be x. O(len(x)).
+func Scale(y, x []float32, c float32) {
+	pointwiseMustLen("scale", "y", len(y), len(x))
+	y = y[:len(x)]
+	for i, v := range x {
+		y[i] = c * v
+	}
+}
+
+// ScaleBackward writes dx = c·dy; scale keeps nothing. dx may be dy.
+// O(len(dy)).
+func ScaleBackward(dx, dy []float32, c float32) { Scale(dx, dy, c) }
