@@ -149,10 +149,11 @@ func (a *analyzer) node(n *ir.Node) {
 		a.lay.contig[n.ID] = true
 		c.OutputBytes = a.c.Storages[a.lay.out[n.ID]].Bytes
 	}
+	// The rules run for every node: they also create the buffers the
+	// kernel writes (masks, statistics, copies), which a node whose output
+	// needs no gradient allocates and frees as transients.
 	a.copyOperands(n)
-	if a.grad[n.ID] {
-		a.keeps(n)
-	}
+	a.keeps(n)
 	c.ForwardFLOPs, c.BackwardFLOPs = a.flops(n)
 }
 
@@ -201,6 +202,9 @@ func (a *analyzer) countedDType(dt ir.DType) ir.DType {
 // keep records that n keeps a storage, once per saved tensor as autograd
 // records them (an op may keep one storage twice).
 func (a *analyzer) keep(n *ir.Node, storage int) {
+	if !a.grad[n.ID] {
+		return // no backward: nothing is kept
+	}
 	c := &a.c.Nodes[n.ID]
 	c.Saved = append(c.Saved, storage)
 }

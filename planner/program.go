@@ -42,6 +42,7 @@ const (
 	GradBuf                      // the gradient of a node's output
 	ScratchBuf                   // a gradient written by a second reader, to be added
 	DeltaBuf                     // δ_i, the gradient of the stage's input
+	KernelBuf                    // a kernel's working memory (costmodel.ScratchBytes)
 )
 
 // Event is one step of a program. Node is the node run, or whose gradient
@@ -98,7 +99,7 @@ func ForwardProgram(c *costmodel.Costs, nodes []int, keep bool, tape map[int]boo
 		for _, s := range c.Owned(id) {
 			p = append(p, Event{Kind: Alloc, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
 		}
-		p = append(p, Event{Kind: RunForward, Node: id})
+		p = append(p, withScratch(c, id, false, Event{Kind: RunForward, Node: id})...)
 		for _, s := range c.Owned(id) {
 			if c.Storages[s].Role != "out" && !(keep && tape[s]) {
 				p = append(p, Event{Kind: Free, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
@@ -149,13 +150,23 @@ func BackwardProgram(c *costmodel.Costs, nodes []int, deltaBytes int64) Program 
 			}
 			written[key] = true
 		}
-		p = append(p, Event{Kind: RunBackward, Node: id})
+		p = append(p, withScratch(c, id, true, Event{Kind: RunBackward, Node: id})...)
 		p = append(p, scratch...)
 		if id != last && written[id] {
 			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: gradBytes(g, id)})
 		}
 	}
 	return p
+}
+
+// withScratch brackets a kernel run with the allocation of its working
+// memory, when it needs some.
+func withScratch(c *costmodel.Costs, id int, backward bool, run Event) []Event {
+	b := c.ScratchBytes(id, backward)
+	if b == 0 {
+		return []Event{run}
+	}
+	return []Event{{Kind: Alloc, Buf: KernelBuf, Node: id, Bytes: b}, run, {Kind: Free, Buf: KernelBuf, Node: id, Bytes: b}}
 }
 
 // gradBytes is the size of the gradient of a node's output: its tensor's,
