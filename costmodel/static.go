@@ -14,10 +14,15 @@ type Static struct {
 	WeightsBytes        int64 // on one rank
 	GradientsBytes      int64 // on one rank
 	OptimizerBytes      int64 // on one rank, fp32 master weights included
+	// BuffersBytes are the model's non-trained tensors that live for the
+	// whole step: the rotary embedding's cos and sin tables.
+	BuffersBytes int64
 }
 
 // Total returns the static bytes of one rank.
-func (s Static) Total() int64 { return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes }
+func (s Static) Total() int64 {
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes
+}
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
 // et al. 2020, ZeRO, §3): weights and gradients in the training dtype;
@@ -71,7 +76,27 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 	}
+	st.BuffersBytes = ropeTables(g)
 	return st, nil
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// ropeTables returns the bytes of the cos and sin tables, one pair per
+// distinct (sequence, head size) among the graph's RoPE nodes.
+func ropeTables(g *ir.Graph) int64 {
+	seen := map[[2]int64]bool{}
+	var b int64
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.Op != ir.RoPE {
+			continue
+		}
+		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
+		if !seen[k] {
+			seen[k] = true
+			b += 2 * k[0] * k[1] * g.DType.Size()
+		}
+	}
+	return b
+}

@@ -25,7 +25,13 @@ func TestStaticZeRO(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c.Static
+		// The rotary tables: cos and sin, seq × head size each.
+		if want := 2 * m.Training.Seq * 16 * g.DType.Size(); c.Static.BuffersBytes != want {
+			t.Errorf("buffers = %d, want %d", c.Static.BuffersBytes, want)
+		}
+		st := c.Static
+		st.BuffersBytes = 0
+		return st
 	}
 	psi := build("bf16", 0, 1, "adamw").Parameters
 	// 100·64 embedding + 100·64 head + 2 layers of (64·64·2 + 64·32·2 + 3·64·128 + 2·64) + 64.
@@ -76,7 +82,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters}
+	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
