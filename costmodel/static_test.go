@@ -45,13 +45,13 @@ func TestStaticZeRO(t *testing.T) {
 		opt   string
 		want  Static
 	}{
-		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi}},
-		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi}},
-		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi}},
-		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0}},
-		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4}},
-		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4}},
-		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4}},
+		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0}},
+		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0}},
+		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0}},
+		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0}},
+		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0}},
+		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0}},
+		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
