@@ -75,6 +75,7 @@ type Problem struct {
 	Chain  *solver.Chain
 	Names  []string
 	Costs  *costmodel.Costs // nil for a profiled chain
+	Stages []StageCosts     // the stages of a model or graph
 	// Notes are remarks a user should see, such as a graph that has no
 	// cut point and is planned as one stage.
 	Notes []string
@@ -109,7 +110,7 @@ func NewProblem(src *graphio.Source) (*Problem, error) {
 	}
 	sc, inputs := stageCosts(c, stages)
 	out := c.Storages[c.OutputStorage(g.Output)].Bytes
-	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: c.Static.Total(), Chain: toSolver(sc, inputs, out), Costs: c}
+	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: c.Static.Total(), Chain: toSolver(sc, inputs, out), Costs: c, Stages: sc}
 	for _, s := range sc {
 		p.Names = append(p.Names, s.Name)
 	}

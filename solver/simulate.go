@@ -6,8 +6,8 @@ import "fmt"
 type Result struct {
 	Cost float64
 	Peak int64
-	// Timeline[k] is the live bytes while op k runs, transients included
-	// (the op's own peak).
+	// Timeline[k] is the most bytes live while op k runs or right after it,
+	// transients included (the op's own peak).
 	Timeline []int64
 }
 
@@ -51,8 +51,8 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("op %d, %v: %v", k, op, err)
 		}
-		r.Timeline[k] = peak
-		r.Peak = max(r.Peak, peak, s.live)
+		r.Timeline[k] = max(peak, s.live)
+		r.Peak = max(r.Peak, r.Timeline[k])
 		r.Cost += cost
 	}
 	if !s.delta[0] {

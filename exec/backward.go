@@ -1,0 +1,161 @@
+package exec
+
+import (
+	"github.com/ckptplan/ckptplan/exec/kernel"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// backward runs node id's backward kernel from the tensors its forward
+// kept: the kernels read nothing else, so a tensor the cost model forgot
+// would show as a storage that is not live.
+func (r *Runner) backward(id, stage int) {
+	n := r.node(id)
+	p := &r.params[id]
+	r.flops += r.c.Nodes[id].BackwardFLOPs
+	dy := r.gradOut(id)
+	dx := r.gradIn(id, 0)
+	switch n.Op {
+	case ir.Reshape, ir.Cast:
+		copy(dx, dy)
+	case ir.Transpose, ir.Split:
+		r.viewBackward(id, dx, dy)
+	case ir.Embedding:
+		if p.dw != nil {
+			kernel.EmbeddingBackward(p.dw, dy, r.ids(n.Inputs[0]), int(n.Attrs.Out))
+		}
+	case ir.Linear:
+		r.linearBackward(id, dx, dy)
+	case ir.MatMul:
+		a := r.node(n.Inputs[0]).Shape
+		m, k := int(a[len(a)-2]), int(a.Last())
+		db := r.gradIn(id, 1)
+		var av, bv []float32
+		if db != nil {
+			av = r.operand(id, 0, false)
+		}
+		if dx != nil {
+			bv = r.operand(id, 1, false)
+		}
+		kernel.MatMulBackward(dx, db, dy, av, bv, int(a.NumElements())/(m*k), 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
+	case ir.LayerNorm:
+		rw, cl := rows(n.Shape)
+		kernel.LayerNormBackward(dx, p.dw, p.db, r.data(n.Inputs[0]), r.extra(id, "mean"), r.extra(id, "rstd"), p.w, dy, rw, cl)
+	case ir.RMSNorm:
+		rw, cl := rows(n.Shape)
+		var normalized []float32
+		if p.dw != nil {
+			normalized = r.extra(id, "normalized")
+		}
+		kernel.RMSNormBackward(dx, p.dw, r.data(n.Inputs[0]), r.extra(id, "x_squared"), r.extra(id, "rstd"), normalized, p.w, dy, rw, cl)
+	case ir.Softmax:
+		rw, cl := rows(n.Shape)
+		kernel.SoftmaxBackward(dx, r.data(id), dy, rw, cl)
+	case ir.LogSoftmax:
+		rw, cl := rows(n.Shape)
+		kernel.LogSoftmaxBackward(dx, r.data(id), dy, rw, cl)
+	case ir.Dropout:
+		kernel.DropoutBackward(dx, dy, r.extra(id, "mask"))
+	case ir.GELU:
+		kernel.GELUBackward(dx, r.data(n.Inputs[0]), dy)
+	case ir.SiLU:
+		kernel.SiLUBackward(dx, r.data(n.Inputs[0]), dy)
+	case ir.Mul:
+		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
+		db := r.gradIn(id, 1)
+		var a, b []float32
+		if db != nil {
+			a = r.data(n.Inputs[0])
+		}
+		if dx != nil {
+			b = r.data(n.Inputs[1])
+		}
+		kernel.MulBackward(dx, db, a, b, dy, rw, cl)
+	case ir.Add:
+		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
+		kernel.AddBackward(dx, r.gradIn(id, 1), dy, rw, cl)
+	case ir.Scale:
+		kernel.ScaleBackward(dx, dy, float32(n.Attrs.Factor))
+	case ir.CausalMask:
+		s := int(n.Shape.Last())
+		kernel.CausalMaskBackward(dx, dy, int(n.Shape.NumElements())/(s*s), s)
+	case ir.RoPE:
+		r.ropeBackward(id, dx, dy)
+	case ir.RepeatKV:
+		x := r.node(n.Inputs[0]).Shape
+		kernel.RepeatKVBackward(dx, dy, int(x[0]), int(x[1]), int(n.Attrs.Heads), int(x[2]), int(x[3]))
+	case ir.Attention:
+		sh := r.attnShape(n)
+		q, k, v := r.operand(id, 0, false), r.operand(id, 1, false), r.operand(id, 2, false)
+		dk, dv := r.gradIn(id, 1), r.gradIn(id, 2)
+		if n.Attrs.Flash {
+			kernel.FlashAttentionBackward(dx, dk, dv, q, k, v, r.data(id), r.extra(id, "logsumexp"), nil, dy, r.work.F, sh)
+		} else {
+			kernel.AttentionBackward(dx, dk, dv, q, k, v, r.extra(id, "probs"), r.extra(id, "mask"), r.extra(id, "dropped"), dy, r.work.F, sh)
+		}
+	case ir.CrossEntropy:
+		rw, cl := rows(r.node(n.Inputs[0]).Shape)
+		kernel.CrossEntropyBackward(dx, r.extra(id, "log_softmax"), r.ids(n.Inputs[1]), dy[0], rw, cl)
+	default:
+		panic("exec: no backward kernel for " + n.Op.String())
+	}
+}
+
+// viewBackward writes the gradient of a transpose or split's input: the
+// output gradient put back where the view took it from.
+func (r *Runner) viewBackward(id int, dx, dy []float32) {
+	if dx == nil {
+		return
+	}
+	n := r.node(id)
+	// Gradients are laid out contiguously in their node's shape, so the
+	// view is taken over the input's contiguous layout.
+	rel := view{strides: relativeStrides(n, r.node(n.Inputs[0]).Shape)}
+	if n.Op == ir.Split {
+		rel.off = n.Attrs.Index * int(n.Shape.Last())
+	}
+	scatterAdd(dx, dy, n.Shape, rel)
+}
+
+// relativeStrides are a view's strides over its input laid out
+// contiguously.
+func relativeStrides(n *ir.Node, in ir.Shape) []int {
+	st := contiguous(in)
+	if n.Op == ir.Transpose {
+		a, b := norm(n.Attrs.Axis, len(st)), norm(n.Attrs.Axis2, len(st))
+		st[a], st[b] = st[b], st[a]
+	}
+	return st
+}
+
+func (r *Runner) ropeBackward(id int, dx, dy []float32) {
+	n := r.node(id)
+	t := r.ropeTable(n)
+	s, d := int(n.Shape[len(n.Shape)-2]), int(n.Shape.Last())
+	if dx != nil {
+		kernel.RopeBackward(dx, dy, t[0], t[1], int(n.Shape.NumElements())/(s*d), s, d)
+	}
+}
+
+func (r *Runner) linearBackward(id int, dx, dy []float32) {
+	n := r.node(id)
+	p := &r.params[id]
+	rw, in := rows(r.node(n.Inputs[0]).Shape)
+	out := int(n.Attrs.Out)
+	var x []float32
+	if p.dw != nil || n.Attrs.LoRARank > 0 && n.Attrs.LoRADrop == 0 {
+		x = r.operand(id, 0, false)
+	}
+	switch {
+	case n.Attrs.Tied != "":
+		kernel.MatMulBackward(dx, p.dw, dy, x, p.w, 1, 1, rw, out, in, true)
+	default:
+		kernel.LinearBackward(dx, p.dw, p.db, dy, x, p.w, rw, in, out)
+	}
+	if rank := int(n.Attrs.LoRARank); rank > 0 {
+		ax, mask := x, []float32(nil)
+		if n.Attrs.LoRADrop > 0 {
+			ax, mask = r.extra(id, "lora_dropout"), r.extra(id, "lora_dropout_mask")
+		}
+		kernel.LoRABackward(dx, p.dLoraA, p.dLoraB, dy, ax, r.extra(id, "lora_a"), p.loraA, p.loraB, mask, r.work.F, loraScale, rw, in, rank, out)
+	}
+}

@@ -1,0 +1,103 @@
+package exec
+
+import (
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// view is where a node's output lives: an offset and strides (in elements)
+// into its storage. Views of views (reshape, transpose, split) share their
+// input's storage, as the cost model says.
+type view struct {
+	off     int
+	strides []int
+	contig  bool
+}
+
+func contiguous(shape ir.Shape) []int {
+	st := make([]int, len(shape))
+	acc := 1
+	for i := len(shape) - 1; i >= 0; i-- {
+		st[i] = acc
+		acc *= int(shape[i])
+	}
+	return st
+}
+
+// layouts computes every node's view from the cost model's storages.
+func layouts(c *costmodel.Costs) []view {
+	g := c.Graph
+	out := make([]view, len(g.Nodes))
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		own := c.Storages[c.OutputStorage(i)].Node == i
+		if own || n.Op == ir.Input {
+			out[i] = view{strides: contiguous(n.Shape), contig: true}
+			continue
+		}
+		in := out[n.Inputs[0]]
+		switch n.Op {
+		case ir.Reshape, ir.Cast:
+			out[i] = view{off: in.off, strides: contiguous(n.Shape), contig: true}
+		case ir.Transpose:
+			st := append([]int(nil), in.strides...)
+			a, b := norm(n.Attrs.Axis, len(st)), norm(n.Attrs.Axis2, len(st))
+			st[a], st[b] = st[b], st[a]
+			out[i] = view{off: in.off, strides: st, contig: a == b && in.contig}
+		case ir.Split:
+			st := in.strides
+			part := int(n.Shape.Last())
+			out[i] = view{off: in.off + n.Attrs.Index*part*st[len(st)-1], strides: st, contig: n.Attrs.Parts == 1 && in.contig}
+		default:
+			panic("exec: no layout for a view of op " + n.Op.String())
+		}
+	}
+	return out
+}
+
+func norm(axis, n int) int {
+	if axis < 0 {
+		return axis + n
+	}
+	return axis
+}
+
+// gather copies the elements of a strided view, in row-major order of
+// shape, into dst.
+func gather(dst, src []float32, shape ir.Shape, v view) {
+	idx := make([]int, len(shape))
+	for k := range dst {
+		o := v.off
+		for d, i := range idx {
+			o += i * v.strides[d]
+		}
+		dst[k] = src[o]
+		for d := len(idx) - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < int(shape[d]) {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}
+
+// scatterAdd adds src, in row-major order of shape, into the strided view
+// of dst: the backward of gather.
+func scatterAdd(dst, src []float32, shape ir.Shape, v view) {
+	idx := make([]int, len(shape))
+	for k := range src {
+		o := v.off
+		for d, i := range idx {
+			o += i * v.strides[d]
+		}
+		dst[o] += src[k]
+		for d := len(idx) - 1; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < int(shape[d]) {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}

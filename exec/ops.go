@@ -1,0 +1,218 @@
+package exec
+
+import (
+	"fmt"
+
+
+	"github.com/ckptplan/ckptplan/exec/kernel"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// loraScale is the adapters' alpha/r.
+const loraScale = 2
+
+func (r *Runner) node(id int) *ir.Node { return &r.g.Nodes[id] }
+
+// buf returns the live buffer of node id's output storage.
+func (r *Runner) buf(id int) *Buffer {
+	b, ok := r.store[r.c.OutputStorage(id)]
+	if !ok {
+		panic(fmt.Sprintf("exec: output of %s is not live", r.node(id).Name))
+	}
+	return b
+}
+
+// data returns node id's output, which must be contiguous.
+func (r *Runner) data(id int) []float32 {
+	v := r.layout[id]
+	if !v.contig {
+		panic(fmt.Sprintf("exec: %s is read as contiguous but is strided", r.node(id).Name))
+	}
+	return r.buf(id).F[v.off : v.off+int(r.node(id).Shape.NumElements())]
+}
+
+// extra returns the storage node id allocated in the given role.
+func (r *Runner) extra(id int, role string) []float32 {
+	for _, s := range r.c.Owned(id) {
+		if r.c.Storages[s].Role == role {
+			b, ok := r.store[s]
+			if !ok {
+				panic(fmt.Sprintf("exec: %s of %s is not live", role, r.node(id).Name))
+			}
+			return b.F
+		}
+	}
+	return nil
+}
+
+// operand returns input i of a product node contiguously: the input
+// itself, or the copy the node made (gathering into it when forward).
+func (r *Runner) operand(id, i int, forward bool) []float32 {
+	in := r.node(id).Inputs[i]
+	if r.layout[in].contig {
+		return r.data(in)
+	}
+	cp := r.extra(id, fmt.Sprintf("copy%d", i))
+	if forward {
+		gather(cp, r.buf(in).F, r.node(in).Shape, r.layout[in])
+	}
+	return cp
+}
+
+func (r *Runner) gradOut(id int) []float32 { return r.grads[id].F }
+
+// gradIn returns where the backward of node id writes the gradient of its
+// input i: nil when the input needs none, a scratch buffer when another
+// node wrote it already (the program adds it afterwards).
+func (r *Runner) gradIn(id, i int) []float32 {
+	in := r.node(id).Inputs[i]
+	if !r.c.RequiresGrad(in) {
+		return nil
+	}
+	if s, ok := r.scratch[in]; ok {
+		return s.F[:r.node(in).Shape.NumElements()]
+	}
+	g, ok := r.grads[in]
+	if !ok {
+		return nil // the input's gradient lies outside the chain (a graph input)
+	}
+	return g.F[:r.node(in).Shape.NumElements()]
+}
+
+func (r *Runner) ids(id int) []int64 { return r.buf(id).I }
+
+// rows splits a tensor into rows of its last axis.
+func rows(s ir.Shape) (int, int) {
+	last := int(s.Last())
+	return int(s.NumElements()) / last, last
+}
+
+func (r *Runner) dropoutSeed(id, which int) uint64 {
+	return r.seed*0x9E3779B97F4A7C15 ^ uint64(id)*0xBF58476D1CE4E5B9 ^ uint64(which)*0x94D049BB133111EB
+}
+
+func (r *Runner) attnShape(n *ir.Node) kernel.AttnShape {
+	q, k := r.node(n.Inputs[0]).Shape, r.node(n.Inputs[1]).Shape
+	return kernel.AttnShape{Batch: int(q[0]), Heads: int(q[1]), KVHeads: int(k[1]), Seq: int(q[2]), Dim: int(q[3]), Causal: n.Attrs.Causal}
+}
+
+func (r *Runner) forward(id int) {
+	n := r.node(id)
+	p := &r.params[id]
+	r.flops += r.c.Nodes[id].ForwardFLOPs
+	switch n.Op {
+	case ir.Input, ir.Transpose, ir.Split:
+	case ir.Reshape, ir.Cast:
+		if r.c.Storages[r.c.OutputStorage(id)].Node == id { // a copy
+			in := n.Inputs[0]
+			gather(r.data(id), r.buf(in).F, r.node(in).Shape, r.layout[in])
+		}
+	case ir.Embedding:
+		kernel.Embedding(r.data(id), p.w, r.ids(n.Inputs[0]), int(n.Attrs.Out))
+	case ir.Linear:
+		r.linearForward(id)
+	case ir.MatMul:
+		a, b := r.node(n.Inputs[0]).Shape, r.node(n.Inputs[1]).Shape
+		m, k := int(a[len(a)-2]), int(a.Last())
+		nn := int(n.Shape.Last())
+		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), int(a.NumElements())/(m*k), 1, m, nn, k, n.Attrs.TransposeB)
+		_ = b
+	case ir.LayerNorm:
+		rw, cl := rows(n.Shape)
+		kernel.LayerNorm(r.data(id), r.extra(id, "mean"), r.extra(id, "rstd"), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))
+	case ir.RMSNorm:
+		rw, cl := rows(n.Shape)
+		kernel.RMSNorm(r.data(id), r.extra(id, "x_squared"), r.extra(id, "rstd"), r.extra(id, "normalized"), r.data(n.Inputs[0]), p.w, rw, cl, float32(n.Attrs.Eps))
+	case ir.Softmax:
+		rw, cl := rows(n.Shape)
+		kernel.Softmax(r.data(id), r.data(n.Inputs[0]), rw, cl)
+	case ir.LogSoftmax:
+		rw, cl := rows(n.Shape)
+		kernel.LogSoftmax(r.data(id), r.data(n.Inputs[0]), rw, cl)
+	case ir.Dropout:
+		mask := r.extra(id, "mask")
+		kernel.DropoutMask(mask, float32(n.Attrs.P), r.dropoutSeed(id, 0))
+		kernel.Dropout(r.data(id), r.data(n.Inputs[0]), mask)
+	case ir.GELU:
+		kernel.GELU(r.data(id), r.data(n.Inputs[0]))
+	case ir.SiLU:
+		kernel.SiLU(r.data(id), r.data(n.Inputs[0]))
+	case ir.Mul, ir.Add:
+		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
+		if n.Op == ir.Mul {
+			kernel.Mul(r.data(id), r.data(n.Inputs[0]), r.data(n.Inputs[1]), rw, cl)
+		} else {
+			kernel.Add(r.data(id), r.data(n.Inputs[0]), r.data(n.Inputs[1]), rw, cl)
+		}
+	case ir.Scale:
+		kernel.Scale(r.data(id), r.data(n.Inputs[0]), float32(n.Attrs.Factor))
+	case ir.CausalMask:
+		s := int(n.Shape.Last())
+		kernel.CausalMask(r.data(id), r.data(n.Inputs[0]), int(n.Shape.NumElements())/(s*s), s)
+	case ir.RoPE:
+		in := n.Inputs[0]
+		out := r.data(id)
+		gather(out, r.buf(in).F, r.node(in).Shape, r.layout[in])
+		t := r.ropeTable(n)
+		s, d := int(n.Shape[len(n.Shape)-2]), int(n.Shape.Last())
+		kernel.Rope(out, out, t[0], t[1], int(n.Shape.NumElements())/(s*d), s, d)
+	case ir.RepeatKV:
+		// Gather [b, kv, group, s, d] with a zero stride over the group.
+		in := n.Inputs[0]
+		x, v := r.node(in).Shape, r.layout[in]
+		group := n.Attrs.Heads / x[1]
+		shape := ir.Shape{x[0], x[1], group, x[2], x[3]}
+		st := []int{v.strides[0], v.strides[1], 0, v.strides[2], v.strides[3]}
+		gather(r.data(id), r.buf(in).F, shape, view{off: v.off, strides: st})
+	case ir.Attention:
+		sh := r.attnShape(n)
+		q, k, v := r.operand(id, 0, true), r.operand(id, 1, true), r.operand(id, 2, true)
+		if n.Attrs.Flash {
+			kernel.FlashAttention(r.data(id), r.extra(id, "logsumexp"), q, k, v, nil, r.work.F, sh)
+		} else {
+			kernel.Attention(r.data(id), r.extra(id, "probs"), r.extra(id, "dropped"), q, k, v, r.extra(id, "mask"), sh)
+		}
+	case ir.CrossEntropy:
+		rw, cl := rows(r.node(n.Inputs[0]).Shape)
+		r.loss = kernel.CrossEntropy(r.extra(id, "log_softmax"), r.data(n.Inputs[0]), r.ids(n.Inputs[1]), rw, cl)
+		r.data(id)[0] = r.loss
+	default:
+		panic("exec: no forward kernel for " + n.Op.String())
+	}
+}
+
+func (r *Runner) ropeTable(n *ir.Node) [2][]float32 {
+	return r.rope[[2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}]
+}
+
+// broadcastRows says how b broadcasts over a: rows of len(b) elements.
+func broadcastRows(a, b ir.Shape) (int, int) {
+	nb := int(b.NumElements())
+	return int(a.NumElements()) / nb, nb
+}
+
+func (r *Runner) linearForward(id int) {
+	n := r.node(id)
+	p := &r.params[id]
+	xs := r.node(n.Inputs[0]).Shape
+	rw, in := rows(xs)
+	out := int(n.Attrs.Out)
+	x := r.operand(id, 0, true)
+	y := r.data(id)
+	if n.Attrs.Tied != "" {
+		kernel.MatMul(y, x, p.w, 1, 1, rw, out, in, true)
+	} else {
+		kernel.Linear(y, x, p.w, p.b, rw, in, out)
+	}
+	if rank := int(n.Attrs.LoRARank); rank > 0 {
+		ax := x
+		if pd := n.Attrs.LoRADrop; pd > 0 {
+			mask := r.extra(id, "lora_dropout_mask")
+			kernel.DropoutMask(mask, float32(pd), r.dropoutSeed(id, 1))
+			ax = r.extra(id, "lora_dropout")
+			kernel.Dropout(ax, x, mask)
+		}
+		kernel.LoRA(y, r.extra(id, "lora_a"), ax, p.loraA, p.loraB, r.work.F, loraScale, rw, in, rank, out)
+	}
+}
+

@@ -1,0 +1,131 @@
+package exec
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// variant is a tiny model under one training setup.
+type variant struct {
+	model     string
+	attention string
+	dropout   float64
+	lora      int64
+	loraDrop  float64
+}
+
+func (v variant) String() string {
+	return fmt.Sprintf("%s/%s/p%g/lora%d", v.model, v.attention, v.dropout, v.lora)
+}
+
+func (v variant) problem(t *testing.T) *planner.Problem {
+	t.Helper()
+	src, err := graphio.Load(v.model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &src.Model.Training
+	tr.Attention, tr.Dropout = v.attention, v.dropout
+	tr.LoRA.Rank, tr.LoRA.Dropout = v.lora, v.loraDrop
+	p, err := planner.NewProblem(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// gradients returns a copy of every parameter gradient of a run.
+func gradients(r *Runner) [][]float32 {
+	var out [][]float32
+	for _, p := range r.params {
+		for _, g := range [][]float32{p.dw, p.db, p.dLoraA, p.dLoraB} {
+			if g != nil {
+				out = append(out, append([]float32(nil), g...))
+			}
+		}
+	}
+	return out
+}
+
+func run(t *testing.T, p *planner.Problem, s solver.Schedule) *Runner {
+	t.Helper()
+	r, err := NewRunner(p, 10000, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Step(s); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestMeasuredEqualsPredicted runs every strategy at a sweep of budgets on
+// the tiny models under several setups, and checks that the executor's
+// measured peak and per-op peaks equal the simulator's to the byte, that
+// the gradients are bitwise those of storing everything, and that the
+// FLOPs run equal the plan's cost.
+func TestMeasuredEqualsPredicted(t *testing.T) {
+	variants := []variant{
+		{"tiny-llama", "eager", 0, 0, 0},
+		{"tiny-llama", "eager", 0.1, 0, 0},
+		{"tiny-llama", "flash", 0, 0, 0},
+		{"tiny-llama", "eager", 0, 4, 0},
+		{"tiny-llama", "flash", 0, 4, 0.05},
+		{"tiny-gpt2", "eager", 0, 0, 0},
+		{"tiny-gpt2", "eager", 0.1, 0, 0},
+		{"tiny-gpt2", "flash", 0, 0, 0},
+		{"tiny-gpt2", "eager", 0.1, 8, 0},
+	}
+	for _, v := range variants {
+		t.Run(v.String(), func(t *testing.T) {
+			p := v.problem(t)
+			all := solver.StoreAll(p.Chain)
+			ref := run(t, p, all)
+			want := gradients(ref)
+			top, _ := solver.Simulate(p.Chain, all)
+			low := top.Peak
+			if _, err := solver.Solve(p.Chain, "optimal", 1, nil); err != nil {
+				low = err.(*solver.ErrInfeasible).MinBudget
+			}
+			checked := 0
+			for k := 0; k <= 10; k++ {
+				budget := low + (top.Peak-low)*int64(k)/10
+				for _, name := range solver.Strategies {
+					sol, err := solver.Solve(p.Chain, name, budget, &solver.Options{K: 2})
+					if err != nil {
+						continue
+					}
+					r := run(t, p, sol.Schedule)
+					if got, want := r.tr.Peak(), sol.Peak+p.Static; got != want {
+						t.Fatalf("%s at %d: measured peak %d, predicted %d", name, budget, got, want)
+					}
+					for j, s := range r.tr.Timeline {
+						if s.Peak != sol.Timeline[j]+p.Static {
+							t.Fatalf("%s at %d: op %d %s peaks at %d, predicted %d", name, budget, j, s.Label, s.Peak, sol.Timeline[j]+p.Static)
+						}
+					}
+					if r.flops != int64(sol.Cost) {
+						t.Errorf("%s at %d: ran %d FLOPs, plan says %v", name, budget, r.flops, sol.Cost)
+					}
+					got := gradients(r)
+					for i := range want {
+						for j := range want[i] {
+							if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+								t.Fatalf("%s at %d: gradient %d[%d] = %v, storing everything gives %v", name, budget, i, j, got[i][j], want[i][j])
+							}
+						}
+					}
+					checked++
+				}
+			}
+			if checked < 10 {
+				t.Errorf("only %d feasible plans checked", checked)
+			}
+		})
+	}
+}

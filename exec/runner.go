@@ -1,0 +1,241 @@
+package exec
+
+import (
+	"fmt"
+	"math/rand"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// Runner executes schedules of one model: it holds the weights, the
+// tracker, and the live buffers of a step.
+type Runner struct {
+	g         *ir.Graph
+	c         *costmodel.Costs
+	prob      *planner.Problem
+	stages    []planner.StageCosts
+	tr        *Tracker
+	layout    []view
+	params    []params
+	rope      map[[2]int64][2][]float32
+	ropeTheta float64
+
+	store   map[int]*Buffer // live storages by costmodel index
+	grads   map[int]*Buffer // live gradients by node (-1: δ_0)
+	scratch map[int]*Buffer // gradients being written by a second reader
+	work    *Buffer         // the running kernel's working memory
+	inputOf []int           // per stage: the node whose output enters it (-1: graph inputs)
+	flops   int64
+	seed    uint64
+	loss    float32
+}
+
+// NewRunner prepares a model for execution: its weights, drawn from seed,
+// and its static memory, allocated through a fresh tracker.
+func NewRunner(p *planner.Problem, ropeTheta float64, seed int64) (*Runner, error) {
+	if p.Costs == nil {
+		return nil, fmt.Errorf("%s is a profiled chain: there is no model to run", p.Name)
+	}
+	g := p.Costs.Graph
+	if g.DType != ir.FP32 {
+		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
+	}
+	if p.Costs.Profile != costmodel.TorchEager {
+		return nil, fmt.Errorf("the executor runs the torch-eager profile only, not %s", p.Costs.Profile)
+	}
+	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), ropeTheta: ropeTheta, seed: uint64(seed)}
+	r.static(seed)
+	r.inputOf = make([]int, len(r.stages))
+	stageOf := map[int]int{}
+	for k, st := range r.stages {
+		for _, id := range st.Nodes {
+			stageOf[id] = k
+		}
+	}
+	for k, st := range r.stages {
+		r.inputOf[k] = -1
+		for _, id := range st.Nodes {
+			for _, in := range g.Nodes[id].Inputs {
+				if s, ok := stageOf[in]; ok && s < k {
+					r.inputOf[k] = in
+				}
+			}
+		}
+	}
+	return r, nil
+}
+
+// Tracker returns the runner's tracker.
+func (r *Runner) Tracker() *Tracker { return r.tr }
+
+// Step runs one training step under a schedule: forwards, loss and
+// backwards, leaving the parameter gradients in place. It returns the
+// FLOPs the kernels ran.
+func (r *Runner) Step(s solver.Schedule) error {
+	r.store, r.grads, r.scratch = map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}
+	r.flops = 0
+	r.inputs()
+	ch := r.prob.Chain
+	l := ch.Len()
+	act := make([]bool, l+1) // standalone a_i
+	act[0] = true
+	for _, op := range s {
+		r.tr.Begin(op.String())
+		i := op.Stage
+		switch op.Kind {
+		case solver.FCk, solver.FN, solver.FAll:
+			r.runProgram(planner.ForwardProgram(r.c, r.stages[i].Nodes, op.Kind == solver.FAll, r.stages[i].Tape), i)
+			if op.Kind != solver.FAll {
+				act[i+1] = true
+			}
+			if op.Kind == solver.FN && act[i] {
+				r.dropActivation(i)
+				act[i] = false
+			}
+		case solver.Loss:
+			// δ_L takes over a standalone a_L's bytes.
+			if act[l] {
+				r.dropActivation(l)
+				act[l] = false
+			}
+			last := r.stages[l-1].Nodes[len(r.stages[l-1].Nodes)-1]
+			d := r.tr.Alloc(int(ch.ActBytes[l]/4), ch.ActBytes[l], "δ_L")
+			d.F[0] = 1
+			r.grads[last] = d
+		case solver.B:
+			st := &r.stages[i]
+			r.runProgram(planner.BackwardProgram(r.c, st.Nodes, ch.ActBytes[i]), i)
+			for s := range st.Tape {
+				r.freeStorage(s)
+			}
+			last := st.Nodes[len(st.Nodes)-1]
+			r.tr.Free(r.grads[last])
+			delete(r.grads, last)
+			if act[i] {
+				r.dropActivation(i)
+				act[i] = false
+			}
+		}
+		r.tr.End()
+	}
+	return nil
+}
+
+// inputs allocates the graph inputs (a_0): random token ids, positions
+// 0…s−1, random targets, from the runner's seed.
+func (r *Runner) inputs() {
+	rng := rand.New(rand.NewSource(int64(r.seed) + 1))
+	vocab := int64(2)
+	for i := range r.g.Nodes {
+		if n := &r.g.Nodes[i]; n.Op == ir.Embedding && n.Attrs.Vocab > vocab {
+			vocab = n.Attrs.Vocab
+		}
+	}
+	for i := range r.g.Nodes {
+		n := &r.g.Nodes[i]
+		if n.Op != ir.Input {
+			continue
+		}
+		s := r.c.OutputStorage(i)
+		if n.DType != ir.Int64 {
+			b := r.tr.Alloc(int(n.Shape.NumElements()), n.Bytes(), n.Name)
+			for k := range b.F {
+				b.F[k] = float32(rng.NormFloat64())
+			}
+			r.store[s] = b
+			continue
+		}
+		b := r.tr.AllocIDs(int(n.Shape.NumElements()), n.Name)
+		for k := range b.I {
+			if n.Name == "positions" {
+				b.I[k] = int64(k)
+			} else {
+				b.I[k] = rng.Int63n(r.vocabOf(i, vocab))
+			}
+		}
+		r.store[s] = b
+	}
+}
+
+// vocabOf is the range of ids an input may take: the table of the
+// embedding that reads it, or the vocabulary for targets.
+func (r *Runner) vocabOf(input int, vocab int64) int64 {
+	for i := range r.g.Nodes {
+		n := &r.g.Nodes[i]
+		if n.Op == ir.Embedding && n.Inputs[0] == input {
+			return n.Attrs.Vocab
+		}
+	}
+	return vocab
+}
+
+// dropActivation frees a standalone a_i: the output storage of stage i−1,
+// or the graph inputs for i = 0.
+func (r *Runner) dropActivation(i int) {
+	if i == 0 {
+		for k := range r.g.Nodes {
+			if r.g.Nodes[k].Op == ir.Input {
+				r.freeStorage(r.c.OutputStorage(k))
+			}
+		}
+		return
+	}
+	st := r.stages[i-1]
+	r.freeStorage(r.c.OutputStorage(st.Nodes[len(st.Nodes)-1]))
+}
+
+func (r *Runner) freeStorage(s int) {
+	b, ok := r.store[s]
+	if !ok {
+		panic(fmt.Sprintf("exec: storage %d (%s of %s) is not live", s, r.c.Storages[s].Role, r.g.Nodes[r.c.Storages[s].Node].Name))
+	}
+	r.tr.Free(b)
+	delete(r.store, s)
+}
+
+// runProgram carries out a stage program of stage i.
+func (r *Runner) runProgram(p planner.Program, i int) {
+	for _, e := range p {
+		switch e.Kind {
+		case planner.Alloc:
+			b := r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
+			switch e.Buf {
+			case planner.StorageBuf:
+				r.store[e.Storage] = b
+			case planner.GradBuf:
+				r.grads[e.Node] = b
+			case planner.ScratchBuf:
+				r.scratch[e.Node] = b
+			case planner.DeltaBuf:
+				r.grads[r.inputOf[i]] = b
+			case planner.KernelBuf:
+				r.work = b
+			}
+		case planner.Free:
+			switch e.Buf {
+			case planner.StorageBuf:
+				r.freeStorage(e.Storage)
+			case planner.GradBuf:
+				r.tr.Free(r.grads[e.Node])
+				delete(r.grads, e.Node)
+			case planner.ScratchBuf:
+				dst, src := r.grads[e.Node].F, r.scratch[e.Node].F
+				for k := range src {
+					dst[k] += src[k]
+				}
+				r.tr.Free(r.scratch[e.Node])
+				delete(r.scratch, e.Node)
+			case planner.KernelBuf:
+				r.tr.Free(r.work)
+				r.work = nil
+			}
+		case planner.RunForward:
+			r.forward(e.Node)
+		case planner.RunBackward:
+			r.backward(e.Node, i)
+		}
+	}
+}
