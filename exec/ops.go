@@ -3,7 +3,6 @@ package exec
 import (
 	"fmt"
 
-
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -215,4 +214,3 @@ func (r *Runner) linearForward(id int) {
 		kernel.LoRA(y, r.extra(id, "lora_a"), ax, p.loraA, p.loraB, r.work.F, loraScale, rw, in, rank, out)
 	}
 }
-
