@@ -35,7 +35,7 @@ func (r *Runner) static(seed int64) {
 		switch n.Op {
 		case ir.Embedding:
 			p.w = alloc(n.Attrs.Vocab*n.Attrs.Out, n.Name+".weight")
-			uniform(p.w, 1)
+			uniform(p.w, 0.1)
 			if trains {
 				p.dw = alloc(n.Attrs.Vocab*n.Attrs.Out, n.Name+".weight.grad")
 			}
@@ -99,7 +99,11 @@ func (r *Runner) static(seed int64) {
 			continue
 		}
 		cos, sin := alloc(k[0]*k[1], "rope.cos"), alloc(k[0]*k[1], "rope.sin")
-		kernel.RopeTables(cos, sin, int(k[0]), int(k[1]), r.ropeTheta)
+		theta := n.Attrs.Theta
+		if theta == 0 {
+			theta = 10000
+		}
+		kernel.RopeTables(cos, sin, int(k[0]), int(k[1]), theta)
 		r.rope[k] = [2][]float32{cos, sin}
 	}
 }

@@ -39,22 +39,9 @@ func (v variant) problem(t *testing.T) *planner.Problem {
 	return p
 }
 
-// gradients returns a copy of every parameter gradient of a run.
-func gradients(r *Runner) [][]float32 {
-	var out [][]float32
-	for _, p := range r.params {
-		for _, g := range [][]float32{p.dw, p.db, p.dLoraA, p.dLoraB} {
-			if g != nil {
-				out = append(out, append([]float32(nil), g...))
-			}
-		}
-	}
-	return out
-}
-
 func run(t *testing.T, p *planner.Problem, s solver.Schedule) *Runner {
 	t.Helper()
-	r, err := NewRunner(p, 10000, 7)
+	r, err := NewRunner(p, 7)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,15 +13,14 @@ import (
 // Runner executes schedules of one model: it holds the weights, the
 // tracker, and the live buffers of a step.
 type Runner struct {
-	g         *ir.Graph
-	c         *costmodel.Costs
-	prob      *planner.Problem
-	stages    []planner.StageCosts
-	tr        *Tracker
-	layout    []view
-	params    []params
-	rope      map[[2]int64][2][]float32
-	ropeTheta float64
+	g      *ir.Graph
+	c      *costmodel.Costs
+	prob   *planner.Problem
+	stages []planner.StageCosts
+	tr     *Tracker
+	layout []view
+	params []params
+	rope   map[[2]int64][2][]float32
 
 	store   map[int]*Buffer // live storages by costmodel index
 	grads   map[int]*Buffer // live gradients by node (-1: δ_0)
@@ -35,7 +34,7 @@ type Runner struct {
 
 // NewRunner prepares a model for execution: its weights, drawn from seed,
 // and its static memory, allocated through a fresh tracker.
-func NewRunner(p *planner.Problem, ropeTheta float64, seed int64) (*Runner, error) {
+func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	if p.Costs == nil {
 		return nil, fmt.Errorf("%s is a profiled chain: there is no model to run", p.Name)
 	}
@@ -46,7 +45,7 @@ func NewRunner(p *planner.Problem, ropeTheta float64, seed int64) (*Runner, erro
 	if p.Costs.Profile != costmodel.TorchEager {
 		return nil, fmt.Errorf("the executor runs the torch-eager profile only, not %s", p.Costs.Profile)
 	}
-	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), ropeTheta: ropeTheta, seed: uint64(seed)}
+	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), seed: uint64(seed)}
 	r.static(seed)
 	r.inputOf = make([]int, len(r.stages))
 	stageOf := map[int]int{}

@@ -133,6 +133,7 @@ type Attrs struct {
 	Parts      int     // Split: equal parts along the last axis
 	Index      int     // Split: which part
 	Eps        float64 // LayerNorm, RMSNorm: epsilon
+	Theta      float64 // RoPE: base of the rotary frequencies
 	To         DType   // Cast: the target dtype
 	Shape      Shape   // Reshape: the new shape; one entry may be -1
 }

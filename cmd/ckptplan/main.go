@@ -9,6 +9,7 @@
 //	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero] [--format text|json]
 //	ckptplan plan MODEL|CHAIN.yaml --budget 24GiB [--solver optimal] [--device h100-80gb] [--slots N] [--format text|json|yaml]
 //	ckptplan compare MODEL|CHAIN.yaml --budget 40GiB [--format text|json]
+//	ckptplan run MODEL --budget 5MiB [--solver optimal] [--seq N] [--batch N] [--format text|json]
 //
 // MODEL is a bundled model name (see 'ckptplan models'), a model, graph or
 // chain YAML file, or a Hugging Face config.json.
@@ -21,6 +22,7 @@
 //	ckptplan cost llama-3-8b --seq 8192 --attention flash
 //	ckptplan plan llama-3-8b --seq 8192 --budget 40GiB
 //	ckptplan compare llama-3-8b --seq 8192 --budget 40GiB
+//	ckptplan run tiny-llama --budget 5MiB
 //
 // Results go to standard output, diagnostics to standard error. The exit
 // status is 0 on success, 1 on failure and 2 for a usage error.
@@ -76,6 +78,7 @@ func commands() []command {
 		{"cost", "MODEL", "activation bytes kept for backward and FLOPs, per block; static memory", runCost},
 		{"plan", "MODEL", "the checkpointing schedule that fits a budget with the least recompute", runPlan},
 		{"compare", "MODEL", "every strategy side by side at one budget", runCompare},
+		{"run", "MODEL", "run a plan on the CPU and check its memory and gradients", runRun},
 	}
 }
 
