@@ -5,6 +5,8 @@ import (
 	"math/rand"
 
 	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/exec/gemm"
+	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
@@ -30,6 +32,9 @@ type Runner struct {
 	flops   int64
 	seed    uint64
 	loss    float32
+	// workspace is the matrix kernels' packing memory: the executor's own,
+	// counted by the tracker apart from the model's.
+	workspace *Buffer
 }
 
 // NewRunner prepares a model for execution: its weights, drawn from seed,
@@ -47,6 +52,7 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	}
 	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), seed: uint64(seed)}
 	r.static(seed)
+	r.workspace = r.tr.AllocOverhead(gemm.Workspace(), "gemm workspace")
 	r.inputOf = make([]int, len(r.stages))
 	stageOf := map[int]int{}
 	for k, st := range r.stages {
@@ -74,6 +80,8 @@ func (r *Runner) Tracker() *Tracker { return r.tr }
 // backwards, leaving the parameter gradients in place. It returns the
 // FLOPs the kernels ran.
 func (r *Runner) Step(s solver.Schedule) error {
+	kernel.UseGemm(r.workspace.F)
+	defer kernel.UseGemm(nil)
 	r.store, r.grads, r.scratch = map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}
 	r.flops = 0
 	r.inputs()

@@ -27,7 +27,19 @@ type Tracker struct {
 	span       string
 	Timeline   []Sample
 	buffers    map[*Buffer]bool
+	overhead   int64
 }
+
+// AllocOverhead returns a buffer of n float32 elements that belongs to the
+// executor rather than the model (the matrix kernels' packing workspace).
+// It is counted apart, in Overhead, and lives as long as the tracker.
+func (t *Tracker) AllocOverhead(n int, label string) *Buffer {
+	t.overhead += 4 * int64(n)
+	return &Buffer{F: make([]float32, n), Bytes: 4 * int64(n), label: label}
+}
+
+// Overhead returns the bytes of the executor's own buffers.
+func (t *Tracker) Overhead() int64 { return t.overhead }
 
 // NewTracker returns an empty tracker.
 func NewTracker() *Tracker { return &Tracker{buffers: map[*Buffer]bool{}} }

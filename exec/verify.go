@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/ckptplan/ckptplan/exec/gemm"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -16,24 +17,28 @@ const MaxRunBytes = 4 << 30
 // Report is what a run of a plan measured against what the plan
 // predicted. Its JSON names are part of the plan format.
 type Report struct {
-	Model                        string   `json:"model"`
-	Solver                       string   `json:"solver"`
-	BudgetBytes                  int64    `json:"budget_bytes"`
-	PredictedPeakBytes           int64    `json:"predicted_peak_bytes"`
-	MeasuredPeakBytes            int64    `json:"measured_peak_bytes"`
-	PredictedActivationPeakBytes int64    `json:"predicted_activation_peak_bytes"`
-	MeasuredActivationPeakBytes  int64    `json:"measured_activation_peak_bytes"`
-	TimelineMatches              bool     `json:"timeline_matches"` // every op's peak as predicted
-	GradientsMatch               bool     `json:"gradients_match"`  // bitwise equal to storing everything
-	MaxAbsGradDiff               float64  `json:"max_abs_grad_diff"`
-	PredictedCost                float64  `json:"predicted_cost"`
-	MeasuredCost                 float64  `json:"measured_cost"` // FLOPs the kernels ran
-	Loss                         float32  `json:"loss"`
-	Seconds                      float64  `json:"seconds"`            // wall time of the planned step
-	BaselineSeconds              float64  `json:"baseline_seconds"`   // of the store-everything step
-	Predicted                    []int64  `json:"predicted_timeline"` // per op, static included
-	Measured                     []int64  `json:"measured_timeline"`
-	Ops                          []string `json:"ops"`
+	Model                        string `json:"model"`
+	Solver                       string `json:"solver"`
+	BudgetBytes                  int64  `json:"budget_bytes"`
+	PredictedPeakBytes           int64  `json:"predicted_peak_bytes"`
+	MeasuredPeakBytes            int64  `json:"measured_peak_bytes"`
+	PredictedActivationPeakBytes int64  `json:"predicted_activation_peak_bytes"`
+	MeasuredActivationPeakBytes  int64  `json:"measured_activation_peak_bytes"`
+	// ExecutorWorkspaceBytes is the executor's own memory (the matrix
+	// kernels' packing buffers), measured apart from the model's.
+	ExecutorWorkspaceBytes int64    `json:"executor_workspace_bytes"`
+	MatmulKernel           string   `json:"matmul_kernel"`
+	TimelineMatches        bool     `json:"timeline_matches"` // every op's peak as predicted
+	GradientsMatch         bool     `json:"gradients_match"`  // bitwise equal to storing everything
+	MaxAbsGradDiff         float64  `json:"max_abs_grad_diff"`
+	PredictedCost          float64  `json:"predicted_cost"`
+	MeasuredCost           float64  `json:"measured_cost"` // FLOPs the kernels ran
+	Loss                   float32  `json:"loss"`
+	Seconds                float64  `json:"seconds"`            // wall time of the planned step
+	BaselineSeconds        float64  `json:"baseline_seconds"`   // of the store-everything step
+	Predicted              []int64  `json:"predicted_timeline"` // per op, static included
+	Measured               []int64  `json:"measured_timeline"`
+	Ops                    []string `json:"ops"`
 }
 
 // Verify runs a plan's schedule and the store-everything schedule with the
@@ -72,6 +77,7 @@ func Verify(p *planner.Problem, plan *planner.Plan, seed int64) (*Report, error)
 		PredictedActivationPeakBytes: sim.Peak, MeasuredActivationPeakBytes: r.tr.Peak() - p.Static,
 		PredictedCost: sim.Cost, MeasuredCost: float64(r.flops), Loss: r.loss,
 		Seconds: secs, BaselineSeconds: refSecs, GradientsMatch: true,
+		ExecutorWorkspaceBytes: r.tr.Overhead(), MatmulKernel: gemm.Kernel(),
 		TimelineMatches: len(r.tr.Timeline) == len(sim.Timeline),
 	}
 	for k, s := range r.tr.Timeline {

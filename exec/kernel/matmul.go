@@ -16,12 +16,36 @@
 
 package kernel
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/exec/gemm"
+)
 
 // sgemm computes C = op(A)·op(B), or C += op(A)·op(B) when accumulate is set,
 // for row-major matrices: op(A) is m×k, op(B) is k×n, C is m×n, and lda, ldb,
 // ldc are the row strides of A, B and C as stored.
 var sgemm = mmSgemm
+
+// gemmWorkspace is the packing workspace of package gemm's kernels, owned
+// by the caller of UseGemm.
+var gemmWorkspace []float32
+
+// UseGemm makes every product of this package run on package gemm's SIMD
+// kernels, on the calling goroutine, packing into ws (at least
+// gemm.Workspace() elements), which the caller allocates and counts; nil
+// goes back to the reference product. Not safe while kernels run.
+func UseGemm(ws []float32) {
+	gemmWorkspace = ws
+	sgemm = mmSgemm
+	if ws != nil {
+		sgemm = gemmWith
+	}
+}
+
+func gemmWith(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, accumulate bool) {
+	gemm.SgemmWith(gemmWorkspace, transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate)
+}
 
 // mmBlock is how many columns of C mmSgemm sums at once in a stack buffer.
 const mmBlock = 64
