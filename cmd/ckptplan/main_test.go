@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"os"
@@ -103,6 +104,30 @@ func TestPlanGolden(t *testing.T) {
 	}
 }
 
+func TestRun(t *testing.T) {
+	out, _, err := runCmd("run", "tiny-llama", "--budget", "5MiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "run/tiny-llama.stdout", out)
+	out, _, err = runCmd("run", "tiny-gpt2", "--budget", "3MiB", "--solver", "revolve", "--attention", "flash", "--format", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Predicted      int64 `json:"predicted_peak_bytes"`
+		Measured       int64 `json:"measured_peak_bytes"`
+		GradientsMatch bool  `json:"gradients_match"`
+		Timeline       bool  `json:"timeline_matches"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Predicted != rep.Measured || !rep.GradientsMatch || !rep.Timeline || rep.Predicted == 0 {
+		t.Errorf("run report %+v", rep)
+	}
+}
+
 // TestCostEveryModel runs cost on every bundled model and on a config.json.
 func TestCostEveryModel(t *testing.T) {
 	args := append(models.Names(), "../../graphio/testdata/hf/llama-3-8b.json", "../../graphio/testdata/graphs/resmlp.yaml")
@@ -135,6 +160,9 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB"}, false, "tiny-llama does not fit in 4.50 MiB with the optimal solver: it needs at least"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, false, `unknown strategy "magic"`},
 		{[]string{"plan", "tiny-llama", "--device", "tpu"}, false, `unknown device "tpu"`},
+		{[]string{"run", "llama-3-8b", "--budget", "200GiB"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
+		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
+		{[]string{"run", "tiny-llama", "--budget", "5MiB", "--profile", "megatron"}, false, "torch-eager profile only"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
