@@ -63,35 +63,49 @@ func norm(axis, n int) int {
 }
 
 // gather copies the elements of a strided view, in row-major order of
-// shape, into dst.
+// shape, into dst. Runs along the last axis are copied whole when it is
+// contiguous.
 func gather(dst, src []float32, shape ir.Shape, v view) {
-	idx := make([]int, len(shape))
-	for k := range dst {
-		o := v.off
-		for d, i := range idx {
-			o += i * v.strides[d]
-		}
-		dst[k] = src[o]
-		for d := len(idx) - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < int(shape[d]) {
-				break
-			}
-			idx[d] = 0
-		}
-	}
+	walk(shape, v, func(k, o, n int) { copy(dst[k:k+n], src[o:o+n]) }, func(k, o int) { dst[k] = src[o] })
 }
 
 // scatterAdd adds src, in row-major order of shape, into the strided view
 // of dst: the backward of gather.
 func scatterAdd(dst, src []float32, shape ir.Shape, v view) {
-	idx := make([]int, len(shape))
-	for k := range src {
+	walk(shape, v, func(k, o, n int) {
+		d := dst[o : o+n]
+		for j, x := range src[k : k+n] {
+			d[j] += x
+		}
+	}, func(k, o int) { dst[o] += src[k] })
+}
+
+// walk visits a strided view in row-major order: run(k, o, n) for each
+// contiguous run of n elements of the last axis (k the position in
+// row-major order, o the offset in the storage) when its stride is 1, else
+// one(k, o) for each element.
+func walk(shape ir.Shape, v view, run func(k, o, n int), one func(k, o int)) {
+	nd := len(shape)
+	if nd == 0 {
+		one(0, v.off)
+		return
+	}
+	last := int(shape[nd-1])
+	outer := int(shape.NumElements()) / max(last, 1)
+	idx := make([]int, nd-1)
+	for r := 0; r < outer; r++ {
 		o := v.off
 		for d, i := range idx {
 			o += i * v.strides[d]
 		}
-		dst[o] += src[k]
+		k := r * last
+		if v.strides[nd-1] == 1 {
+			run(k, o, last)
+		} else {
+			for j := 0; j < last; j++ {
+				one(k+j, o+j*v.strides[nd-1])
+			}
+		}
 		for d := len(idx) - 1; d >= 0; d-- {
 			idx[d]++
 			if idx[d] < int(shape[d]) {
