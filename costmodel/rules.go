@@ -50,11 +50,14 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.LayerNorm:
 		a.keep(n, in(0))
+		// The kernel computes mean and rstd in the input dtype;
+		// native_layer_norm keeps them, Megatron's fused kernel does not.
+		stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
+		mean := a.extra(n, "mean", stat, x().DType, a.shard[n.Inputs[0]])
+		rstd := a.extra(n, "rstd", stat, x().DType, a.shard[n.Inputs[0]])
 		if a.profile == TorchEager {
-			// native_layer_norm keeps mean and rstd in the input dtype.
-			stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
-			a.keep(n, a.extra(n, "mean", stat, x().DType, a.shard[n.Inputs[0]]))
-			a.keep(n, a.extra(n, "rstd", stat, x().DType, a.shard[n.Inputs[0]]))
+			a.keep(n, mean)
+			a.keep(n, rstd)
 		}
 	case ir.RMSNorm:
 		a.keepRMSNorm(n)
@@ -111,6 +114,8 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]
 	if a.profile == Megatron {
+		// The fused kernel computes rstd and keeps only its input.
+		a.extra(n, "rstd", append(x.Shape[:len(x.Shape)-1].Clone(), 1), x.DType, sh)
 		a.keep(n, a.lay.out[n.Inputs[0]])
 		return
 	}

@@ -1,6 +1,7 @@
 package exec
 
 import (
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -39,9 +40,17 @@ func (r *Runner) backward(id, stage int) {
 		kernel.MatMulBackward(dx, db, dy, av, bv, int(a.NumElements())/(m*k), 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
+		if r.c.Profile == costmodel.Megatron { // statistics not kept: recompute
+			kernel.LayerNormBackwardRecompute(dx, p.dw, p.db, r.data(n.Inputs[0]), p.w, dy, rw, cl, float32(n.Attrs.Eps))
+			break
+		}
 		kernel.LayerNormBackward(dx, p.dw, p.db, r.data(n.Inputs[0]), r.extra(id, "mean"), r.extra(id, "rstd"), p.w, dy, rw, cl)
 	case ir.RMSNorm:
 		rw, cl := rows(n.Shape)
+		if r.c.Profile == costmodel.Megatron {
+			kernel.RMSNormBackwardRecompute(dx, p.dw, r.data(n.Inputs[0]), p.w, dy, rw, cl, float32(n.Attrs.Eps))
+			break
+		}
 		var normalized []float32
 		if p.dw != nil {
 			normalized = r.extra(id, "normalized")
@@ -54,6 +63,10 @@ func (r *Runner) backward(id, stage int) {
 		rw, cl := rows(n.Shape)
 		kernel.LogSoftmaxBackward(dx, r.data(id), dy, rw, cl)
 	case ir.Dropout:
+		if keep := r.byteExtra(id, "mask"); keep != nil {
+			kernel.DropoutBytes(dx, dy, keep, float32(n.Attrs.P))
+			break
+		}
 		kernel.DropoutBackward(dx, dy, r.extra(id, "mask"))
 	case ir.GELU:
 		kernel.GELUBackward(dx, r.data(n.Inputs[0]), dy)

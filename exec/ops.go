@@ -44,6 +44,18 @@ func (r *Runner) extra(id int, role string) []float32 {
 	return nil
 }
 
+// byteExtra returns a 1-byte storage node id allocated in the role, or nil.
+func (r *Runner) byteExtra(id int, role string) []uint8 {
+	for _, s := range r.c.Owned(id) {
+		if r.c.Storages[s].Role == role {
+			if b, ok := r.store[s]; ok && b.B != nil {
+				return b.B
+			}
+		}
+	}
+	return nil
+}
+
 // operand returns input i of a product node contiguously: the input
 // itself, or the copy the node made (gathering into it when forward).
 func (r *Runner) operand(id, i int, forward bool) []float32 {
@@ -129,6 +141,11 @@ func (r *Runner) forward(id int) {
 		rw, cl := rows(n.Shape)
 		kernel.LogSoftmax(r.data(id), r.data(n.Inputs[0]), rw, cl)
 	case ir.Dropout:
+		if keep := r.byteExtra(id, "mask"); keep != nil { // a fused kernel's 1-byte mask
+			kernel.DropoutKeep(keep, float32(n.Attrs.P), r.dropoutSeed(id, 0))
+			kernel.DropoutBytes(r.data(id), r.data(n.Inputs[0]), keep, float32(n.Attrs.P))
+			break
+		}
 		mask := r.extra(id, "mask")
 		kernel.DropoutMask(mask, float32(n.Attrs.P), r.dropoutSeed(id, 0))
 		kernel.Dropout(r.data(id), r.data(n.Inputs[0]), mask)

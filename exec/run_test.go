@@ -13,6 +13,7 @@ import (
 // variant is a tiny model under one training setup.
 type variant struct {
 	model     string
+	profile   string
 	attention string
 	dropout   float64
 	lora      int64
@@ -20,7 +21,7 @@ type variant struct {
 }
 
 func (v variant) String() string {
-	return fmt.Sprintf("%s/%s/p%g/lora%d", v.model, v.attention, v.dropout, v.lora)
+	return fmt.Sprintf("%s/%s/%s/p%g/lora%d", v.model, v.profile, v.attention, v.dropout, v.lora)
 }
 
 func (v variant) problem(t *testing.T) *planner.Problem {
@@ -31,6 +32,9 @@ func (v variant) problem(t *testing.T) *planner.Problem {
 	}
 	tr := &src.Model.Training
 	tr.Attention, tr.Dropout = v.attention, v.dropout
+	if v.profile != "" {
+		tr.Profile = v.profile
+	}
 	tr.LoRA.Rank, tr.LoRA.Dropout = v.lora, v.loraDrop
 	p, err := planner.NewProblem(src)
 	if err != nil {
@@ -58,15 +62,18 @@ func run(t *testing.T, p *planner.Problem, s solver.Schedule) *Runner {
 // FLOPs run equal the plan's cost.
 func TestMeasuredEqualsPredicted(t *testing.T) {
 	variants := []variant{
-		{"tiny-llama", "eager", 0, 0, 0},
-		{"tiny-llama", "eager", 0.1, 0, 0},
-		{"tiny-llama", "flash", 0, 0, 0},
-		{"tiny-llama", "eager", 0, 4, 0},
-		{"tiny-llama", "flash", 0, 4, 0.05},
-		{"tiny-gpt2", "eager", 0, 0, 0},
-		{"tiny-gpt2", "eager", 0.1, 0, 0},
-		{"tiny-gpt2", "flash", 0, 0, 0},
-		{"tiny-gpt2", "eager", 0.1, 8, 0},
+		{"tiny-llama", "", "eager", 0, 0, 0},
+		{"tiny-llama", "", "eager", 0.1, 0, 0},
+		{"tiny-llama", "", "flash", 0, 0, 0},
+		{"tiny-llama", "", "eager", 0, 4, 0},
+		{"tiny-llama", "", "flash", 0, 4, 0.05},
+		{"tiny-gpt2", "", "eager", 0, 0, 0},
+		{"tiny-gpt2", "", "eager", 0.1, 0, 0},
+		{"tiny-gpt2", "", "flash", 0, 0, 0},
+		{"tiny-gpt2", "", "eager", 0.1, 8, 0},
+		{"tiny-gpt2", "megatron", "eager", 0.1, 0, 0},
+		{"tiny-llama", "megatron", "eager", 0.1, 0, 0},
+		{"tiny-llama", "megatron", "flash", 0, 4, 0},
 	}
 	for _, v := range variants {
 		t.Run(v.String(), func(t *testing.T) {

@@ -47,9 +47,6 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	if g.DType != ir.FP32 {
 		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
 	}
-	if p.Costs.Profile != costmodel.TorchEager {
-		return nil, fmt.Errorf("the executor runs the torch-eager profile only, not %s", p.Costs.Profile)
-	}
 	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), seed: uint64(seed)}
 	r.static(seed)
 	r.workspace = r.tr.AllocOverhead(gemm.Workspace(), "gemm workspace")
@@ -208,7 +205,12 @@ func (r *Runner) runProgram(p planner.Program, i int) {
 	for _, e := range p {
 		switch e.Kind {
 		case planner.Alloc:
-			b := r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
+			var b *Buffer
+			if e.Buf == planner.StorageBuf && r.c.Storages[e.Storage].DType.Size() == 1 {
+				b = r.tr.AllocBytes(int(e.Bytes), "mask")
+			} else {
+				b = r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
+			}
 			switch e.Buf {
 			case planner.StorageBuf:
 				r.store[e.Storage] = b

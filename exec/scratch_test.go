@@ -11,8 +11,8 @@ import (
 // kernel is what the kernel asks for.
 func TestScratchFormulas(t *testing.T) {
 	for _, v := range []variant{
-		{"tiny-llama", "flash", 0, 4, 0},
-		{"tiny-gpt2", "flash", 0, 8, 0},
+		{"tiny-llama", "", "flash", 0, 4, 0},
+		{"tiny-gpt2", "", "flash", 0, 8, 0},
 	} {
 		p := v.problem(t)
 		c := p.Costs

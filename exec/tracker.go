@@ -6,6 +6,7 @@ import "fmt"
 // Its Bytes are what the tracker counts.
 type Buffer struct {
 	F     []float32
+	B     []uint8
 	I     []int64
 	Bytes int64
 	label string
@@ -49,6 +50,13 @@ func NewTracker() *Tracker { return &Tracker{buffers: map[*Buffer]bool{}} }
 // stores widened, such as 1-byte masks).
 func (t *Tracker) Alloc(n int, bytes int64, label string) *Buffer {
 	b := &Buffer{F: make([]float32, n), Bytes: bytes, label: label}
+	t.take(b)
+	return b
+}
+
+// AllocBytes returns a buffer of n bytes (1-byte masks).
+func (t *Tracker) AllocBytes(n int, label string) *Buffer {
+	b := &Buffer{B: make([]uint8, n), Bytes: int64(n), label: label}
 	t.take(b)
 	return b
 }

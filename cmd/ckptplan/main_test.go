@@ -162,7 +162,6 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--device", "tpu"}, false, `unknown device "tpu"`},
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
-		{[]string{"run", "tiny-llama", "--budget", "5MiB", "--profile", "megatron"}, false, "torch-eager profile only"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -58,3 +58,35 @@ func Dropout(y, x, mask []float32) {
 // DropoutBackward writes dx = dy·mask from the kept mask. dx may be dy.
 // O(len(dy)).
 func DropoutBackward(dx, dy, mask []float32) { Dropout(dx, dy, mask) }
+
+// DropoutKeep fills keep[i] with 1 where DropoutMask would keep element i
+// and 0 where it would drop it: the 1-byte mask of fused kernels
+// (Megatron), drawn from the same stream, so both masks agree.
+func DropoutKeep(keep []uint8, p float32, seed uint64) {
+	if !(p >= 0 && p < 1) {
+		panic(fmt.Sprintf("kernel: dropout: probability %v is not in [0, 1)", p))
+	}
+	for i := range keep {
+		u := float32(dropoutHash(seed, uint64(i))>>40) * 0x1p-24
+		keep[i] = 0
+		if u >= p {
+			keep[i] = 1
+		}
+	}
+}
+
+// DropoutBytes writes y = x·keep/(1−p) with a 1-byte keep mask; its
+// backward is DropoutBytes of dy. It gives DropoutMask and Dropout's bits.
+func DropoutBytes(y, x []float32, keep []uint8, p float32) {
+	pointwiseMustLen("dropout", "y", len(y), len(x))
+	pointwiseMustLen("dropout", "keep", len(keep), len(x))
+	scale := 1 / (1 - p)
+	y, keep = y[:len(x)], keep[:len(x)]
+	for i, v := range x {
+		m := float32(0)
+		if keep[i] != 0 {
+			m = scale
+		}
+		y[i] = v * m
+	}
+}
