@@ -12,6 +12,8 @@ package kernel
 import (
 	"fmt"
 	"math"
+
+	"github.com/ckptplan/ckptplan/exec/vmath"
 )
 
 // CrossEntropyIgnore is the target that marks a row out of the loss, as
@@ -74,8 +76,9 @@ func CrossEntropyBackward(dlogits, logp []float32, targets []int64, dloss float3
 			clear(dr)
 			continue
 		}
-		for j, v := range logp[lo:hi] {
-			dr[j] = expf(v) * g
+		vmath.Exp(dr, logp[lo:hi])
+		for j := range dr {
+			dr[j] *= g
 		}
 		dr[t] -= g
 	}

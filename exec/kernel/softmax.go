@@ -9,14 +9,19 @@
 // keeps. Subtracting the row maximum keeps every exponent at most 0, so a
 // row masked to −Inf everywhere but one place (CausalMask's rows) is
 // exact; a row that is −Inf everywhere gives NaN, as PyTorch's does.
-// Row sums are float64.
+// Row sums are float64, added in column order. The exponentials come a row
+// (softmax) or a chunk (log-softmax) at a time from vmath.Exp.
 //
 // CausalMask, on batch matrices s×s, comes right before the softmax in
 // attention: y[i][j] = −Inf for j > i, x[i][j] otherwise; dx is dy with
 // the same places zeroed. It keeps nothing.
 package kernel
 
-import "math"
+import (
+	"math"
+
+	"github.com/ckptplan/ckptplan/exec/vmath"
+)
 
 // softmaxRowMax returns the largest value of a row (−Inf for a row of
 // −Infs; NaN never wins a comparison, so it propagates through x − m).
@@ -38,10 +43,12 @@ func Softmax(y, x []float32, rows, cols int) {
 	for i := range rows {
 		xr, yr := x[i*cols:(i+1)*cols], y[i*cols:(i+1)*cols]
 		m := softmaxRowMax(xr)
-		var s float64
 		for j, v := range xr {
-			e := expf(v - m)
-			yr[j] = e
+			yr[j] = v - m
+		}
+		vmath.Exp(yr, yr)
+		var s float64
+		for _, e := range yr {
 			s += float64(e)
 		}
 		inv := float32(1 / s)
@@ -82,13 +89,24 @@ func LogSoftmax(y, x []float32, rows, cols int) {
 	}
 }
 
-// softmaxLogRow writes one row of log-softmax; CrossEntropy shares it.
+// softmaxLogRow writes one row of log-softmax; CrossEntropy shares it. The
+// exponentials go through a stack buffer, since y may be x and x − m is
+// needed again after the sum.
 func softmaxLogRow(y, x []float32) {
 	y = y[:len(x)]
 	m := softmaxRowMax(x)
 	var s float64
-	for _, v := range x {
-		s += float64(expf(v - m))
+	var buf [pointwiseChunk]float32
+	for lo := 0; lo < len(x); lo += pointwiseChunk {
+		xc := x[lo:min(lo+pointwiseChunk, len(x))]
+		e := buf[:len(xc)]
+		for j, v := range xc {
+			e[j] = v - m
+		}
+		vmath.Exp(e, e)
+		for _, v := range e {
+			s += float64(v)
+		}
 	}
 	// (x−m) − log s rather than PyTorch's x − (m + log s): the same value,
 	// without rounding log s against a large m.
@@ -112,8 +130,20 @@ func LogSoftmaxBackward(dx, y, dy []float32, rows, cols int) {
 			s += float64(g)
 		}
 		d := float32(s)
-		for j, v := range yr {
-			dxr[j] = dyr[j] - expf(v)*d
+		softmaxLogRowBackward(dxr, yr, dyr, d)
+	}
+}
+
+// softmaxLogRowBackward writes dx = dy − e^y·d for one row; dx may be dy,
+// so e^y goes through a stack buffer.
+func softmaxLogRowBackward(dx, y, dy []float32, d float32) {
+	var buf [pointwiseChunk]float32
+	for lo := 0; lo < len(y); lo += pointwiseChunk {
+		yc := y[lo:min(lo+pointwiseChunk, len(y))]
+		dxc, dyc, e := dx[lo:lo+len(yc)], dy[lo:lo+len(yc)], buf[:len(yc)]
+		vmath.Exp(e, yc)
+		for j, g := range dyc {
+			dxc[j] = g - e[j]*d
 		}
 	}
 }

@@ -24,9 +24,13 @@
 // Besides the kernels it emits the packing routines that feed them (see
 // pack.go). The output is deterministic: running the command twice gives the
 // same files, so `go generate` in exec/gemm leaves a clean tree.
+//
+// With -exp it writes the exponential kernels of package exec/vmath instead
+// (see exp.go); each package's doc.go holds its go:generate line.
 package main
 
 import (
+	"flag"
 	"fmt"
 
 	. "github.com/mmcloughlin/avo/build"
@@ -45,8 +49,17 @@ type shape struct {
 	regs   []reg.VecPhysical // accumulators, then B vectors, then broadcasts
 }
 
+var expFlag = flag.Bool("exp", false, "write exec/vmath's exp kernels instead of exec/gemm's")
+
 func main() {
+	flag.Parse()
 	ConstraintExpr("amd64,!purego")
+	if *expFlag {
+		expAVX512()
+		expAVX2()
+		Generate()
+		return
+	}
 	kernel(shape{
 		name:   "kernel14x32AVX512",
 		mr:     14,
