@@ -24,9 +24,14 @@ func (a *analyzer) flops(n *ir.Node) (fwd, bwd int64) {
 			bwd += fwd
 		}
 		if r := n.Attrs.LoRARank; r > 0 {
-			lora := 2 * rows * r * (in + n.Attrs.Out)
-			fwd += lora
-			bwd += 2 * lora
+			// Forward: h = x·A, then h·B. Backward: dB, dy·Bᵀ and dA, and
+			// dx through A only when the input needs a gradient.
+			out := n.Attrs.Out
+			fwd += 2 * rows * r * (in + out)
+			bwd += 2 * rows * r * (2*out + in)
+			if a.grad[n.Inputs[0]] {
+				bwd += 2 * rows * r * in
+			}
 		}
 		if a.shard[n.ID] || a.shard[n.Inputs[0]] {
 			fwd, bwd = fwd/a.tp, bwd/a.tp

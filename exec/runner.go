@@ -29,9 +29,11 @@ type Runner struct {
 	scratch map[int]*Buffer // gradients being written by a second reader
 	work    *Buffer         // the running kernel's working memory
 	inputOf []int           // per stage: the node whose output enters it (-1: graph inputs)
-	flops   int64
-	seed    uint64
-	loss    float32
+	flops   int64           // the cost model's FLOPs of the nodes run
+	// kernelFLOPs are the products the kernels counted themselves.
+	kernelFLOPs int64
+	seed        uint64
+	loss        float32
 	// workspace is the matrix kernels' packing memory: the executor's own,
 	// counted by the tracker apart from the model's.
 	workspace *Buffer
@@ -79,6 +81,8 @@ func (r *Runner) Tracker() *Tracker { return r.tr }
 func (r *Runner) Step(s solver.Schedule) error {
 	kernel.UseGemm(r.workspace.F)
 	defer kernel.UseGemm(nil)
+	kernel.ResetFLOPs()
+	defer func() { r.kernelFLOPs = kernel.FLOPs() }()
 	r.store, r.grads, r.scratch = map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}
 	r.flops = 0
 	r.inputs()

@@ -25,11 +25,21 @@ import (
 // sgemm computes C = op(A)·op(B), or C += op(A)·op(B) when accumulate is set,
 // for row-major matrices: op(A) is m×k, op(B) is k×n, C is m×n, and lda, ldb,
 // ldc are the row strides of A, B and C as stored.
-var sgemm = mmSgemm
+var sgemm = countedRef
 
 // gemmWorkspace is the packing workspace of package gemm's kernels, owned
 // by the caller of UseGemm.
 var gemmWorkspace []float32
+
+// flops counts the multiply-adds of every product the kernels ran, ×2.
+var flops int64
+
+// FLOPs returns the floating-point operations of the products run since
+// the last ResetFLOPs: 2·m·n·k each. Not safe while kernels run.
+func FLOPs() int64 { return flops }
+
+// ResetFLOPs sets the count to zero.
+func ResetFLOPs() { flops = 0 }
 
 // UseGemm makes every product of this package run on package gemm's SIMD
 // kernels, on the calling goroutine, packing into ws (at least
@@ -37,13 +47,19 @@ var gemmWorkspace []float32
 // goes back to the reference product. Not safe while kernels run.
 func UseGemm(ws []float32) {
 	gemmWorkspace = ws
-	sgemm = mmSgemm
+	sgemm = countedRef
 	if ws != nil {
 		sgemm = gemmWith
 	}
 }
 
+func countedRef(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, accumulate bool) {
+	flops += 2 * int64(m) * int64(n) * int64(k)
+	mmSgemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate)
+}
+
 func gemmWith(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, accumulate bool) {
+	flops += 2 * int64(m) * int64(n) * int64(k)
 	gemm.SgemmWith(gemmWorkspace, transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate)
 }
 
