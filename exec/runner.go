@@ -46,6 +46,9 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 		return nil, fmt.Errorf("%s is a profiled chain: there is no model to run", p.Name)
 	}
 	g := p.Costs.Graph
+	if par := g.Setup.Parallel; par.TP > 1 || par.DP > 1 {
+		return nil, fmt.Errorf("the executor runs one device: %s is set up for tp %d, dp %d", p.Name, par.TP, par.DP)
+	}
 	if g.DType != ir.FP32 {
 		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
 	}

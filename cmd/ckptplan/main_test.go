@@ -162,6 +162,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--device", "tpu"}, false, `unknown device "tpu"`},
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
+		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
