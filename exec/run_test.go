@@ -123,3 +123,10 @@ func TestMeasuredEqualsPredicted(t *testing.T) {
 		})
 	}
 }
+
+func TestFlashDropoutRefused(t *testing.T) {
+	p := variant{"tiny-gpt2", "", "flash", 0.1, 0, 0}.problem(t)
+	if _, err := NewRunner(p, 1); err == nil {
+		t.Error("flash attention with dropout accepted")
+	}
+}

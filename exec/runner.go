@@ -49,6 +49,11 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	if par := g.Setup.Parallel; par.TP > 1 || par.DP > 1 {
 		return nil, fmt.Errorf("the executor runs one device: %s is set up for tp %d, dp %d", p.Name, par.TP, par.DP)
 	}
+	for i := range g.Nodes {
+		if n := &g.Nodes[i]; n.Op == ir.Attention && n.Attrs.Flash && n.Attrs.P > 0 {
+			return nil, fmt.Errorf("%s: the executor's flash attention has no dropout (its mask would be s² bytes the plan does not hold); run it with eager attention", n.Name)
+		}
+	}
 	if g.DType != ir.FP32 {
 		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
 	}
