@@ -140,3 +140,21 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// TestUsageAddsUp: the usage of every op adds up to its peak, with no
+// negative part.
+func TestUsageAddsUp(t *testing.T) {
+	r := rand.New(rand.NewSource(9))
+	for k := 0; k < 200; k++ {
+		c := randomChain(r, 1+r.Intn(8))
+		sol, err := Solve(c, "revolve", 1<<40, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, u := range sol.Usage {
+			if u.Activations+u.Tapes+u.Gradients+u.Transient != sol.Timeline[j] || u.Transient < 0 || u.Activations < 0 {
+				t.Fatalf("chain %d op %d: usage %+v, peak %d", k, j, u, sol.Timeline[j])
+			}
+		}
+	}
+}

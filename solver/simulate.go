@@ -9,6 +9,16 @@ type Result struct {
 	// Timeline[k] is the most bytes live while op k runs or right after it,
 	// transients included (the op's own peak).
 	Timeline []int64
+	// Usage[k] splits Timeline[k] by kind.
+	Usage []Usage
+}
+
+// Usage is what occupies memory at an op's peak.
+type Usage struct {
+	Activations int64 // standalone activations: a_0 and checkpoints
+	Tapes       int64 // what storing forwards keep
+	Gradients   int64 // δ
+	Transient   int64 // the op's own working memory and new outputs
 }
 
 // state is the live set of a replay.
@@ -45,14 +55,22 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 	s.live = c.ActBytes[0]
 	var r Result
 	r.Timeline = make([]int64, len(sched))
+	r.Usage = make([]Usage, len(sched))
 	r.Peak = s.live
 	for k, op := range sched {
+		before := s.usage()
 		peak, cost, err := s.step(op)
 		if err != nil {
 			return Result{}, fmt.Errorf("op %d, %v: %v", k, op, err)
 		}
 		r.Timeline[k] = max(peak, s.live)
 		r.Peak = max(r.Peak, r.Timeline[k])
+		u := before
+		if after := s.usage(); s.live > peak {
+			u = after
+		}
+		u.Transient = r.Timeline[k] - u.Activations - u.Tapes - u.Gradients
+		r.Usage[k] = u
 		r.Cost += cost
 	}
 	if !s.delta[0] {
@@ -125,6 +143,27 @@ func (s *state) step(op Op) (peak int64, cost float64, err error) {
 		return peak, c.Backward[i], nil
 	}
 	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
+}
+
+// usage splits the live bytes by kind.
+func (s *state) usage() Usage {
+	var u Usage
+	for i, live := range s.act {
+		if live {
+			u.Activations += s.c.ActBytes[i]
+		}
+	}
+	for i := 1; i < len(s.tape); i++ {
+		if s.tape[i] {
+			u.Tapes += s.c.TapeBytes[i-1]
+		}
+	}
+	for i, live := range s.delta {
+		if live && i < len(s.c.ActBytes) {
+			u.Gradients += s.c.ActBytes[i]
+		}
+	}
+	return u
 }
 
 // gradient makes δ_i live, taking over a standalone a_i's bytes.

@@ -9,7 +9,8 @@
 //	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero] [--format text|json]
 //	ckptplan plan MODEL|CHAIN.yaml --budget 24GiB [--solver optimal] [--device h100-80gb] [--slots N] [--format text|json|yaml]
 //	ckptplan compare MODEL|CHAIN.yaml --budget 40GiB [--format text|json]
-//	ckptplan run MODEL --budget 5MiB [--solver optimal] [--seq N] [--batch N] [--format text|json]
+//	ckptplan run MODEL --budget 5MiB [--solver optimal] [--seq N] [--batch N] [--timeline FILE.svg] [--format text|json]
+//	ckptplan sweep MODEL [--points N] [--svg FILE.svg] [--format text|json]
 //
 // MODEL is a bundled model name (see 'ckptplan models'), a model, graph or
 // chain YAML file, or a Hugging Face config.json.
@@ -23,6 +24,7 @@
 //	ckptplan plan llama-3-8b --seq 8192 --budget 40GiB
 //	ckptplan compare llama-3-8b --seq 8192 --budget 40GiB
 //	ckptplan run tiny-llama --budget 5MiB
+//	ckptplan sweep llama-3-8b --lora-rank 16 --svg sweep.svg
 //
 // Results go to standard output, diagnostics to standard error. The exit
 // status is 0 on success, 1 on failure and 2 for a usage error.
@@ -37,6 +39,14 @@ import (
 )
 
 func main() {
+	// A panic is a bug in ckptplan; say so in one line rather than with a
+	// stack trace.
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "ckptplan: internal error: %v (please report it with the command that caused it)\n", r)
+			os.Exit(1)
+		}
+	}()
 	err := run(os.Stdout, os.Stderr, os.Args[1:])
 	if err == nil {
 		return
@@ -79,6 +89,7 @@ func commands() []command {
 		{"plan", "MODEL", "the checkpointing schedule that fits a budget with the least recompute", runPlan},
 		{"compare", "MODEL", "every strategy side by side at one budget", runCompare},
 		{"run", "MODEL", "run a plan on the CPU and check its memory and gradients", runRun},
+		{"sweep", "MODEL", "memory against recomputation for every budget and strategy", runSweep},
 	}
 }
 

@@ -128,6 +128,42 @@ func TestRun(t *testing.T) {
 	}
 }
 
+func TestSweepAndFigures(t *testing.T) {
+	out, _, err := runCmd("sweep", "tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "sweep/tiny-llama.stdout", out)
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"sweep", "tiny-gpt2", "--svg", filepath.Join(dir, "sweep.svg")},
+		{"sweep", "tiny-gpt2", "--svg", filepath.Join(dir, "sweep.png")},
+		{"plan", "tiny-llama", "--budget", "5MiB", "--timeline", filepath.Join(dir, "plan.svg")},
+		{"run", "tiny-llama", "--budget", "5MiB", "--timeline", filepath.Join(dir, "run.png")},
+	} {
+		if _, _, err := runCmd(args...); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if st, err := os.Stat(args[len(args)-1]); err != nil || st.Size() < 1000 {
+			t.Errorf("%v: figure %v", args, err)
+		}
+	}
+	// A figure that cannot be written leaves nothing behind.
+	bad := filepath.Join(dir, "missing", "x.svg")
+	if _, _, err := runCmd("sweep", "tiny-gpt2", "--svg", bad); err == nil {
+		t.Error("writing into a missing directory succeeded")
+	}
+	if _, _, err := runCmd("sweep", "tiny-gpt2", "--svg", filepath.Join(dir, "x.pdf")); err == nil {
+		t.Error("a .pdf figure was accepted")
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("temporary file %s left behind", e.Name())
+		}
+	}
+}
+
 // TestCostEveryModel runs cost on every bundled model and on a config.json.
 func TestCostEveryModel(t *testing.T) {
 	args := append(models.Names(), "../../graphio/testdata/hf/llama-3-8b.json", "../../graphio/testdata/graphs/resmlp.yaml")

@@ -9,6 +9,7 @@ import (
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/planner/figure"
 	"github.com/ckptplan/ckptplan/solver"
 	"go.yaml.in/yaml/v3"
 )
@@ -70,12 +71,17 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("plan", "MODEL|CHAIN.yaml", stderr)
 	pf := addPlanFlags(fs, true)
+	timeline := fs.String("timeline", "", "also draw memory over the schedule to this .svg or .png file")
 	format := addFormat(fs, "text", "json", "yaml")
 	src, opt, err := pf.parse(fs, args)
 	if err != nil {
 		return err
 	}
-	plan, err := planner.Make(src, opt)
+	p, err := planner.NewProblem(src)
+	if err != nil {
+		return err
+	}
+	plan, err := p.Solve(opt)
 	if err != nil {
 		return err
 	}
@@ -84,6 +90,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	if !plan.Feasible {
 		return infeasible(plan)
+	}
+	if *timeline != "" {
+		if err := drawTimeline(*timeline, p, plan, nil); err != nil {
+			return err
+		}
 	}
 	switch format.value {
 	case "json":
@@ -94,6 +105,26 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return enc.Encode(plan)
 	}
 	return writePlanText(stdout, plan)
+}
+
+// drawTimeline draws a plan's memory over its schedule, with the measured
+// per-op peaks when given.
+func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured []int64) error {
+	var sched solver.Schedule
+	for _, s := range plan.Schedule {
+		k, _ := solver.ParseKind(s.Op)
+		sched = append(sched, solver.Op{Kind: k, Stage: s.Stage})
+	}
+	sim, err := solver.Simulate(p.Chain, sched)
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("%s, %s solver: memory over the schedule", plan.Model, plan.Solver)
+	fig, err := figure.Timeline(title, plan.StaticBytes, plan.BudgetBytes, sim, measured)
+	if err != nil {
+		return err
+	}
+	return writeFigure(path, fig)
 }
 
 func infeasible(p *planner.Plan) error {

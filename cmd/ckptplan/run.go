@@ -15,6 +15,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("run", "MODEL", stderr)
 	pf := addPlanFlags(fs, true)
 	seed := fs.Int64("seed", 1, "seed of the weights, data and dropout masks")
+	timeline := fs.String("timeline", "", "also draw predicted and measured memory over the schedule to this .svg or .png file")
 	format := addFormat(fs, "text", "json")
 	src, opt, err := pf.parse(fs, args)
 	if err != nil {
@@ -40,9 +41,15 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	if !plan.Feasible {
 		return infeasible(plan)
 	}
+	progress(stderr, "running %s twice (the plan, and storing everything)", p.Name)
 	rep, err := exec.Verify(p, plan, *seed)
 	if err != nil {
 		return err
+	}
+	if *timeline != "" {
+		if err := drawTimeline(*timeline, p, plan, rep.Measured); err != nil {
+			return err
+		}
 	}
 	if format.value == "json" {
 		return writeJSON(stdout, rep)

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/planner/figure"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+func runSweep(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("sweep", "MODEL|CHAIN.yaml", stderr)
+	setup := addSetupFlags(fs)
+	setup.addTrainingFlags(fs)
+	points := fs.Int("points", 40, "budgets on the optimal curve")
+	slots := fs.Int("slots", solver.DefaultSlots, "memory slots of the optimal solver")
+	svg := fs.String("svg", "", "also draw the trade-off to this .svg or .png file")
+	format := addFormat(fs, "text", "json")
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return err
+	}
+	if *points < 2 || *slots <= 0 {
+		return usagef("sweep: --points must be at least 2 and --slots positive")
+	}
+	src, err := setup.load(arg)
+	if err != nil {
+		return err
+	}
+	if src.Model != nil {
+		setup.applyTraining(fs, &src.Model.Training)
+		if err := src.Model.Validate(); err != nil {
+			return fmt.Errorf("%s: %v", arg, err)
+		}
+	}
+	p, err := planner.NewProblem(src)
+	if err != nil {
+		return err
+	}
+	progress(stderr, "solving %s for every budget", p.Name)
+	s, err := p.Sweep(*points, *slots)
+	if err != nil {
+		return err
+	}
+	if *svg != "" {
+		fig, err := figure.Sweep(s)
+		if err != nil {
+			return err
+		}
+		if err := writeFigure(*svg, fig); err != nil {
+			return err
+		}
+	}
+	if format.value == "json" {
+		return writeJSON(stdout, s)
+	}
+	fmt.Fprintf(stdout, "%s: static %v, storing everything costs %s\n\n", s.Model, ir.Bytes(s.StaticBytes), costString(s.BaselineCost, s.Unit))
+	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "solver\tpeak\toverhead\n")
+	for _, sp := range s.Strategies {
+		fmt.Fprintf(tw, "%s\t%v\t%.1f%%\n", sp.Solver, ir.Bytes(sp.PeakBytes), 100*sp.Overhead)
+	}
+	fmt.Fprintf(tw, "\noptimal at\tbudget\toverhead\n")
+	for i, o := range s.Optimal {
+		if i > 0 && o.Cost == s.Optimal[i-1].Cost {
+			continue // only where the curve steps
+		}
+		fmt.Fprintf(tw, "\t%v\t%.1f%%\n", ir.Bytes(o.BudgetBytes), 100*o.Overhead)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,92 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// Sweep is the memory/compute trade-off of a model: the optimal overhead
+// at every budget, read from one table, and the points of the fixed
+// strategies.
+type Sweep struct {
+	Model        string          `json:"model"`
+	Unit         string          `json:"unit"`
+	StaticBytes  int64           `json:"static_bytes"`
+	BaselineCost float64         `json:"baseline_cost"`
+	Optimal      []SweepPoint    `json:"optimal"`
+	Strategies   []StrategyPoint `json:"strategies"`
+}
+
+// SweepPoint is the optimal plan at one budget.
+type SweepPoint struct {
+	BudgetBytes int64   `json:"budget_bytes"` // static included
+	Cost        float64 `json:"cost"`
+	Overhead    float64 `json:"overhead"`
+}
+
+// StrategyPoint is where a fixed strategy lands: its peak and overhead.
+type StrategyPoint struct {
+	Solver    string  `json:"solver"`
+	PeakBytes int64   `json:"peak_bytes"` // static included
+	Cost      float64 `json:"cost"`
+	Overhead  float64 `json:"overhead"`
+}
+
+// Sweep computes the trade-off with points budgets for the optimal curve,
+// from the least memory any schedule needs to what storing everything
+// needs, with one table of the given slots (0: solver.DefaultSlots).
+// O(slots·L³) for the table plus the baselines' replays.
+func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
+	c := p.Chain
+	all, err := solver.Simulate(c, solver.StoreAll(c))
+	if err != nil {
+		return nil, err
+	}
+	s := &Sweep{Model: p.Name, Unit: p.Unit, StaticBytes: p.Static, BaselineCost: baselineCost(c)}
+	overhead := func(cost float64) float64 {
+		if s.BaselineCost == 0 {
+			return 0
+		}
+		return cost/s.BaselineCost - 1
+	}
+	add := func(name string, sched solver.Schedule) {
+		if r, err := solver.Simulate(c, sched); err == nil {
+			s.Strategies = append(s.Strategies, StrategyPoint{name, r.Peak + p.Static, r.Cost, overhead(r.Cost)})
+		}
+	}
+	add("none", solver.StoreAll(c))
+	for _, k := range []int{1, 2} {
+		add(fmt.Sprintf("every-%d", k), solver.EveryK(c, k))
+	}
+	add("sqrt", solver.Sqrt(c))
+	for snaps := 1; snaps <= min(c.Len(), 8); snaps++ {
+		add(fmt.Sprintf("revolve-%d", snaps), solver.Revolve(c, snaps))
+	}
+	low := all.Peak
+	for _, sp := range s.Strategies {
+		low = min(low, sp.PeakBytes-p.Static)
+	}
+	t, err := solver.NewTable(c, all.Peak, slots)
+	if err != nil {
+		return nil, err
+	}
+	points = max(points, 2)
+	for k := 0; k < points; k++ {
+		b := low + (all.Peak-low)*int64(k)/int64(points-1)
+		// As the optimal strategy does, take a baseline where rounding
+		// sizes to slots costs the table a schedule.
+		cost := t.Cost(b)
+		for _, sp := range s.Strategies {
+			if sp.PeakBytes-p.Static <= b {
+				cost = min(cost, sp.Cost)
+			}
+		}
+		if math.IsInf(cost, 1) {
+			continue
+		}
+		s.Optimal = append(s.Optimal, SweepPoint{b + p.Static, cost, overhead(cost)})
+	}
+	return s, nil
+}

@@ -1,0 +1,39 @@
+package planner
+
+import (
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+)
+
+// TestSweep: the optimal curve never rises with the budget, ends at no
+// overhead, and lies on or below every fixed strategy's point.
+func TestSweep(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewProblem(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.Sweep(40, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Optimal) < 10 || s.Optimal[len(s.Optimal)-1].Overhead != 0 {
+		t.Fatalf("optimal curve %+v", s.Optimal)
+	}
+	for i := 1; i < len(s.Optimal); i++ {
+		if s.Optimal[i].Cost > s.Optimal[i-1].Cost {
+			t.Errorf("cost rises at %d", s.Optimal[i].BudgetBytes)
+		}
+	}
+	for _, sp := range s.Strategies {
+		for _, o := range s.Optimal {
+			if o.BudgetBytes >= sp.PeakBytes && o.Overhead > sp.Overhead+1e-12 {
+				t.Errorf("optimal at %d costs %.3f, %s fits at %d with %.3f", o.BudgetBytes, o.Overhead, sp.Solver, sp.PeakBytes, sp.Overhead)
+			}
+		}
+	}
+}
