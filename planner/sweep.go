@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/solver"
 )
 
@@ -61,6 +62,11 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		add(fmt.Sprintf("every-%d", k), solver.EveryK(c, k))
 	}
 	add("sqrt", solver.Sqrt(c))
+	if sel := p.selectiveChain(); sel != nil {
+		if r, err := solver.Simulate(sel, solver.StoreAll(sel)); err == nil {
+			s.Strategies = append(s.Strategies, StrategyPoint{"megatron-selective", r.Peak + p.Static, r.Cost, overhead(r.Cost)})
+		}
+	}
 	for snaps := 1; snaps <= min(c.Len(), 8); snaps++ {
 		add(fmt.Sprintf("revolve-%d", snaps), solver.Revolve(c, snaps))
 	}
@@ -79,7 +85,7 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		// sizes to slots costs the table a schedule.
 		cost := t.Cost(b)
 		for _, sp := range s.Strategies {
-			if sp.PeakBytes-p.Static <= b {
+			if sp.PeakBytes-p.Static <= b && sp.Solver != "megatron-selective" {
 				cost = min(cost, sp.Cost)
 			}
 		}
@@ -89,4 +95,42 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		s.Optimal = append(s.Optimal, SweepPoint{b + p.Static, cost, overhead(cost)})
 	}
 	return s, nil
+}
+
+// selectiveChain is the chain with Megatron's selective recomputation in
+// every layer: each layer's tape drops what its attention core allocates
+// (Costs.SelectiveSavedBytes), and its backward first recomputes the core's
+// products. Transients are the storing forward's. It is an estimate for
+// the sweep's picture: the executor does not run it. nil for a chain file
+// or a model without an eager attention core.
+func (p *Problem) selectiveChain() *solver.Chain {
+	if p.Costs == nil {
+		return nil
+	}
+	core := costmodel.AttentionCore(p.Costs.Graph)
+	sel := *p.Chain
+	sel.TapeBytes = append([]int64(nil), p.Chain.TapeBytes...)
+	sel.Backward = append([]float64(nil), p.Chain.Backward...)
+	changed := false
+	for i := range p.Costs.Blocks {
+		b := &p.Costs.Blocks[i]
+		if !b.IsLayer() || i >= len(sel.TapeBytes) {
+			continue
+		}
+		drop := b.SavedBytes - p.Costs.SelectiveSavedBytes(b)
+		if drop <= 0 {
+			continue
+		}
+		changed = true
+		sel.TapeBytes[i] -= drop
+		for _, id := range b.Nodes {
+			if core[id] {
+				sel.Backward[i] += float64(p.Costs.Nodes[id].ForwardFLOPs)
+			}
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return &sel
 }
