@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/solver"
@@ -79,8 +80,20 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		return nil, err
 	}
 	points = max(points, 2)
+	// Evenly spaced budgets, and the peak of every fixed strategy, where
+	// the curve may step.
+	var budgets []int64
 	for k := 0; k < points; k++ {
-		b := low + (all.Peak-low)*int64(k)/int64(points-1)
+		budgets = append(budgets, low+(all.Peak-low)*int64(k)/int64(points-1))
+	}
+	for _, sp := range s.Strategies {
+		if b := sp.PeakBytes - p.Static; b >= low && b <= all.Peak {
+			budgets = append(budgets, b)
+		}
+	}
+	slices.Sort(budgets)
+	budgets = slices.Compact(budgets)
+	for _, b := range budgets {
 		// As the optimal strategy does, take a baseline where rounding
 		// sizes to slots costs the table a schedule.
 		cost := t.Cost(b)
