@@ -18,27 +18,9 @@ func SgemmWith(ws []float32, transA, transB bool, m, n, k int, a []float32, lda 
 	if len(ws) < Workspace() {
 		panic(fmt.Sprintf("gemm: workspace of %d elements, want %d", len(ws), Workspace()))
 	}
-	if m < 0 || n < 0 || k < 0 {
-		panic(fmt.Sprintf("gemm: negative dimension m=%d n=%d k=%d", m, n, k))
+	if g, ok := newGemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate); ok {
+		g.serial(ws, accumulate)
 	}
-	A := matrix{data: a, ld: lda, trans: transA}
-	B := matrix{data: b, ld: ldb, trans: transB}
-	A.check("A", m, k)
-	B.check("B", k, n)
-	matrix{data: c, ld: ldc}.check("C", m, n)
-	if m == 0 || n == 0 {
-		return
-	}
-	if k == 0 {
-		if !accumulate {
-			for i := range m {
-				clear(c[i*ldc : i*ldc+n])
-			}
-		}
-		return
-	}
-	g := gemm{kern: active, m: m, n: n, k: k, a: A, b: B, c: c, ldc: ldc}
-	g.serial(ws, accumulate)
 }
 
 // serial runs the blocked loops of run on one goroutine with the given

@@ -46,6 +46,15 @@ import (
 // packing; products of about a million multiply-adds or more run on up to
 // GOMAXPROCS goroutines.
 func Sgemm(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, accumulate bool) {
+	if g, ok := newGemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate); ok {
+		g.run(workersFor(m, n, k), accumulate)
+	}
+}
+
+// newGemm checks the operands and returns the product to run, or false
+// when there is nothing to multiply (C has then been cleared if it had to
+// be).
+func newGemm(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, accumulate bool) (gemm, bool) {
 	if m < 0 || n < 0 || k < 0 {
 		panic(fmt.Sprintf("gemm: negative dimension m=%d n=%d k=%d", m, n, k))
 	}
@@ -55,7 +64,7 @@ func Sgemm(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, 
 	B.check("B", k, n)
 	matrix{data: c, ld: ldc}.check("C", m, n)
 	if m == 0 || n == 0 {
-		return
+		return gemm{}, false
 	}
 	if k == 0 {
 		if !accumulate {
@@ -63,10 +72,9 @@ func Sgemm(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, 
 				clear(c[i*ldc : i*ldc+n])
 			}
 		}
-		return
+		return gemm{}, false
 	}
-	g := gemm{kern: active, m: m, n: n, k: k, a: A, b: B, c: c, ldc: ldc}
-	g.run(workersFor(m, n, k), accumulate)
+	return gemm{kern: active, m: m, n: n, k: k, a: A, b: B, c: c, ldc: ldc}, true
 }
 
 // matrix is a row-major operand seen through op: element (i, j) of op(X).
