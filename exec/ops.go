@@ -123,11 +123,10 @@ func (r *Runner) forward(id int) {
 	case ir.Linear:
 		r.linearForward(id)
 	case ir.MatMul:
-		a, b := r.node(n.Inputs[0]).Shape, r.node(n.Inputs[1]).Shape
+		a := r.node(n.Inputs[0]).Shape
 		m, k := int(a[len(a)-2]), int(a.Last())
 		nn := int(n.Shape.Last())
 		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), int(a.NumElements())/(m*k), 1, m, nn, k, n.Attrs.TransposeB)
-		_ = b
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
 		kernel.LayerNorm(r.data(id), r.extra(id, "mean"), r.extra(id, "rstd"), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))

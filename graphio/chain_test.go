@@ -1,7 +1,6 @@
 package graphio
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -138,21 +137,7 @@ func TestChainFiles(t *testing.T) {
 }
 
 func FuzzParseChain(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/chains/*.yaml")
-	if err != nil {
-		f.Fatal(err)
-	}
-	bad, err := filepath.Glob("testdata/bad/chain-*.yaml")
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, path := range append(seeds, bad...) {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(data)
-	}
+	addSeeds(f, "testdata/chains/*.yaml", "testdata/bad/chain-*.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseChain("chain.yaml", data)
 		if err != nil {

@@ -2,7 +2,6 @@ package graphio
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -373,15 +372,7 @@ func TestGraphSpecName(t *testing.T) {
 // FuzzParseGraph checks that no graph document makes Parse or Build
 // panic.
 func FuzzParseGraph(f *testing.F) {
-	files, _ := filepath.Glob("testdata/graphs/*.yaml")
-	bad, _ := filepath.Glob("testdata/bad/graph-*.yaml")
-	for _, p := range append(files, bad...) {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(data)
-	}
+	addSeeds(f, "testdata/graphs/*.yaml", "testdata/bad/graph-*.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src, err := Parse("graph.yaml", data)
 		if err == nil && src.Kind == KindGraph {

@@ -200,21 +200,7 @@ func TestHFConfigMatchesBundled(t *testing.T) {
 }
 
 func FuzzParseHFConfig(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/hf/*.json")
-	if err != nil {
-		f.Fatal(err)
-	}
-	bad, err := filepath.Glob("testdata/bad/hf-*.json")
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, path := range append(seeds, bad...) {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(data)
-	}
+	addSeeds(f, "testdata/hf/*.json", "testdata/bad/hf-*.json")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseHFConfig("config.json", data)
 		if err != nil {
@@ -233,13 +219,7 @@ func FuzzParseHFConfig(f *testing.F) {
 }
 
 func FuzzParseModel(f *testing.F) {
-	for _, name := range []string{"tiny-llama", "tiny-gpt2", "llama-3-8b"} {
-		data, err := os.ReadFile("../models/" + name + ".yaml")
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(data)
-	}
+	addSeeds(f, "../models/*.yaml", "testdata/bad/model-*.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src, err := Parse("model.yaml", data)
 		if err == nil && src.Kind == KindModel {
