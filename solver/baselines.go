@@ -8,15 +8,23 @@ import (
 // StoreAll returns the schedule that keeps every tape: F_all of every
 // stage, the loss, then every backward. It has the least cost of all
 // schedules and the largest memory.
-func StoreAll(c *Chain) Schedule {
+func StoreAll(c *Chain) Schedule { return StoreAllWith(c, nil) }
+
+// StoreAllWith is StoreAll with F_all(i) running option options[i] (nil:
+// every option 0).
+func StoreAllWith(c *Chain, options []int) Schedule {
 	l := c.Len()
 	s := make(Schedule, 0, 2*l+1)
 	for i := 0; i < l; i++ {
-		s = append(s, Op{FAll, i})
+		o := 0
+		if options != nil {
+			o = options[i]
+		}
+		s = append(s, Op{Kind: FAll, Stage: i, Option: o})
 	}
-	s = append(s, Op{Loss, l})
+	s = append(s, Op{Kind: Loss, Stage: l})
 	for i := l - 1; i >= 0; i-- {
-		s = append(s, Op{B, i})
+		s = append(s, Op{Kind: B, Stage: i})
 	}
 	return s
 }
@@ -33,20 +41,20 @@ func Segments(c *Chain, starts []int) Schedule {
 	var s Schedule
 	last := len(starts) - 1
 	for k := 0; k < last; k++ {
-		s = append(s, Op{FCk, starts[k]})
+		s = append(s, Op{Kind: FCk, Stage: starts[k]})
 		for i := starts[k] + 1; i < ends[k]; i++ {
-			s = append(s, Op{FN, i})
+			s = append(s, Op{Kind: FN, Stage: i})
 		}
 	}
 	for k := last; k >= 0; k-- {
 		for i := starts[k]; i < ends[k]; i++ {
-			s = append(s, Op{FAll, i})
+			s = append(s, Op{Kind: FAll, Stage: i})
 		}
 		if k == last {
-			s = append(s, Op{Loss, l})
+			s = append(s, Op{Kind: Loss, Stage: l})
 		}
 		for i := ends[k] - 1; i >= starts[k]; i-- {
-			s = append(s, Op{B, i})
+			s = append(s, Op{Kind: B, Stage: i})
 		}
 	}
 	return s

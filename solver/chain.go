@@ -22,6 +22,19 @@ type Chain struct {
 	BackwardTempBytes []int64 // transient bytes during B(i)
 	LossBackward      float64 // cost of the loss op
 	LossTempBytes     int64   // transient bytes during the loss op
+	// Options[i] lists the other ways F_all(i) may run, each keeping part
+	// of the tape and recomputing the rest in B(i); option 0 is the
+	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
+	Options [][]Option
+}
+
+// Option is a variant of a storing forward: F_all(i) keeps a smaller tape
+// and B(i) first recomputes what it dropped.
+type Option struct {
+	TapeBytes         int64   // what F_all(i) keeps, a_{i+1} included
+	FAllTempBytes     int64   // transient bytes during F_all(i) beyond the tape
+	Backward          float64 // cost of B(i), its recomputation included
+	BackwardTempBytes int64   // transient bytes during B(i), the recomputed tensors included
 }
 
 // Len returns the number of stages L.
@@ -45,6 +58,19 @@ func (c *Chain) Validate() error {
 			return fmt.Errorf("stage %d: tape of %d bytes is smaller than its output of %d", i, c.TapeBytes[i], c.ActBytes[i+1])
 		}
 	}
+	if c.Options != nil && len(c.Options) != l {
+		return fmt.Errorf("chain has options for %d stages, not %d", len(c.Options), l)
+	}
+	for i, opts := range c.Options {
+		for k, o := range opts {
+			if o.Backward < 0 || o.FAllTempBytes < 0 || o.BackwardTempBytes < 0 {
+				return fmt.Errorf("stage %d, option %d: negative cost or bytes", i, k+1)
+			}
+			if o.TapeBytes < c.ActBytes[i+1] {
+				return fmt.Errorf("stage %d, option %d: tape of %d bytes is smaller than its output of %d", i, k+1, o.TapeBytes, c.ActBytes[i+1])
+			}
+		}
+	}
 	for i, x := range c.ActBytes {
 		if x < 0 {
 			return fmt.Errorf("activation %d: negative bytes", i)
@@ -62,6 +88,22 @@ func (c *Chain) FAllTemp(i int) int64 {
 		return c.ForwardTempBytes[i]
 	}
 	return c.FAllTempBytes[i]
+}
+
+// NumOptions returns how many ways F_all(i) may run: 1 plus its options.
+func (c *Chain) NumOptions(i int) int {
+	if c.Options == nil {
+		return 1
+	}
+	return 1 + len(c.Options[i])
+}
+
+// Option returns option k of stage i; option 0 is the chain's own tape.
+func (c *Chain) Option(i, k int) Option {
+	if k == 0 {
+		return Option{TapeBytes: c.TapeBytes[i], FAllTempBytes: c.FAllTemp(i), Backward: c.Backward[i], BackwardTempBytes: c.BackwardTempBytes[i]}
+	}
+	return c.Options[i][k-1]
 }
 
 // Kind is the kind of a schedule op.
@@ -91,12 +133,20 @@ func ParseKind(s string) (Kind, bool) {
 }
 
 // Op is one step of a schedule. Stage is the chain length L for Loss.
+// Option is which of the stage's options an F_all runs (0: its own tape);
+// it is 0 for every other kind.
 type Op struct {
-	Kind  Kind
-	Stage int
+	Kind   Kind
+	Stage  int
+	Option int
 }
 
-func (o Op) String() string { return fmt.Sprintf("%v(%d)", o.Kind, o.Stage) }
+func (o Op) String() string {
+	if o.Option != 0 {
+		return fmt.Sprintf("%v(%d:%d)", o.Kind, o.Stage, o.Option)
+	}
+	return fmt.Sprintf("%v(%d)", o.Kind, o.Stage)
+}
 
 // Schedule is a sequence of ops that computes the forward and the whole
 // backward of a chain.

@@ -21,7 +21,8 @@ func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
 	l := c.Len()
 	type st struct {
 		act, tape, ckpt uint32
-		delta           int // index of the live gradient, -1 before the loss
+		delta           int      // index of the live gradient, -1 before the loss
+		opt             [8]uint8 // opt[i]: the option of the live tape ā_i
 	}
 	live := func(s st) int64 {
 		var b int64
@@ -30,7 +31,7 @@ func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
 				b += c.ActBytes[i]
 			}
 			if i < l && s.tape&(1<<(i+1)) != 0 {
-				b += c.TapeBytes[i]
+				b += c.Option(i, int(s.opt[i+1])).TapeBytes
 			}
 		}
 		if s.delta >= 0 {
@@ -84,36 +85,42 @@ func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
 			if s.act&(1<<i) != 0 {
 				n.ckpt |= 1 << i
 			}
-			op = Op{FCk, i}
+			op = Op{Kind: FCk, Stage: i}
 			relax(n, cur+c.ActBytes[i+1]+c.ForwardTempBytes[i], c.Forward[i])
 			if s.ckpt&(1<<i) == 0 {
 				n = s
 				n.act |= 1 << (i + 1)
 				n.act &^= 1 << i
-				op = Op{FN, i}
+				op = Op{Kind: FN, Stage: i}
 				relax(n, cur+c.ActBytes[i+1]+c.ForwardTempBytes[i], c.Forward[i])
 			}
-			n = s
-			n.tape |= 1 << (i + 1)
-			op = Op{FAll, i}
-			relax(n, cur+c.TapeBytes[i]+c.FAllTemp(i), c.Forward[i])
+			for k := 0; k < c.NumOptions(i); k++ {
+				o := c.Option(i, k)
+				n = s
+				n.tape |= 1 << (i + 1)
+				n.opt[i+1] = uint8(k)
+				op = Op{Kind: FAll, Stage: i, Option: k}
+				relax(n, cur+o.TapeBytes+o.FAllTempBytes, c.Forward[i])
+			}
 		}
 		if s.delta < 0 && hasAct(s, l) {
 			n := s
 			n.delta = l
 			n.act &^= 1 << l
 			n.ckpt &^= 1 << l
-			op = Op{Loss, l}
+			op = Op{Kind: Loss, Stage: l}
 			relax(n, cur+c.LossTempBytes, c.LossBackward)
 		}
 		if i := s.delta - 1; i >= 0 && s.tape&(1<<(i+1)) != 0 && hasAct(s, i) {
+			o := c.Option(i, int(s.opt[i+1]))
 			n := s
 			n.tape &^= 1 << (i + 1)
+			n.opt[i+1] = 0
 			n.delta = i
 			n.act &^= 1 << i
 			n.ckpt &^= 1 << i
-			op = Op{B, i}
-			relax(n, cur+c.BackwardTempBytes[i], c.Backward[i])
+			op = Op{Kind: B, Stage: i}
+			relax(n, cur+o.BackwardTempBytes, o.Backward)
 		}
 	}
 	return math.Inf(1), nil
@@ -154,6 +161,24 @@ func randomChain(r *rand.Rand, l int) *Chain {
 	return c
 }
 
+// withOptions gives every stage of c up to three random options, each
+// keeping a smaller tape for a dearer backward.
+func withOptions(r *rand.Rand, c *Chain) *Chain {
+	c.Options = make([][]Option, c.Len())
+	for i := range c.Options {
+		for k := r.Intn(4); k > 0; k-- {
+			extra := c.TapeBytes[i] - c.ActBytes[i+1]
+			c.Options[i] = append(c.Options[i], Option{
+				TapeBytes:         c.ActBytes[i+1] + r.Int63n(extra+1),
+				FAllTempBytes:     int64(r.Intn(4)),
+				Backward:          c.Backward[i] + float64(r.Intn(4)),
+				BackwardTempBytes: c.BackwardTempBytes[i] + int64(r.Intn(5)),
+			})
+		}
+	}
+	return c
+}
+
 // storeAllPeak is the peak of storing every tape, the most any sensible
 // schedule needs.
 func storeAllPeak(t *testing.T, c *Chain) int64 {
@@ -167,15 +192,27 @@ func storeAllPeak(t *testing.T, c *Chain) int64 {
 // TestOptimalIsExhaustive compares the table with an exhaustive search on
 // thousands of random chains of up to 6 stages, at budgets from below the
 // smallest feasible one to storing everything, with one byte per slot.
-func TestOptimalIsExhaustive(t *testing.T) {
+func TestOptimalIsExhaustive(t *testing.T) { testExhaustive(t, false) }
+
+// TestSelectiveIsExhaustive does the same on chains whose stages have
+// options: the search may run any option at every F_all.
+func TestSelectiveIsExhaustive(t *testing.T) { testExhaustive(t, true) }
+
+func testExhaustive(t *testing.T, options bool) {
 	r := rand.New(rand.NewSource(1))
 	n := 2000
 	if testing.Short() {
 		n = 300
 	}
+	if options {
+		n /= 3 // each search explores every option of every F_all
+	}
 	for k := 0; k < n; k++ {
 		l := 1 + r.Intn(6)
 		c := randomChain(r, l)
+		if options {
+			withOptions(r, c)
+		}
 		top := storeAllPeak(t, c)
 		budget := c.ActBytes[0] + r.Int63n(top)
 		tab, err := NewTable(c, budget, int(budget))

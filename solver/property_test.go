@@ -115,12 +115,14 @@ func TestSimulateRejects(t *testing.T) {
 		sched Schedule
 		want  string
 	}{
-		{"input not live", Schedule{{FAll, 1}}, "a_1 is not live"},
-		{"no tape", Schedule{{FCk, 0}, {FCk, 1}, {FCk, 2}, {Loss, 3}, {B, 2}}, "tape ā_3 is not live"},
-		{"incomplete", Schedule{{FAll, 0}, {FAll, 1}, {FAll, 2}, {Loss, 3}}, "incomplete"},
-		{"twice", Schedule{{FAll, 0}, {FCk, 0}}, "already live"},
-		{"drops a checkpoint", Schedule{{FCk, 0}, {FN, 1}, {FAll, 2}, {Loss, 3}, {B, 2}, {FN, 0}}, "a_0 is a checkpoint"},
-		{"no such stage", Schedule{{B, 7}}, "no stage 7"},
+		{"input not live", Schedule{{Kind: FAll, Stage: 1}}, "a_1 is not live"},
+		{"no tape", Schedule{{Kind: FCk, Stage: 0}, {Kind: FCk, Stage: 1}, {Kind: FCk, Stage: 2}, {Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}}, "tape ā_3 is not live"},
+		{"incomplete", Schedule{{Kind: FAll, Stage: 0}, {Kind: FAll, Stage: 1}, {Kind: FAll, Stage: 2}, {Kind: Loss, Stage: 3}}, "incomplete"},
+		{"twice", Schedule{{Kind: FAll, Stage: 0}, {Kind: FCk, Stage: 0}}, "already live"},
+		{"drops a checkpoint", Schedule{{Kind: FCk, Stage: 0}, {Kind: FN, Stage: 1}, {Kind: FAll, Stage: 2}, {Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}, {Kind: FN, Stage: 0}}, "a_0 is a checkpoint"},
+		{"no such stage", Schedule{{Kind: B, Stage: 7}}, "no stage 7"},
+		{"option of a B", Schedule{{Kind: FAll, Stage: 0}, {Kind: B, Stage: 0, Option: 1}}, "no option 1"},
+		{"no such option", Schedule{{Kind: FAll, Stage: 0, Option: 1}}, "no option 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,12 +83,12 @@ type revolver struct {
 func (r *revolver) reverse(a, n, k int) {
 	switch {
 	case n == 1:
-		r.out = append(r.out, Op{FAll, a})
+		r.out = append(r.out, Op{Kind: FAll, Stage: a})
 		if a == r.c.Len()-1 && !r.loss {
-			r.out = append(r.out, Op{Loss, r.c.Len()})
+			r.out = append(r.out, Op{Kind: Loss, Stage: r.c.Len()})
 			r.loss = true
 		}
-		r.out = append(r.out, Op{B, a})
+		r.out = append(r.out, Op{Kind: B, Stage: a})
 	case k == 0:
 		for t := n - 1; t >= 0; t-- {
 			r.advance(a, t)
@@ -109,6 +109,6 @@ func (r *revolver) advance(a, j int) {
 		if i == a {
 			kind = FCk
 		}
-		r.out = append(r.out, Op{kind, i})
+		r.out = append(r.out, Op{Kind: kind, Stage: i})
 	}
 }

@@ -53,20 +53,34 @@ type Table struct {
 	slots   int   // S: columns are m = 0..S
 	maxBud  int64
 	act     []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
-	tape    []int // ā of stage 0 … L in slots (the loss: 0)
+	opts    [][]slotOption
 	ftmp    []int // F_ck, F_n
-	fatmp   []int // F_all
-	btmp    []int
-	fw, bw  []float64
+	fw      []float64
 	sumFw   []float64
+	lossTmp int
+	lossBw  float64
 	cost    []float64 // C, row (a, b) at rowOf(a, b)
-	choice  []int16   // -1 chain, -2 leaf, j: checkpoint a_j
+	// choice: j > 0 checkpoint a_j; −1−2q chain with option q; −2−2q a
+	// leaf with option q (the loss: −2).
+	choice  []int16
 	rowSize int
 }
 
+// slotOption is an option of a storing forward in slots; k is its index
+// in the chain.
+type slotOption struct {
+	tape, fatmp, btmp int
+	bw                float64
+	k                 int
+}
+
+// maxOptions bounds the options kept per stage, so that choices fit in
+// an int16.
+const maxOptions = 4096
+
 // NewTable fills the table for budgets up to maxBudget bytes (the whole
 // memory, a_0 included) with the given number of slots (DefaultSlots if
-// slots ≤ 0). O(slots·L³) time.
+// slots ≤ 0). O(slots·L·(L² + V)) time for V options per stage.
 func NewTable(c *Chain, maxBudget int64, slots int) (*Table, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -85,7 +99,9 @@ func NewTable(c *Chain, maxBudget int64, slots int) (*Table, error) {
 	}
 	t := &Table{c: c, l: c.Len(), slots: slots, maxBud: maxBudget}
 	t.unit = (maxBudget + int64(slots) - 1) / int64(slots)
-	t.prepare()
+	if err := t.prepare(); err != nil {
+		return nil, err
+	}
 	t.fill()
 	return t, nil
 }
@@ -98,30 +114,59 @@ func (t *Table) toSlots(b int64) int {
 	return int(s)
 }
 
-func (t *Table) prepare() {
+func (t *Table) prepare() error {
 	c, l := t.c, t.l
 	t.act = make([]int, l+2)
 	for i, x := range c.ActBytes {
 		t.act[i] = t.toSlots(x)
 	}
-	t.tape, t.ftmp, t.fatmp, t.btmp = make([]int, l+1), make([]int, l+1), make([]int, l+1), make([]int, l+1)
-	t.fw, t.bw, t.sumFw = make([]float64, l+1), make([]float64, l+1), make([]float64, l+2)
+	t.ftmp, t.fw, t.sumFw = make([]int, l), make([]float64, l), make([]float64, l+1)
+	t.opts = make([][]slotOption, l)
 	for i := 0; i < l; i++ {
-		t.tape[i] = t.toSlots(c.TapeBytes[i])
 		t.ftmp[i] = t.toSlots(c.ForwardTempBytes[i])
-		t.fatmp[i] = t.toSlots(c.FAllTemp(i))
-		t.btmp[i] = t.toSlots(c.BackwardTempBytes[i])
-		t.fw[i], t.bw[i] = c.Forward[i], c.Backward[i]
-	}
-	t.btmp[l] = t.toSlots(c.LossTempBytes)
-	t.bw[l] = c.LossBackward
-	for i := 0; i <= l; i++ {
+		t.fw[i] = c.Forward[i]
 		t.sumFw[i+1] = t.sumFw[i] + t.fw[i]
+		t.opts[i] = t.stageOptions(i)
+		if len(t.opts[i]) > maxOptions {
+			return fmt.Errorf("stage %d has %d options that no other option dominates; at most %d are supported", i, len(t.opts[i]), maxOptions)
+		}
 	}
+	t.lossTmp, t.lossBw = t.toSlots(c.LossTempBytes), c.LossBackward
 	t.rowSize = t.slots + 1
 	rows := (l + 1) * (l + 2) / 2
 	t.cost = make([]float64, rows*t.rowSize)
 	t.choice = make([]int16, rows*t.rowSize)
+	return nil
+}
+
+// stageOptions returns the options of stage i in slots, without those
+// another option dominates: one with no larger tape, no larger peak
+// during F_all or B, and no larger backward cost is never worse in the
+// recurrence, since C is nonincreasing in m. O(V²).
+func (t *Table) stageOptions(i int) []slotOption {
+	n := t.c.NumOptions(i)
+	all := make([]slotOption, n)
+	for k := range all {
+		o := t.c.Option(i, k)
+		all[k] = slotOption{t.toSlots(o.TapeBytes), t.toSlots(o.FAllTempBytes), t.toSlots(o.BackwardTempBytes), o.Backward, k}
+	}
+	dominates := func(q, p slotOption) bool {
+		return q.tape <= p.tape && q.tape+q.fatmp <= p.tape+p.fatmp && q.tape+q.btmp <= p.tape+p.btmp && q.bw <= p.bw
+	}
+	var out []slotOption
+	for k, p := range all {
+		dominated := false
+		for j, q := range all {
+			if j != k && dominates(q, p) && (j < k || !dominates(p, q)) {
+				dominated = true
+				break
+			}
+		}
+		if !dominated {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // rowOf returns the offset of row (a, b), a ≤ b ≤ L, in the triangular
@@ -146,43 +191,53 @@ func (t *Table) fill() {
 				t.fillLeaf(a, cost, choice)
 				continue
 			}
-			t.fillChain(a, b, cost, choice)
+			for q := range t.opts[a] {
+				t.fillChain(a, b, q, cost, choice)
+			}
 			t.fillCheckpoints(a, b, cost, choice)
 		}
 	}
 }
 
-// fillLeaf: C(a, a, m) is F_all(a) then B(a) with δ_{a+1} live, or the
-// loss alone.
+// fillLeaf: C(a, a, m) is F_all(a) then B(a) with δ_{a+1} live, under
+// the cheapest option that fits, or the loss alone.
 func (t *Table) fillLeaf(a int, cost []float64, choice []int16) {
-	need := t.btmp[a] + t.act[a+1]
-	if a < t.l {
-		need = t.act[a+1] + t.tape[a] + max(t.fatmp[a], t.btmp[a])
+	if a == t.l {
+		for m := t.lossTmp; m <= t.slots; m++ {
+			cost[m], choice[m] = t.lossBw, -2
+		}
+		return
 	}
-	v := t.fw[a] + t.bw[a]
-	for m := need; m <= t.slots; m++ {
-		cost[m], choice[m] = v, -2
+	for q, o := range t.opts[a] {
+		v := t.fw[a] + o.bw
+		for m := t.act[a+1] + o.tape + max(o.fatmp, o.btmp); m <= t.slots; m++ {
+			if v < cost[m] {
+				cost[m], choice[m] = v, int16(-2-2*q)
+			}
+		}
 	}
 }
 
-// fillChain: F_all(a) with δ_{b+1} live, the rest with ā_{a+1} kept, then
-// B(a) with δ_{a+1} live.
-func (t *Table) fillChain(a, b int, cost []float64, choice []int16) {
+// fillChain: F_all(a) under option q with δ_{b+1} live, the rest with
+// ā_{a+1} kept, then B(a) with δ_{a+1} live.
+func (t *Table) fillChain(a, b, q int, cost []float64, choice []int16) {
 	if a == t.l {
 		return
 	}
-	tape := t.tape[a]
-	lo := max(t.act[b+1]+tape+t.fatmp[a], t.act[a+1]+tape+t.btmp[a], tape)
+	o := t.opts[a][q]
+	tape := o.tape
+	lo := max(t.act[b+1]+tape+o.fatmp, t.act[a+1]+tape+o.btmp, tape)
 	if lo > t.slots {
 		return
 	}
 	n := t.slots + 1 - lo
 	sub := t.cost[t.rowOf(a+1, b)+lo-tape:][:n]
 	cs, ch := cost[lo:][:n], choice[lo:][:n]
-	base := t.fw[a] + t.bw[a]
+	base := t.fw[a] + o.bw
+	code := int16(-1 - 2*q)
 	for k, c := range sub {
 		if v := base + c; v < cs[k] {
-			cs[k], ch[k] = v, -1
+			cs[k], ch[k] = v, code
 		}
 	}
 }
@@ -248,21 +303,25 @@ func (t *Table) Schedule(budget int64) (Schedule, error) {
 }
 
 func (t *Table) emit(s *Schedule, a, b, m int) {
-	switch j := int(t.choice[t.rowOf(a, b)+m]); {
-	case j == -2 && a == t.l:
-		*s = append(*s, Op{Loss, t.l})
-	case j == -2:
-		*s = append(*s, Op{FAll, a}, Op{B, a})
-	case j == -1:
-		*s = append(*s, Op{FAll, a})
-		t.emit(s, a+1, b, m-t.tape[a])
-		*s = append(*s, Op{B, a})
-	default:
-		*s = append(*s, Op{FCk, a})
+	j := int(t.choice[t.rowOf(a, b)+m])
+	if j > 0 {
+		*s = append(*s, Op{Kind: FCk, Stage: a})
 		for k := a + 1; k < j; k++ {
-			*s = append(*s, Op{FN, k})
+			*s = append(*s, Op{Kind: FN, Stage: k})
 		}
 		t.emit(s, j, b, m-t.act[j])
 		t.emit(s, a, j-1, m)
+		return
 	}
+	x := -j - 1
+	if a == t.l {
+		*s = append(*s, Op{Kind: Loss, Stage: t.l})
+		return
+	}
+	o := t.opts[a][x/2]
+	*s = append(*s, Op{Kind: FAll, Stage: a, Option: o.k})
+	if x%2 == 0 { // chain
+		t.emit(s, a+1, b, m-o.tape)
+	}
+	*s = append(*s, Op{Kind: B, Stage: a})
 }

@@ -27,6 +27,7 @@ type state struct {
 	act   []bool // standalone a_i
 	ckpt  []bool // a_i was kept by F_ck(i): it persists until B(i)
 	tape  []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
+	opt   []int  // the option of stage i-1 that produced ā_i
 	delta []bool
 	live  int64
 }
@@ -45,12 +46,14 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // transients; B(i) needs a_i, δ_{i+1} and ā_{i+1} and peaks at live + its
 // transients, then frees δ_{i+1} and ā_{i+1}. The gradient δ_i takes over
 // the bytes of a standalone a_i, or is new bytes if a_i lives in a tape.
+// An F_all's option gives its tape and transients, and the cost and
+// transients of the B(i) that consumes that tape.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
 	if err := c.Validate(); err != nil {
 		return Result{}, err
 	}
 	l := c.Len()
-	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), delta: make([]bool, l+2)}
+	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), delta: make([]bool, l+2)}
 	s.act[0] = true
 	s.live = c.ActBytes[0]
 	var r Result
@@ -81,6 +84,9 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 
 func (s *state) step(op Op) (peak int64, cost float64, err error) {
 	c, l, i := s.c, s.c.Len(), op.Stage
+	if op.Option != 0 && (op.Kind != FAll || i < 0 || i >= l || op.Option < 0 || op.Option >= c.NumOptions(i)) {
+		return 0, 0, fmt.Errorf("no option %d for this op", op.Option)
+	}
 	switch op.Kind {
 	case FCk, FN, FAll:
 		if i < 0 || i >= l {
@@ -100,12 +106,13 @@ func (s *state) step(op Op) (peak int64, cost float64, err error) {
 		}
 		out, tmp := c.ActBytes[i+1], c.ForwardTempBytes[i]
 		if op.Kind == FAll {
-			out, tmp = c.TapeBytes[i], c.FAllTemp(i)
+			o := c.Option(i, op.Option)
+			out, tmp = o.TapeBytes, o.FAllTempBytes
 		}
 		peak = s.live + out + tmp
 		s.live += out
 		if op.Kind == FAll {
-			s.tape[i+1] = true
+			s.tape[i+1], s.opt[i+1] = true, op.Option
 		} else {
 			s.act[i+1] = true
 		}
@@ -136,11 +143,12 @@ func (s *state) step(op Op) (peak int64, cost float64, err error) {
 		case !s.hasAct(i):
 			return 0, 0, fmt.Errorf("a_%d is not live", i)
 		}
-		peak = s.live + c.BackwardTempBytes[i]
+		o := c.Option(i, s.opt[i+1])
+		peak = s.live + o.BackwardTempBytes
 		s.delta[i+1], s.tape[i+1] = false, false
-		s.live -= c.TapeBytes[i] + c.ActBytes[i+1]
+		s.live -= o.TapeBytes + c.ActBytes[i+1]
 		s.gradient(i)
-		return peak, c.Backward[i], nil
+		return peak, o.Backward, nil
 	}
 	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
 }
@@ -155,7 +163,7 @@ func (s *state) usage() Usage {
 	}
 	for i := 1; i < len(s.tape); i++ {
 		if s.tape[i] {
-			u.Tapes += s.c.TapeBytes[i-1]
+			u.Tapes += s.c.Option(i-1, s.opt[i]).TapeBytes
 		}
 	}
 	for i, live := range s.delta {

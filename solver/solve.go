@@ -7,12 +7,18 @@ import (
 )
 
 // Strategies lists the strategies Solve knows, cheapest-to-compute first.
-var Strategies = []string{"none", "every-k", "sqrt", "chen-greedy", "revolve", "optimal"}
+// "optimal" chooses among F_all, F_ck and F_n; "selective" also chooses,
+// for every storing forward, among the stage's options (Chain.Options).
+var Strategies = []string{"none", "every-k", "sqrt", "chen-greedy", "revolve", "optimal", "selective"}
 
 // Options tunes Solve. The zero value (or nil) means defaults.
 type Options struct {
-	Slots int // optimal: slots of the table (0: DefaultSlots)
+	Slots int // optimal, selective: slots of the table (0: DefaultSlots)
 	K     int // every-k: checkpoint every K-th stage (0: 1)
+	// Candidates are more schedules selective compares its own with,
+	// such as a named policy applied everywhere; it returns the cheapest
+	// that fits.
+	Candidates []Schedule
 }
 
 // Solution is a schedule and its replay.
@@ -47,7 +53,11 @@ func Solve(c *Chain, strategy string, budget int64, o *Options) (*Solution, erro
 	case "revolve":
 		return solveRevolve(c, budget)
 	case "optimal":
-		return solveOptimal(c, budget, opt.Slots)
+		plain := *c
+		plain.Options = nil
+		return solveOptimal(&plain, "optimal", budget, opt.Slots, nil)
+	case "selective":
+		return solveOptimal(c, "selective", budget, opt.Slots, opt.Candidates)
 	}
 	return nil, fmt.Errorf("unknown strategy %q (valid: %s)", strategy, strings.Join(Strategies, ", "))
 }
@@ -86,7 +96,9 @@ func solveRevolve(c *Chain, budget int64) (*Solution, error) {
 	return best, nil
 }
 
-func solveOptimal(c *Chain, budget int64, slots int) (*Solution, error) {
+// solveOptimal reads the table, then compares its schedule with the
+// baselines' and the candidates'.
+func solveOptimal(c *Chain, name string, budget int64, slots int, candidates []Schedule) (*Solution, error) {
 	t, err := NewTable(c, budget, slots)
 	if err != nil {
 		return nil, err
@@ -95,20 +107,31 @@ func solveOptimal(c *Chain, budget int64, slots int) (*Solution, error) {
 	if s, err := t.Schedule(budget); err == nil {
 		r, err := Simulate(c, s)
 		if err != nil {
-			return nil, fmt.Errorf("optimal: %v", err) // a bug: the table only builds valid schedules
+			return nil, fmt.Errorf("%s: %v", name, err) // a bug: the table only builds valid schedules
 		}
-		best = &Solution{Strategy: "optimal", Schedule: s, Result: r}
+		best = &Solution{Strategy: name, Schedule: s, Result: r}
 	}
 	// Rounding sizes up to slots can cost the table a schedule a baseline
 	// finds; the optimal strategy is never worse than any of them.
 	need := int64(math.MaxInt64)
-	for _, name := range Strategies[:len(Strategies)-1] {
-		b, err := Solve(c, name, budget, nil)
+	for _, base := range []string{"none", "every-k", "sqrt", "chen-greedy", "revolve"} {
+		b, err := Solve(c, base, budget, nil)
 		if inf, ok := err.(*ErrInfeasible); ok && inf.MinBudget > 0 {
 			need = min(need, inf.MinBudget)
 		}
 		if err == nil && (best == nil || b.Cost < best.Cost) {
-			best = &Solution{Strategy: "optimal", Schedule: b.Schedule, Result: b.Result}
+			best = &Solution{Strategy: name, Schedule: b.Schedule, Result: b.Result}
+		}
+	}
+	for k, s := range candidates {
+		r, err := Simulate(c, s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: candidate %d: %v", name, k, err)
+		}
+		if r.Peak > budget {
+			need = min(need, r.Peak)
+		} else if best == nil || r.Cost < best.Cost {
+			best = &Solution{Strategy: name, Schedule: s, Result: r}
 		}
 	}
 	if best == nil {
