@@ -44,6 +44,16 @@ func (r *Runner) extra(id int, role string) []float32 {
 	return nil
 }
 
+// extraStorage returns the storage node id allocated in the role, or -1.
+func (r *Runner) extraStorage(id int, role string) int {
+	for _, s := range r.c.Owned(id) {
+		if r.c.Storages[s].Role == role {
+			return s
+		}
+	}
+	return -1
+}
+
 // byteExtra returns a 1-byte storage node id allocated in the role, or nil.
 func (r *Runner) byteExtra(id int, role string) []uint8 {
 	for _, s := range r.c.Owned(id) {
@@ -63,8 +73,9 @@ func (r *Runner) operand(id, i int, forward bool) []float32 {
 	if r.layout[in].contig {
 		return r.data(in)
 	}
-	cp := r.extra(id, fmt.Sprintf("copy%d", i))
-	if forward {
+	role := fmt.Sprintf("copy%d", i)
+	cp := r.extra(id, role)
+	if forward && (r.fresh == nil || r.fresh[r.extraStorage(id, role)]) {
 		gather(cp, r.buf(in).F, r.node(in).Shape, r.layout[in])
 	}
 	return cp

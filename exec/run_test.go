@@ -87,6 +87,30 @@ func TestMeasuredEqualsPredicted(t *testing.T) {
 				low = err.(*solver.ErrInfeasible).MinBudget
 			}
 			checked := 0
+			check := func(name string, sched solver.Schedule, sim solver.Result) {
+				t.Helper()
+				r := run(t, p, sched)
+				if got, want := r.tr.Peak(), sim.Peak+p.Static; got != want {
+					t.Fatalf("%s: measured peak %d, predicted %d", name, got, want)
+				}
+				for j, s := range r.tr.Timeline {
+					if s.Peak != sim.Timeline[j]+p.Static {
+						t.Fatalf("%s: op %d %s peaks at %d, predicted %d", name, j, s.Label, s.Peak, sim.Timeline[j]+p.Static)
+					}
+				}
+				if r.flops != int64(sim.Cost) || r.kernelFLOPs != int64(sim.Cost) {
+					t.Errorf("%s: kernels counted %d FLOPs (nodes run: %d), plan says %v", name, r.kernelFLOPs, r.flops, sim.Cost)
+				}
+				got := gradients(r)
+				for i := range want {
+					for j := range want[i] {
+						if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+							t.Fatalf("%s: gradient %d[%d] = %v, storing everything gives %v", name, i, j, got[i][j], want[i][j])
+						}
+					}
+				}
+				checked++
+			}
 			for k := 0; k <= 10; k++ {
 				budget := low + (top.Peak-low)*int64(k)/10
 				for _, name := range solver.Strategies {
@@ -94,28 +118,27 @@ func TestMeasuredEqualsPredicted(t *testing.T) {
 					if err != nil {
 						continue
 					}
-					r := run(t, p, sol.Schedule)
-					if got, want := r.tr.Peak(), sol.Peak+p.Static; got != want {
-						t.Fatalf("%s at %d: measured peak %d, predicted %d", name, budget, got, want)
-					}
-					for j, s := range r.tr.Timeline {
-						if s.Peak != sol.Timeline[j]+p.Static {
-							t.Fatalf("%s at %d: op %d %s peaks at %d, predicted %d", name, budget, j, s.Label, s.Peak, sol.Timeline[j]+p.Static)
-						}
-					}
-					if r.flops != int64(sol.Cost) || r.kernelFLOPs != int64(sol.Cost) {
-						t.Errorf("%s at %d: kernels counted %d FLOPs (nodes run: %d), plan says %v", name, budget, r.kernelFLOPs, r.flops, sol.Cost)
-					}
-					got := gradients(r)
-					for i := range want {
-						for j := range want[i] {
-							if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
-								t.Fatalf("%s at %d: gradient %d[%d] = %v, storing everything gives %v", name, budget, i, j, got[i][j], want[i][j])
-							}
-						}
-					}
-					checked++
+					check(fmt.Sprintf("%s at %d", name, budget), sol.Schedule, sol.Result)
 				}
+			}
+			// Every keep set of every stage, each stage storing with its
+			// k-th (or last) one.
+			for k := 1; ; k++ {
+				opts := make([]int, p.Chain.Len())
+				more := false
+				for i := range opts {
+					opts[i] = min(k, p.Chain.NumOptions(i)-1)
+					more = more || k < p.Chain.NumOptions(i)
+				}
+				if !more {
+					break
+				}
+				sched := solver.StoreAllWith(p.Chain, opts)
+				sim, err := solver.Simulate(p.Chain, sched)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(fmt.Sprintf("keep sets %v", opts), sched, sim)
 			}
 			if checked < 10 {
 				t.Errorf("only %d feasible plans checked", checked)

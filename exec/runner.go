@@ -37,6 +37,9 @@ type Runner struct {
 	// workspace is the matrix kernels' packing memory: the executor's own,
 	// counted by the tracker apart from the model's.
 	workspace *Buffer
+	// fresh, during a rerun, holds the storages the rerun allocated: a
+	// product's operand copy that is not fresh was kept and is read as is.
+	fresh map[int]bool
 }
 
 // NewRunner prepares a model for execution: its weights, drawn from seed,
@@ -98,12 +101,17 @@ func (r *Runner) Step(s solver.Schedule) error {
 	l := ch.Len()
 	act := make([]bool, l+1) // standalone a_i
 	act[0] = true
+	tapeOpt := make([]int, l) // the keep set of each stage's live tape
 	for _, op := range s {
 		r.tr.Begin(op.String())
 		i := op.Stage
 		switch op.Kind {
 		case solver.FCk, solver.FN, solver.FAll:
-			r.runProgram(planner.ForwardProgram(r.c, r.stages[i].Nodes, op.Kind == solver.FAll, r.stages[i].Tape), i)
+			keep := r.stages[i].Tape
+			if op.Kind == solver.FAll {
+				keep, tapeOpt[i] = r.stages[i].Options[op.Option].Keep, op.Option
+			}
+			r.runProgram(planner.ForwardProgram(r.c, r.stages[i].Nodes, op.Kind == solver.FAll, keep), i)
 			if op.Kind != solver.FAll {
 				act[i+1] = true
 			}
@@ -123,6 +131,11 @@ func (r *Runner) Step(s solver.Schedule) error {
 			r.grads[last] = d
 		case solver.B:
 			st := &r.stages[i]
+			if ks := &st.Options[tapeOpt[i]]; len(ks.Recompute) > 0 {
+				r.fresh = map[int]bool{}
+				r.runProgram(planner.RecomputeProgram(r.c, ks.Keep, st.Tape, ks.Recompute), i)
+				r.fresh = nil
+			}
 			r.runProgram(planner.BackwardProgram(r.c, st.Nodes, ch.ActBytes[i]), i)
 			for s := range st.Tape {
 				r.freeStorage(s)
@@ -226,6 +239,9 @@ func (r *Runner) runProgram(p planner.Program, i int) {
 			switch e.Buf {
 			case planner.StorageBuf:
 				r.store[e.Storage] = b
+				if r.fresh != nil {
+					r.fresh[e.Storage] = true
+				}
 			case planner.GradBuf:
 				r.grads[e.Node] = b
 			case planner.ScratchBuf:
@@ -253,7 +269,7 @@ func (r *Runner) runProgram(p planner.Program, i int) {
 				r.tr.Free(r.work)
 				r.work = nil
 			}
-		case planner.RunForward:
+		case planner.RunForward, planner.Rerun:
 			r.forward(e.Node)
 		case planner.RunBackward:
 			r.backward(e.Node, i)

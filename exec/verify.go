@@ -51,13 +51,9 @@ func Verify(p *planner.Problem, plan *planner.Plan, seed int64) (*Report, error)
 	if plan.PeakBytes > MaxRunBytes {
 		return nil, fmt.Errorf("%s needs %d bytes under this plan, more than the %d the CPU executor runs: try a tiny model (tiny-gpt2, tiny-llama) or a shorter --seq", p.Name, plan.PeakBytes, int64(MaxRunBytes))
 	}
-	var sched solver.Schedule
-	for _, s := range plan.Schedule {
-		k, ok := solver.ParseKind(s.Op)
-		if !ok {
-			return nil, fmt.Errorf("plan: unknown op %q", s.Op)
-		}
-		sched = append(sched, solver.Op{Kind: k, Stage: s.Stage})
+	sched, err := p.Schedule(plan)
+	if err != nil {
+		return nil, err
 	}
 	sim, err := solver.Simulate(p.Chain, sched)
 	if err != nil {

@@ -19,6 +19,9 @@ type StageCosts struct {
 	BackwardTempBytes int64
 	Nodes             []int
 	Tape              map[int]bool // the storages F_all keeps, the output included
+	// Options are the keep sets a storing forward may use; Options[0] is
+	// keep-all (Tape, TapeBytes and the temps above).
+	Options []KeepSet
 }
 
 // stageCosts turns a cut graph into per-stage costs. a_0 is the bytes of
@@ -42,6 +45,8 @@ func stageCosts(c *costmodel.Costs, stages []stage) ([]StageCosts, int64) {
 		}
 	}
 	out := make([]StageCosts, len(stages))
+	core := costmodel.AttentionCore(g)
+	cache := map[string][]namedFlags{}
 	for k, st := range stages {
 		sc := &out[k]
 		sc.Name, sc.Nodes = st.name, st.nodes
@@ -75,6 +80,7 @@ func stageCosts(c *costmodel.Costs, stages []stage) ([]StageCosts, int64) {
 		sc.FAllTempBytes = ForwardProgram(c, st.nodes, true, seen).Peak() - sc.TapeBytes
 		delta := sc.InputBytes
 		sc.BackwardTempBytes = BackwardProgram(c, st.nodes, delta).Peak()
+		sc.Options = keepSets(c, sc, in, core, cache)
 	}
 	return out, inputs
 }
@@ -118,6 +124,12 @@ func toSolver(stages []StageCosts, inputBytes, outputBytes int64) *solver.Chain 
 		ch.ForwardTempBytes = append(ch.ForwardTempBytes, s.ForwardTempBytes)
 		ch.FAllTempBytes = append(ch.FAllTempBytes, s.FAllTempBytes)
 		ch.BackwardTempBytes = append(ch.BackwardTempBytes, s.BackwardTempBytes)
+		var opts []solver.Option
+		for _, o := range s.Options[min(1, len(s.Options)):] {
+			opts = append(opts, solver.Option{TapeBytes: o.TapeBytes, FAllTempBytes: o.FAllTempBytes,
+				Backward: float64(s.BackwardFLOPs + o.ExtraFLOPs), BackwardTempBytes: o.BackwardTempBytes})
+		}
+		ch.Options = append(ch.Options, opts)
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)
 	return ch

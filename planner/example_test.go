@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/planner"
@@ -22,21 +23,22 @@ func ExampleMake() {
 	}
 	fmt.Println(plan.Feasible, plan.PeakBytes <= plan.BudgetBytes, plan.Overhead > 0)
 	for _, s := range plan.Stages {
-		fmt.Println(s.Name, s.Decision)
+		fmt.Println(strings.TrimSpace(s.Name + " " + s.Decision + " " + s.Option))
 	}
 	// Output:
 	// true true true
 	// embed store
-	// layers.0 checkpoint
-	// layers.1 checkpoint
-	// layers.2 checkpoint
-	// layers.3 store
-	// head store
+	// layers.0 selective matmuls-only
+	// layers.1 selective matmuls-only
+	// layers.2 selective pareto-5
+	// layers.3 selective pareto-1
+	// head selective pareto-1
 }
 
 // Plan a chain whose per-stage costs were measured elsewhere (by a
 // trainer's profiler), built in code. Storing every tape would need 272 MiB;
-// in 200 MiB the plan recomputes stages 1 and 2 once.
+// in 200 MiB the plan keeps only the input of stage 0 and recomputes stages
+// 0 and 1 once.
 func ExampleProblem_Solve() {
 	const MiB = 1 << 20
 	p := &planner.Problem{Name: "measured", Unit: "ms", Chain: &solver.Chain{
@@ -56,10 +58,10 @@ func ExampleProblem_Solve() {
 		fmt.Println(s.Name, s.Decision)
 	}
 	// Output:
-	// peak 168 MiB, cost 28 ms (storing all: 24 ms)
-	// b0 store
-	// b1 checkpoint
-	// b2 checkpoint
+	// peak 160 MiB, cost 28 ms (storing all: 24 ms)
+	// b0 checkpoint
+	// b1 recompute
+	// b2 store
 	// b3 store
 }
 
@@ -75,5 +77,5 @@ func ExampleReadPlan() {
 	}
 	fmt.Println(back.Model, back.Schema, len(back.Stages), back.Stages[1].Name, back.Stages[1].Decision)
 	// Output:
-	// tiny-gpt2 1 4 layers.0 store
+	// tiny-gpt2 2 4 layers.0 store
 }

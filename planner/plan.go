@@ -12,15 +12,16 @@ import (
 	"github.com/ckptplan/ckptplan/solver"
 )
 
-// SchemaVersion is the version of the JSON plan format.
-const SchemaVersion = 1
+// SchemaVersion is the version of the JSON plan format. Version 2 added
+// the options of storing forwards; version 1 plans read as plans without.
+const SchemaVersion = 2
 
-// Options configures Make. The zero value plans with the optimal strategy
+// Options configures Make. The zero value plans with the selective strategy
 // under the device's memory (Device required then) or fails asking for a
 // budget.
 type Options struct {
 	Budget   int64  // total bytes of one GPU, static memory included; 0: the device's memory
-	Strategy string // one of solver.Strategies; "": optimal
+	Strategy string // one of Strategies; "": selective
 	Slots    int    // optimal: DP slots (0: solver.DefaultSlots)
 	K        int    // every-k: k (0: 1)
 	Device   string // optional: a costmodel device name, for its memory and time estimates
@@ -56,15 +57,40 @@ type Stage struct {
 	Backward   float64 `json:"backward" yaml:"backward"`
 	InputBytes int64   `json:"input_bytes" yaml:"input_bytes"`
 	SavedBytes int64   `json:"saved_bytes" yaml:"saved_bytes"` // the tape F_all keeps
-	// Decision: "store" (the first forward keeps the tape), "checkpoint"
-	// (it keeps only its input), or "recompute" (it keeps nothing).
+	// Decision: "store" (the first forward keeps the tape), "selective"
+	// (it keeps part of the tape: Option), "checkpoint" (it keeps only its
+	// input), or "recompute" (it keeps nothing).
 	Decision string `json:"decision" yaml:"decision"`
+	Option   string `json:"option,omitempty" yaml:"option,omitempty"` // the keep set of a selective first forward
+	// Options describes the keep sets the schedule's storing forwards of
+	// this stage use, keep-all aside.
+	Options []StageOption `json:"options,omitempty" yaml:"options,omitempty"`
 }
 
-// Step is one op of the schedule.
+// StageOption is a keep set of a stage as a plan records it.
+type StageOption struct {
+	Name       string   `json:"name" yaml:"name"`
+	SavedBytes int64    `json:"saved_bytes" yaml:"saved_bytes"` // the tape kept, the output included
+	ExtraCost  float64  `json:"extra_cost" yaml:"extra_cost"`   // the forward work B reruns first
+	Recompute  []string `json:"recompute" yaml:"recompute"`     // the nodes it reruns
+	// Saved lists the activation storages the stage's ops save for
+	// backward, in the order they are first saved, and which are kept.
+	Saved []SavedTensor `json:"saved" yaml:"saved"`
+}
+
+// SavedTensor is one activation storage a stage saves for backward.
+type SavedTensor struct {
+	Name  string `json:"name" yaml:"name"` // the node that allocates it, and ":role" unless it is its output
+	Bytes int64  `json:"bytes" yaml:"bytes"`
+	Keep  bool   `json:"keep" yaml:"keep"`
+}
+
+// Step is one op of the schedule. Option names the keep set of an F_all
+// other than keep-all.
 type Step struct {
-	Op    string `json:"op" yaml:"op"`
-	Stage int    `json:"stage" yaml:"stage"`
+	Op     string `json:"op" yaml:"op"`
+	Stage  int    `json:"stage" yaml:"stage"`
+	Option string `json:"option,omitempty" yaml:"option,omitempty"`
 }
 
 // Problem is a model, graph or chain reduced to a solver chain.
@@ -153,7 +179,7 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 		opt = *o
 	}
 	if opt.Strategy == "" {
-		opt.Strategy = "optimal"
+		opt.Strategy = "selective"
 	}
 	if opt.Budget == 0 && opt.Device != "" {
 		d, err := costmodel.LookupDevice(opt.Device)
@@ -174,7 +200,7 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 	// With no room left for activations, still ask the strategy for the
 	// least it needs, so that the plan can say what budget would work.
 	act := max(opt.Budget-p.Static, 1)
-	sol, err := solver.Solve(p.Chain, opt.Strategy, act, &solver.Options{Slots: opt.Slots, K: opt.K})
+	sol, err := p.solve(opt.Strategy, act, &solver.Options{Slots: opt.Slots, K: opt.K})
 	var inf *solver.ErrInfeasible
 	if errors.As(err, &inf) {
 		plan.Feasible = false
@@ -193,9 +219,9 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 	if plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1
 	}
-	decide(plan.Stages, sol.Schedule)
+	p.decide(plan.Stages, sol.Schedule)
 	for _, op := range sol.Schedule {
-		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage})
+		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage, p.optionName(op)})
 	}
 	return plan, nil
 }
@@ -210,10 +236,18 @@ func baselineCost(c *solver.Chain) float64 {
 	return s
 }
 
-// decide names what the first forward of each stage does.
-func decide(stages []Stage, s solver.Schedule) {
+// decide names what the first forward of each stage does, and lists the
+// keep sets the schedule uses.
+func (p *Problem) decide(stages []Stage, s solver.Schedule) {
 	done := make([]bool, len(stages))
+	used := make([]map[int]bool, len(stages))
 	for _, op := range s {
+		if op.Kind == solver.FAll && op.Option != 0 {
+			if used[op.Stage] == nil {
+				used[op.Stage] = map[int]bool{}
+			}
+			used[op.Stage][op.Option] = true
+		}
 		if op.Kind == solver.Loss || op.Kind == solver.B || done[op.Stage] {
 			continue
 		}
@@ -221,10 +255,20 @@ func decide(stages []Stage, s solver.Schedule) {
 		switch op.Kind {
 		case solver.FAll:
 			stages[op.Stage].Decision = "store"
+			if op.Option != 0 {
+				stages[op.Stage].Decision, stages[op.Stage].Option = "selective", p.optionName(op)
+			}
 		case solver.FCk:
 			stages[op.Stage].Decision = "checkpoint"
 		case solver.FN:
 			stages[op.Stage].Decision = "recompute"
+		}
+	}
+	for i, u := range used {
+		for k := 1; k < p.Chain.NumOptions(i); k++ {
+			if u[k] {
+				stages[i].Options = append(stages[i].Options, p.stageOption(i, k))
+			}
 		}
 	}
 }
@@ -236,7 +280,10 @@ func Compare(src *graphio.Source, o *Options) ([]*Plan, error) {
 		return nil, err
 	}
 	var out []*Plan
-	for _, s := range solver.Strategies {
+	for _, s := range Strategies {
+		if _, ok := p.policyEverywhere(s); s == "megatron-selective" && !ok {
+			continue // no attention core to recompute
+		}
 		opt := Options{}
 		if o != nil {
 			opt = *o
@@ -260,8 +307,8 @@ func ReadPlan(r io.Reader) (*Plan, error) {
 	if err := dec.Decode(&p); err != nil {
 		return nil, fmt.Errorf("reading plan: %v", err)
 	}
-	if p.Schema != SchemaVersion {
-		return nil, fmt.Errorf("plan has schema %d; this version reads schema %d", p.Schema, SchemaVersion)
+	if p.Schema != 1 && p.Schema != SchemaVersion {
+		return nil, fmt.Errorf("plan has schema %d; this version reads schemas 1 and %d", p.Schema, SchemaVersion)
 	}
 	for _, s := range p.Schedule {
 		if _, ok := solver.ParseKind(s.Op); !ok {

@@ -77,11 +77,18 @@ func TestModelsStoreAll(t *testing.T) {
 	}
 }
 
-// TestBudgetSweep: on the tiny models, every strategy's plan at a sweep of
-// budgets either fits within the budget or says what it needs, and the
-// optimal plan is never costlier than another that fits.
+// TestBudgetSweep: on every bundled model, every strategy's plan at a
+// sweep of budgets either fits within the budget or says what it needs;
+// the optimal plan is never costlier than a layer-level strategy that
+// fits, and the selective plan never costlier than any plan that fits —
+// the optimal one, megatron-selective everywhere and every layer
+// checkpointed (every-k) included.
 func TestBudgetSweep(t *testing.T) {
-	for _, name := range []string{"tiny-gpt2", "tiny-llama"} {
+	names := models.Names()
+	if testing.Short() {
+		names = []string{"tiny-gpt2", "tiny-llama"}
+	}
+	for _, name := range names {
 		src, err := graphio.Load(name)
 		if err != nil {
 			t.Fatal(err)
@@ -91,12 +98,15 @@ func TestBudgetSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 		all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+		checked := map[string]int{}
 		for k := 0; k <= 10; k++ {
 			budget := p.Static + all.Peak*int64(k+3)/13
-			var best float64 = -1
-			var others []*Plan
-			for _, s := range solver.Strategies {
+			cost := map[string]float64{}
+			for _, s := range Strategies {
 				plan, err := p.Solve(&Options{Budget: budget, Strategy: s})
+				if s == "megatron-selective" && err != nil {
+					continue // no attention core
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -106,17 +116,23 @@ func TestBudgetSweep(t *testing.T) {
 				if !plan.Feasible && plan.MinBudgetBytes <= budget {
 					t.Errorf("%s %s at %d: infeasible but needs only %d", name, s, budget, plan.MinBudgetBytes)
 				}
-				if s == "optimal" && plan.Feasible {
-					best = plan.Cost
-				} else if plan.Feasible {
-					others = append(others, plan)
+				if plan.Feasible {
+					cost[s] = plan.Cost
+					checked[s]++
 				}
 			}
-			for _, o := range others {
-				if best < 0 || o.Cost < best {
-					t.Errorf("%s at %d: %s costs %v, optimal %v", name, budget, o.Solver, o.Cost, best)
+			for s, c := range cost {
+				layerLevel := s != "selective" && s != "megatron-selective"
+				if opt, ok := cost["optimal"]; layerLevel && (!ok || c < opt) {
+					t.Errorf("%s at %d: %s costs %v, optimal %v (feasible %v)", name, budget, s, c, opt, ok)
+				}
+				if sel, ok := cost["selective"]; !ok || c < sel {
+					t.Errorf("%s at %d: %s costs %v, selective %v (feasible %v)", name, budget, s, c, sel, ok)
 				}
 			}
+		}
+		if checked["selective"] < 5 || checked["every-k"] == 0 {
+			t.Errorf("%s: too few feasible plans compared: %v", name, checked)
 		}
 	}
 }

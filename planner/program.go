@@ -31,6 +31,9 @@ const (
 	Free
 	RunForward
 	RunBackward
+	// Rerun runs a node's forward again before a backward: a product whose
+	// contiguous operand copy is still live reads it instead of its input.
+	Rerun
 )
 
 // BufferKind says what a program buffer holds.
@@ -113,6 +116,44 @@ func ForwardProgram(c *costmodel.Costs, nodes []int, keep bool, tape map[int]boo
 				}
 			}
 		}
+	}
+	return p
+}
+
+// RecomputeProgram returns the rerun that precedes a backward after a
+// storing forward that kept only the storages in keep: the nodes of rerun
+// (graph order) run forward again, each allocating the storages it owns
+// that are not kept. Tape storages stay for the backward (which frees the
+// whole tape); the others are freed after their last reader in the rerun.
+func RecomputeProgram(c *costmodel.Costs, keep, tape map[int]bool, rerun []int) Program {
+	g := c.Graph
+	lastUse := map[int]int{}
+	for k, id := range rerun {
+		for _, src := range g.Nodes[id].Inputs {
+			lastUse[c.OutputStorage(src)] = k
+		}
+	}
+	var p Program
+	var temp []int // storages allocated here that the backward does not read
+	for k, id := range rerun {
+		for _, s := range c.Owned(id) {
+			if !keep[s] {
+				p = append(p, Event{Kind: Alloc, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
+				if !tape[s] {
+					temp = append(temp, s)
+				}
+			}
+		}
+		p = append(p, withScratch(c, id, false, Event{Kind: Rerun, Node: id})...)
+		rest := temp[:0]
+		for _, s := range temp {
+			if last, read := lastUse[s]; read && last > k {
+				rest = append(rest, s)
+				continue
+			}
+			p = append(p, Event{Kind: Free, Buf: StorageBuf, Node: c.Storages[s].Node, Storage: s, Bytes: c.Storages[s].Bytes})
+		}
+		temp = rest
 	}
 	return p
 }

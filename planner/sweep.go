@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 
-	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/solver"
 )
 
@@ -13,12 +12,15 @@ import (
 // at every budget, read from one table, and the points of the fixed
 // strategies.
 type Sweep struct {
-	Model        string          `json:"model"`
-	Unit         string          `json:"unit"`
-	StaticBytes  int64           `json:"static_bytes"`
-	BaselineCost float64         `json:"baseline_cost"`
-	Optimal      []SweepPoint    `json:"optimal"`
-	Strategies   []StrategyPoint `json:"strategies"`
+	Model        string       `json:"model"`
+	Unit         string       `json:"unit"`
+	StaticBytes  int64        `json:"static_bytes"`
+	BaselineCost float64      `json:"baseline_cost"`
+	Optimal      []SweepPoint `json:"optimal"`
+	// Selective is the optimal overhead when storing forwards may also
+	// keep part of a stage's tape; absent when no stage has options.
+	Selective  []SweepPoint    `json:"selective,omitempty"`
+	Strategies []StrategyPoint `json:"strategies"`
 }
 
 // SweepPoint is the optimal plan at one budget.
@@ -47,12 +49,7 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		return nil, err
 	}
 	s := &Sweep{Model: p.Name, Unit: p.Unit, StaticBytes: p.Static, BaselineCost: baselineCost(c)}
-	overhead := func(cost float64) float64 {
-		if s.BaselineCost == 0 {
-			return 0
-		}
-		return cost/s.BaselineCost - 1
-	}
+	overhead := s.overhead
 	add := func(name string, sched solver.Schedule) {
 		if r, err := solver.Simulate(c, sched); err == nil {
 			s.Strategies = append(s.Strategies, StrategyPoint{name, r.Peak + p.Static, r.Cost, overhead(r.Cost)})
@@ -63,10 +60,8 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		add(fmt.Sprintf("every-%d", k), solver.EveryK(c, k))
 	}
 	add("sqrt", solver.Sqrt(c))
-	if sel := p.selectiveChain(); sel != nil {
-		if r, err := solver.Simulate(sel, solver.StoreAll(sel)); err == nil {
-			s.Strategies = append(s.Strategies, StrategyPoint{"megatron-selective", r.Peak + p.Static, r.Cost, overhead(r.Cost)})
-		}
+	if opts, ok := p.policyEverywhere("megatron-selective"); ok {
+		add("megatron-selective", solver.StoreAllWith(c, opts))
 	}
 	for snaps := 1; snaps <= min(c.Len(), 8); snaps++ {
 		add(fmt.Sprintf("revolve-%d", snaps), solver.Revolve(c, snaps))
@@ -75,13 +70,9 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	for _, sp := range s.Strategies {
 		low = min(low, sp.PeakBytes-p.Static)
 	}
-	t, err := solver.NewTable(c, all.Peak, slots)
-	if err != nil {
-		return nil, err
-	}
 	points = max(points, 2)
 	// Evenly spaced budgets, and the peak of every fixed strategy, where
-	// the curve may step.
+	// the curves may step.
 	var budgets []int64
 	for k := 0; k < points; k++ {
 		budgets = append(budgets, low+(all.Peak-low)*int64(k)/int64(points-1))
@@ -93,57 +84,47 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	}
 	slices.Sort(budgets)
 	budgets = slices.Compact(budgets)
+	plain := *c
+	plain.Options = nil
+	if s.Optimal, err = p.curve(&plain, s, budgets, all.Peak, slots, false); err != nil {
+		return nil, err
+	}
+	if c.Options != nil {
+		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// curve reads the optimal cost at each budget from one table of chain c.
+// As the optimal strategy does, it takes a fixed strategy's point where
+// rounding sizes to slots costs the table a schedule; the layer-level
+// curve only those that run no keep set.
+func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []int64, top int64, slots int, selective bool) ([]SweepPoint, error) {
+	t, err := solver.NewTable(c, top, slots)
+	if err != nil {
+		return nil, err
+	}
+	var out []SweepPoint
 	for _, b := range budgets {
-		// As the optimal strategy does, take a baseline where rounding
-		// sizes to slots costs the table a schedule.
 		cost := t.Cost(b)
 		for _, sp := range s.Strategies {
-			if sp.PeakBytes-p.Static <= b && sp.Solver != "megatron-selective" {
+			if sp.PeakBytes-p.Static <= b && (selective || sp.Solver != "megatron-selective") {
 				cost = min(cost, sp.Cost)
 			}
 		}
 		if math.IsInf(cost, 1) {
 			continue
 		}
-		s.Optimal = append(s.Optimal, SweepPoint{b + p.Static, cost, overhead(cost)})
+		out = append(out, SweepPoint{b + p.Static, cost, s.overhead(cost)})
 	}
-	return s, nil
+	return out, nil
 }
 
-// selectiveChain is the chain with Megatron's selective recomputation in
-// every layer: each layer's tape drops what its attention core allocates
-// (Costs.SelectiveSavedBytes), and its backward first recomputes the core's
-// products. Transients are the storing forward's. It is an estimate for
-// the sweep's picture: the executor does not run it. nil for a chain file
-// or a model without an eager attention core.
-func (p *Problem) selectiveChain() *solver.Chain {
-	if p.Costs == nil {
-		return nil
+func (s *Sweep) overhead(cost float64) float64 {
+	if s.BaselineCost == 0 {
+		return 0
 	}
-	core := costmodel.AttentionCore(p.Costs.Graph)
-	sel := *p.Chain
-	sel.TapeBytes = append([]int64(nil), p.Chain.TapeBytes...)
-	sel.Backward = append([]float64(nil), p.Chain.Backward...)
-	changed := false
-	for i := range p.Costs.Blocks {
-		b := &p.Costs.Blocks[i]
-		if !b.IsLayer() || i >= len(sel.TapeBytes) {
-			continue
-		}
-		drop := b.SavedBytes - p.Costs.SelectiveSavedBytes(b)
-		if drop <= 0 {
-			continue
-		}
-		changed = true
-		sel.TapeBytes[i] -= drop
-		for _, id := range b.Nodes {
-			if core[id] {
-				sel.Backward[i] += float64(p.Costs.Nodes[id].ForwardFLOPs)
-			}
-		}
-	}
-	if !changed {
-		return nil
-	}
-	return &sel
+	return cost/s.BaselineCost - 1
 }

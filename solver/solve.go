@@ -112,14 +112,16 @@ func solveOptimal(c *Chain, name string, budget int64, slots int, candidates []S
 		best = &Solution{Strategy: name, Schedule: s, Result: r}
 	}
 	// Rounding sizes up to slots can cost the table a schedule a baseline
-	// finds; the optimal strategy is never worse than any of them.
+	// finds; the optimal strategy is never worse than any of them. At equal
+	// cost it takes the baseline, the simpler schedule (storing everything
+	// when that fits, rather than a keep set that reruns free copies).
 	need := int64(math.MaxInt64)
 	for _, base := range []string{"none", "every-k", "sqrt", "chen-greedy", "revolve"} {
 		b, err := Solve(c, base, budget, nil)
 		if inf, ok := err.(*ErrInfeasible); ok && inf.MinBudget > 0 {
 			need = min(need, inf.MinBudget)
 		}
-		if err == nil && (best == nil || b.Cost < best.Cost) {
+		if err == nil && (best == nil || b.Cost <= best.Cost) {
 			best = &Solution{Strategy: name, Schedule: b.Schedule, Result: b.Result}
 		}
 	}

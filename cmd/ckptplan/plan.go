@@ -29,7 +29,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p.setup.addTrainingFlags(fs)
 	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included (e.g. 24GiB); default: the --device's memory")
 	if withSolver {
-		fs.StringVar(&p.solver, "solver", "optimal", "strategy: none | every-k | sqrt | chen-greedy | revolve | optimal")
+		fs.StringVar(&p.solver, "solver", "selective", "strategy: none | every-k | sqrt | chen-greedy | revolve | megatron-selective | optimal | selective")
 	}
 	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
@@ -110,10 +110,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 // drawTimeline draws a plan's memory over its schedule, with the measured
 // per-op peaks when given.
 func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured []int64) error {
-	var sched solver.Schedule
-	for _, s := range plan.Schedule {
-		k, _ := solver.ParseKind(s.Op)
-		sched = append(sched, solver.Op{Kind: k, Stage: s.Stage})
+	sched, err := p.Schedule(plan)
+	if err != nil {
+		return err
 	}
 	sim, err := solver.Simulate(p.Chain, sched)
 	if err != nil {

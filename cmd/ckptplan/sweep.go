@@ -63,12 +63,20 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	for _, sp := range s.Strategies {
 		fmt.Fprintf(tw, "%s\t%v\t%.1f%%\n", sp.Solver, ir.Bytes(sp.PeakBytes), 100*sp.Overhead)
 	}
-	fmt.Fprintf(tw, "\noptimal at\tbudget\toverhead\n")
-	for i, o := range s.Optimal {
-		if i > 0 && o.Cost == s.Optimal[i-1].Cost {
-			continue // only where the curve steps
+	for _, cv := range []struct {
+		name   string
+		points []planner.SweepPoint
+	}{{"optimal", s.Optimal}, {"selective", s.Selective}} {
+		if len(cv.points) == 0 {
+			continue
 		}
-		fmt.Fprintf(tw, "\t%v\t%.1f%%\n", ir.Bytes(o.BudgetBytes), 100*o.Overhead)
+		fmt.Fprintf(tw, "\n%s at\tbudget\toverhead\n", cv.name)
+		for i, o := range cv.points {
+			if i > 0 && o.Cost == cv.points[i-1].Cost {
+				continue // only where the curve steps
+			}
+			fmt.Fprintf(tw, "\t%v\t%.1f%%\n", ir.Bytes(o.BudgetBytes), 100*o.Overhead)
+		}
 	}
 	return tw.Flush()
 }

@@ -56,19 +56,32 @@ func Sweep(s *planner.Sweep) (*plot.Plot, error) {
 	div, unit := unitFor(top)
 	p.X.Label.Text = fmt.Sprintf("peak memory of one GPU (%s, static included)", unit)
 	p.Y.Label.Text = "extra compute (%)"
-	var curve plotter.XYs
-	for _, o := range s.Optimal {
-		curve = append(curve, plotter.XY{X: float64(o.BudgetBytes) / div, Y: 100 * o.Overhead})
+	curves := []struct {
+		name   string
+		points []planner.SweepPoint
+		color  color.RGBA
+	}{
+		{"optimal, layers (one table)", s.Optimal, color.RGBA{R: 31, G: 119, B: 180, A: 255}},
+		{"selective, keep sets in layers", s.Selective, color.RGBA{R: 23, G: 190, B: 207, A: 255}},
 	}
-	line, err := plotter.NewLine(curve)
-	if err != nil {
-		return nil, err
+	for _, cv := range curves {
+		if len(cv.points) == 0 {
+			continue
+		}
+		var curve plotter.XYs
+		for _, o := range cv.points {
+			curve = append(curve, plotter.XY{X: float64(o.BudgetBytes) / div, Y: 100 * o.Overhead})
+		}
+		line, err := plotter.NewLine(curve)
+		if err != nil {
+			return nil, err
+		}
+		line.Width = vg.Points(2)
+		line.Color = cv.color
+		line.StepStyle = plotter.PreStep
+		p.Add(line)
+		p.Legend.Add(cv.name, line)
 	}
-	line.Width = vg.Points(2)
-	line.Color = color.RGBA{R: 31, G: 119, B: 180, A: 255}
-	line.StepStyle = plotter.PreStep
-	p.Add(line)
-	p.Legend.Add("optimal (one table)", line)
 	shapes := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}}
 	groups := map[string]plotter.XYs{}
 	var order []string
@@ -131,7 +144,7 @@ func maxOverhead(s *planner.Sweep) float64 {
 	for _, sp := range s.Strategies {
 		m = max(m, 100*sp.Overhead)
 	}
-	for _, o := range s.Optimal {
+	for _, o := range append(s.Optimal, s.Selective...) {
 		m = max(m, 100*o.Overhead)
 	}
 	return m
