@@ -191,12 +191,8 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 	if opt.Budget <= 0 {
 		return nil, errors.New("no memory budget: give a budget or a device")
 	}
-	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: opt.Strategy, Unit: p.Unit, Device: opt.Device,
-		BudgetBytes: opt.Budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain), Notes: p.Notes}
-	for i, name := range p.Names {
-		plan.Stages = append(plan.Stages, Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
-			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]})
-	}
+	plan := p.newPlan(opt.Strategy, opt.Budget)
+	plan.Device = opt.Device
 	// With no room left for activations, still ask the strategy for the
 	// least it needs, so that the plan can say what budget would work.
 	act := max(opt.Budget-p.Static, 1)
@@ -212,18 +208,52 @@ func (p *Problem) Solve(o *Options) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.fill(plan, sol.Schedule, sol.Result)
+	return plan, nil
+}
+
+// PlanSchedule makes the plan of a schedule given by hand (or by another
+// tool) for this problem, under a budget (0: no budget, the plan fits).
+func (p *Problem) PlanSchedule(name string, budget int64, sched solver.Schedule) (*Plan, error) {
+	r, err := solver.Simulate(p.Chain, sched)
+	if err != nil {
+		return nil, err
+	}
+	if budget == 0 {
+		budget = r.Peak + p.Static
+	}
+	plan := p.newPlan(name, budget)
+	if r.Peak+p.Static > budget {
+		plan.MinBudgetBytes = r.Peak + p.Static
+		return plan, nil
+	}
+	p.fill(plan, sched, r)
+	return plan, nil
+}
+
+func (p *Problem) newPlan(strategy string, budget int64) *Plan {
+	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit,
+		BudgetBytes: budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain), Notes: p.Notes}
+	for i, name := range p.Names {
+		plan.Stages = append(plan.Stages, Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
+			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]})
+	}
+	return plan
+}
+
+// fill records a feasible schedule and its replay in a plan.
+func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	plan.Feasible = true
-	plan.ActivationPeakBytes = sol.Peak
-	plan.PeakBytes = sol.Peak + p.Static
-	plan.Cost = sol.Cost
+	plan.ActivationPeakBytes = r.Peak
+	plan.PeakBytes = r.Peak + p.Static
+	plan.Cost = r.Cost
 	if plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1
 	}
-	p.decide(plan.Stages, sol.Schedule)
-	for _, op := range sol.Schedule {
+	p.decide(plan.Stages, sched)
+	for _, op := range sched {
 		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage, p.optionName(op)})
 	}
-	return plan, nil
 }
 
 // baselineCost is the cost of storing everything: every forward and

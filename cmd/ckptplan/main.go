@@ -11,6 +11,7 @@
 //	ckptplan compare MODEL|CHAIN.yaml --budget 40GiB [--format text|json]
 //	ckptplan run MODEL --budget 5MiB [--solver selective] [--seq N] [--batch N] [--timeline FILE.svg] [--format text|json]
 //	ckptplan sweep MODEL [--points N] [--svg FILE.svg] [--format text|json]
+//	ckptplan export MODEL|PLAN.json --to pytorch|hf|megatron [--budget 24GiB ...] [-o FILE]
 //
 // MODEL is a bundled model name (see 'ckptplan models'), a model, graph or
 // chain YAML file, or a Hugging Face config.json.
@@ -25,6 +26,7 @@
 //	ckptplan compare llama-3-8b --seq 8192 --budget 40GiB
 //	ckptplan run tiny-llama --budget 5MiB
 //	ckptplan sweep llama-3-8b --lora-rank 16 --svg sweep.svg
+//	ckptplan export llama-3-8b --seq 8192 --budget 40GiB --to pytorch -o plan.py
 //
 // Results go to standard output, diagnostics to standard error. The exit
 // status is 0 on success, 1 on failure and 2 for a usage error.
@@ -90,6 +92,7 @@ func commands() []command {
 		{"compare", "MODEL", "every strategy side by side at one budget", runCompare},
 		{"run", "MODEL", "run a plan on the CPU and check its memory and gradients", runRun},
 		{"sweep", "MODEL", "memory against recomputation for every budget and strategy", runSweep},
+		{"export", "MODEL", "a plan for PyTorch (a Python module), Hugging Face or Megatron-LM", runExport},
 	}
 }
 

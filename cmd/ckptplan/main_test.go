@@ -92,6 +92,9 @@ func TestPlanGolden(t *testing.T) {
 		{"compare-llama-3-8b", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "40GiB"}},
 		{"compare-llama-3-8b-200", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "200GiB"}},
 		{"compare-tiny-llama-json", []string{"compare", "tiny-llama", "--budget", "5MiB", "--format", "json"}},
+		{"export-hf", []string{"export", "tiny-llama", "--budget", "5MiB", "--solver", "optimal", "--to", "hf"}},
+		{"export-megatron", []string{"export", "gpt3-175b", "--tp", "8", "--seq", "2048", "--zero", "1", "--dp", "64", "--budget", "120GiB", "--solver", "megatron-selective", "--to", "megatron"}},
+		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -199,6 +202,12 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, hf or megatron"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
+		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
+		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
+		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -215,6 +224,38 @@ func TestErrors(t *testing.T) {
 				t.Errorf("error = %q, want it to contain %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestExportSavedPlan: exporting a saved JSON plan gives what exporting
+// the model with the same flags gives.
+func TestExportSavedPlan(t *testing.T) {
+	plan, _, err := runCmd("plan", "tiny-llama", "--budget", "5MiB", "--format", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "plan.json")
+	if err := os.WriteFile(path, []byte(plan), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{"pytorch", "hf"} {
+		fromPlan, _, err := runCmd("export", path, "--to", to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct, _, err := runCmd("export", "tiny-llama", "--budget", "5MiB", "--to", to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		strip := func(s string) string { // the command line in the header differs
+			return s[strings.Index(s, "\n")+1:]
+		}
+		if to == "pytorch" {
+			fromPlan, direct = strip(strip(fromPlan)), strip(strip(direct))
+		}
+		if fromPlan != direct {
+			t.Errorf("--to %s: the saved plan exports differently:\n%s\n---\n%s", to, fromPlan, direct)
+		}
 	}
 }
 

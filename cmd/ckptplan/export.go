@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/export"
+	"github.com/ckptplan/ckptplan/planner"
+)
+
+func runExport(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("export", "MODEL|PLAN.json", stderr)
+	pf := addPlanFlags(fs, true)
+	to := &formatFlag{valid: []string{"pytorch", "hf", "megatron"}}
+	fs.Var(to, "to", "what to write: pytorch (a Python module) | hf (transformers calls) | megatron (flags)")
+	out := fs.String("o", "", "write to this file instead of standard output")
+	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
+	if err != nil {
+		return err
+	}
+	if to.value == "" {
+		fs.Usage()
+		return usagef("export: need --to pytorch, hf or megatron")
+	}
+	plan, err := exportPlan(fs, pf, arg, stderr)
+	if err != nil {
+		return err
+	}
+	e, err := export.FromPlan(plan)
+	if err != nil {
+		return err
+	}
+	write := func(w io.Writer) error {
+		switch to.value {
+		case "pytorch":
+			return e.PyTorch(w, "ckptplan export "+strings.Join(args, " "))
+		case "hf":
+			return e.HF(w)
+		}
+		return e.Megatron(w)
+	}
+	if *out == "" {
+		// Write nothing on error: the Megatron export may refuse a plan.
+		var buf bytes.Buffer
+		if err := write(&buf); err != nil {
+			return err
+		}
+		_, err := stdout.Write(buf.Bytes())
+		return err
+	}
+	return writeFileAtomic(*out, write)
+}
+
+// exportPlan reads a saved JSON plan, or plans MODEL with the flags.
+func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, error) {
+	if strings.HasSuffix(arg, ".json") {
+		data, err := os.ReadFile(arg)
+		if err != nil {
+			return nil, err
+		}
+		var probe map[string]json.RawMessage
+		if json.Unmarshal(data, &probe) == nil && probe["schedule"] != nil && probe["schema"] != nil {
+			plan, err := planner.ReadPlan(bytes.NewReader(data))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %v", arg, err)
+			}
+			return plan, nil
+		}
+	}
+	src, opt, err := pf.load(fs, arg)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := planner.Make(src, opt)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range plan.Notes {
+		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
+	}
+	if !plan.Feasible {
+		return nil, infeasible(plan)
+	}
+	return plan, nil
+}

@@ -1,0 +1,185 @@
+// Package export turns a plan into what a trainer runs: a Python module
+// that applies it to a PyTorch model's layers, the calls of Hugging Face's
+// gradient checkpointing, or Megatron-LM's recomputation flags.
+//
+// Trainers decide per layer, and recompute a checkpointed layer once. A
+// plan is exported through its layers' first forwards: a layer that stores
+// its tape is left alone, one that keeps part of it runs selectively, one
+// that keeps its input (or nothing) is checkpointed. What a trainer cannot
+// express — a checkpointed embedding or head, layers recomputed more than
+// once, a layer that keeps nothing — is said in notes, with what it costs.
+package export
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/planner"
+)
+
+// Layer is one transformer layer of an exported plan.
+type Layer struct {
+	Name   string `json:"name"`
+	Mode   string `json:"mode"`             // store, checkpoint or selective
+	Policy string `json:"policy,omitempty"` // selective: the keep set
+	// Saved lists, for a selective layer, the activation storages the
+	// layer saves in the order autograd first packs them, and which stay.
+	Saved []planner.SavedTensor `json:"saved,omitempty"`
+	// KeptBytes is what the layer holds after the forward, its output
+	// included and its input not (the layer before holds it).
+	KeptBytes int64 `json:"kept_bytes"`
+}
+
+// Export is a plan reduced to per-layer decisions.
+type Export struct {
+	Schema      int      `json:"schema"`
+	Model       string   `json:"model"`
+	Solver      string   `json:"solver"`
+	BudgetBytes int64    `json:"budget_bytes"`
+	PeakBytes   int64    `json:"peak_bytes"`
+	Overhead    float64  `json:"overhead"`
+	Layers      []Layer  `json:"layers"`
+	Notes       []string `json:"notes,omitempty"`
+
+	nothing     []bool // per layer: the plan keeps not even its input
+	nothingNote string // the note saying so, which Megatron's uniform method makes moot
+}
+
+var layerName = regexp.MustCompile(`^layers\.(\d+)$`)
+
+// FromPlan reduces a feasible plan of a model to its layers' decisions.
+func FromPlan(plan *planner.Plan) (*Export, error) {
+	if !plan.Feasible {
+		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", plan.Model)
+	}
+	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
+	forwards := make([]int, len(plan.Stages))
+	recomputedWith := map[int]string{}
+	seen := make([]bool, len(plan.Stages))
+	for _, s := range plan.Schedule {
+		if s.Stage < 0 || s.Stage >= len(plan.Stages) || s.Op == "B" || s.Op == "loss" {
+			continue
+		}
+		forwards[s.Stage]++
+		if seen[s.Stage] && s.Option != "" {
+			recomputedWith[s.Stage] = s.Option
+		}
+		seen[s.Stage] = true
+	}
+	var nested, keptNothing []string
+	var nothingBytes int64
+	for i, st := range plan.Stages {
+		m := layerName.FindStringSubmatch(st.Name)
+		if m == nil {
+			switch st.Decision {
+			case "selective":
+				if o := stageOption(&st, st.Option); o != nil {
+					e.Notes = append(e.Notes, fmt.Sprintf("the plan keeps part of %s (%s); trainers run it plainly, which keeps %v more", st.Name, st.Option, ir.Bytes(st.SavedBytes-o.SavedBytes)))
+				}
+			case "checkpoint", "recompute":
+				e.Notes = append(e.Notes, fmt.Sprintf("the plan does not store %s (%s); trainers run it plainly, which keeps up to %v more", st.Name, st.Decision, ir.Bytes(st.SavedBytes)))
+			}
+			continue
+		}
+		if n, _ := strconv.Atoi(m[1]); n != len(e.Layers) {
+			return nil, fmt.Errorf("the plan's layers are not layers.0, layers.1, … in order: %s is stage %d", st.Name, i)
+		}
+		out := st.SavedBytes
+		if i+1 < len(plan.Stages) {
+			out = plan.Stages[i+1].InputBytes
+		}
+		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
+		switch st.Decision {
+		case "store":
+			l.Mode = "store"
+		case "selective":
+			l.Mode, l.Policy = "selective", st.Option
+			o := stageOption(&st, st.Option)
+			if o == nil {
+				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", st.Name, st.Option)
+			}
+			l.Saved, l.KeptBytes = o.Saved, o.SavedBytes
+		case "checkpoint", "recompute":
+			l.Mode, l.KeptBytes = "checkpoint", out
+			if st.Decision == "recompute" {
+				keptNothing = append(keptNothing, st.Name)
+				nothingBytes += st.InputBytes
+			}
+		default:
+			return nil, fmt.Errorf("%s: unknown decision %q", st.Name, st.Decision)
+		}
+		e.nothing = append(e.nothing, st.Decision == "recompute")
+		if forwards[i] > 2 {
+			nested = append(nested, st.Name)
+		}
+		if o, ok := recomputedWith[i]; ok && st.Decision != "selective" && st.Decision != "store" {
+			e.Notes = append(e.Notes, fmt.Sprintf("%s: the plan recomputes it keeping %s; a checkpoint reruns it storing everything", st.Name, o))
+		}
+		e.Layers = append(e.Layers, l)
+	}
+	if len(e.Layers) == 0 {
+		return nil, fmt.Errorf("the plan for %s has no layers.N stages: only a model's layers can be exported", plan.Model)
+	}
+	if len(keptNothing) > 0 {
+		e.nothingNote = fmt.Sprintf("the plan keeps no input for %s (recomputed from an earlier checkpoint); a trainer checkpoints each layer, keeping its input: %v more after the forward", list(keptNothing), ir.Bytes(nothingBytes))
+		e.Notes = append(e.Notes, e.nothingNote)
+	}
+	if len(nested) > 0 {
+		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), ir.Bytes(plan.PeakBytes)))
+	}
+	return e, nil
+}
+
+func stageOption(st *planner.Stage, name string) *planner.StageOption {
+	for k := range st.Options {
+		if st.Options[k].Name == name {
+			return &st.Options[k]
+		}
+	}
+	return nil
+}
+
+// list names layers compactly: "layers.1–3, layers.7".
+func list(names []string) string {
+	var parts []string
+	for i := 0; i < len(names); {
+		j := i
+		for j+1 < len(names) && index(names[j+1]) == index(names[j])+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%s–%d", names[i], index(names[j])))
+		} else {
+			parts = append(parts, names[i])
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+func index(name string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(name, "layers."))
+	return n
+}
+
+// indexes returns the layer numbers of a mode.
+func (e *Export) indexes(mode string) []int {
+	var out []int
+	for i, l := range e.Layers {
+		if l.Mode == mode {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func ints(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
+}

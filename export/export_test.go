@@ -1,0 +1,208 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// grouped is the schedule in which stage k runs as d[k] says: ≥ 0 stores
+// it with that keep set, "ck" (−1) checkpoints it, "n" (−2) runs it
+// keeping nothing after the previous checkpoint; each checkpointed group
+// is recomputed once, storing everything, before its backward.
+func grouped(d []int) solver.Schedule {
+	var s solver.Schedule
+	for k, o := range d {
+		switch {
+		case o == ck:
+			s = append(s, solver.Op{Kind: solver.FCk, Stage: k})
+		case o == n:
+			s = append(s, solver.Op{Kind: solver.FN, Stage: k})
+		default:
+			s = append(s, solver.Op{Kind: solver.FAll, Stage: k, Option: o})
+		}
+	}
+	s = append(s, solver.Op{Kind: solver.Loss, Stage: len(d)})
+	for i := len(d) - 1; i >= 0; {
+		if d[i] >= 0 {
+			s = append(s, solver.Op{Kind: solver.B, Stage: i})
+			i--
+			continue
+		}
+		g := i
+		for d[g] != ck {
+			g--
+		}
+		for k := g; k <= i; k++ {
+			s = append(s, solver.Op{Kind: solver.FAll, Stage: k})
+		}
+		for k := i; k >= g; k-- {
+			s = append(s, solver.Op{Kind: solver.B, Stage: k})
+		}
+		i = g - 1
+	}
+	return s
+}
+
+const (
+	ck = -1
+	n  = -2
+)
+
+func tinyLlama(t *testing.T) *planner.Problem {
+	t.Helper()
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := planner.NewProblem(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func exportOf(t *testing.T, p *planner.Problem, d []int) *Export {
+	t.Helper()
+	plan, err := p.PlanSchedule("hand", 0, grouped(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := FromPlan(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// option returns the index of stage 1's keep set of that name.
+func option(t *testing.T, p *planner.Problem, name string) int {
+	for k, o := range p.Stages[1].Options {
+		if o.Name == name {
+			return k
+		}
+	}
+	t.Fatalf("no keep set %s", name)
+	return 0
+}
+
+// TestMegatron checks the flags for the plans Megatron-LM can run and the
+// refusal for one it cannot, on tiny-llama's four layers (stages 1–4).
+func TestMegatron(t *testing.T) {
+	p := tinyLlama(t)
+	ms := option(t, p, "megatron-selective")
+	p1 := option(t, p, "pareto-1")
+	tests := []struct {
+		name string
+		d    []int // embed, layers.0–3, head
+		want string
+	}{
+		{"store", []int{0, 0, 0, 0, 0, 0}, "(none: the plan stores every layer"},
+		{"selective", []int{0, ms, ms, ms, ms, 0}, "--recompute-granularity selective\n"},
+		{"block", []int{0, ck, ck, 0, 0, 0}, "--recompute-granularity full --recompute-method block --recompute-num-layers 2\n"},
+		{"uniform", []int{0, ck, n, ck, n, 0}, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2\n"},
+		{"every layer", []int{0, ck, ck, ck, ck, 0}, "--recompute-method block --recompute-num-layers 4\n"},
+		{"uneven groups", []int{0, ck, n, n, ck, 0}, "--recompute-method uniform --recompute-num-layers 3\n"},
+		{"mixed", []int{0, ck, 0, p1, 0, 0}, "cannot be written as Megatron-LM flags"},
+		{"gap", []int{0, 0, ck, 0, 0, 0}, "cannot be written as Megatron-LM flags"},
+		{"groups out of step", []int{0, ck, n, ck, ck, 0}, "cannot be written as Megatron-LM flags"},
+		{"group starting late", []int{0, 0, ck, n, 0, 0}, "cannot be written as Megatron-LM flags"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			got := ""
+			if err := exportOf(t, p, tt.d).Megatron(&b); err != nil {
+				got = "error: " + err.Error()
+			} else {
+				got = b.String()
+			}
+			if !strings.Contains(got, tt.want) {
+				t.Errorf("got %q, want it to contain %q", got, tt.want)
+			}
+			if strings.Contains(got, "uniform") && strings.Contains(got, "keeps no input") {
+				t.Errorf("uniform recomputation keeps only each group's input, yet the output says otherwise: %q", got)
+			}
+		})
+	}
+}
+
+func TestHF(t *testing.T) {
+	p := tinyLlama(t)
+	ms := option(t, p, "megatron-selective")
+	tests := []struct {
+		name string
+		d    []int
+		want []string
+	}{
+		{"store", []int{0, 0, 0, 0, 0, 0}, []string{"leave gradient checkpointing off"}},
+		{"two", []int{0, ck, 0, ck, 0, 0}, []string{"CHECKPOINTED = {0, 2}", "gradient_checkpointing_enable(", "layer.gradient_checkpointing = i in CHECKPOINTED"}},
+		{"selective", []int{0, 0, ms, 0, 0, 0}, []string{"CHECKPOINTED = {1}", "Layers 1 keep part"}},
+		{"all", []int{0, ck, ck, ck, ck, 0}, []string{"Checkpoint every layer", "gradient_checkpointing_enable("}},
+		{"nothing kept", []int{0, ck, n, 0, 0, 0}, []string{"CHECKPOINTED = {0, 1}", "keeps no input for layers.1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := exportOf(t, p, tt.d).HF(&b); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
+
+// TestPyTorchModule checks the module's PLAN against the plan, without
+// running Python: the layers' modes, keep sets and saved lists.
+func TestPyTorchModule(t *testing.T) {
+	p := tinyLlama(t)
+	ms := option(t, p, "megatron-selective")
+	e := exportOf(t, p, []int{0, 0, ck, ms, 0, 0})
+	var b bytes.Buffer
+	if err := e.PyTorch(&b, "ckptplan export tiny-llama"); err != nil {
+		t.Fatal(err)
+	}
+	src := b.String()
+	start := strings.Index(src, "PLAN = json.loads(r'''")
+	end := strings.Index(src, "''')")
+	if start < 0 || end < start || !strings.Contains(src, "def apply_plan(") {
+		t.Fatalf("module lacks PLAN or apply_plan:\n%s", src)
+	}
+	var back Export
+	if err := json.Unmarshal([]byte(src[start+len("PLAN = json.loads(r'''"):end]), &back); err != nil {
+		t.Fatal(err)
+	}
+	modes := []string{}
+	for _, l := range back.Layers {
+		modes = append(modes, l.Mode+":"+l.Policy)
+	}
+	if got := strings.Join(modes, " "); got != "store: checkpoint: selective:megatron-selective store:" {
+		t.Errorf("modes %s", got)
+	}
+	sel := back.Layers[2]
+	var kept, dropped int64
+	for _, s := range sel.Saved {
+		if s.Keep {
+			kept += s.Bytes
+		} else {
+			dropped += s.Bytes
+		}
+	}
+	// The softmax probabilities (b·a·s² fp32 = 2·4·32·32·4 bytes) go; the
+	// rest stays, with the 16 KiB output the tape adds.
+	if dropped != 32768 || kept+16384 != sel.KeptBytes {
+		t.Errorf("selective layer drops %d bytes and keeps %d (+16 KiB output), plan keeps %d", dropped, kept, sel.KeptBytes)
+	}
+	if len(sel.Saved) != 18 {
+		t.Errorf("%d saved storages, PyTorch saves 18 in a tiny-llama layer", len(sel.Saved))
+	}
+}
