@@ -17,3 +17,33 @@ func BenchmarkTable(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTableOptions is BenchmarkTable with 16 options per stage, none
+// dominating another: the chain term grows by O(S·L²·V), small beside the
+// checkpoints' O(S·L³).
+func BenchmarkTableOptions(b *testing.B) {
+	r := rand.New(rand.NewSource(1))
+	c := randomChain(r, 100)
+	c.Options = make([][]Option, c.Len())
+	for i := range c.Options {
+		c.TapeBytes[i] = c.ActBytes[i+1] + 640
+		for k := int64(1); k <= 16; k++ {
+			c.Options[i] = append(c.Options[i], Option{
+				TapeBytes:         c.ActBytes[i+1] + (c.TapeBytes[i]-c.ActBytes[i+1])*(16-k)/16,
+				Backward:          c.Backward[i] + float64(k),
+				BackwardTempBytes: c.BackwardTempBytes[i],
+			})
+		}
+	}
+	budget := int64(32000) // half of storing every tape
+	b.ReportAllocs()
+	for b.Loop() {
+		t, err := NewTable(c, budget, 1000)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n := len(t.opts[0]); n != 17 {
+			b.Fatalf("%d options left of 17", n)
+		}
+	}
+}

@@ -138,11 +138,31 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		p.Model, p.Solver, ir.Bytes(p.BudgetBytes), ir.Bytes(p.PeakBytes), ir.Bytes(p.StaticBytes), ir.Bytes(p.ActivationPeakBytes))
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tforward\n")
+	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tkept\tforward\n")
 	for _, s := range p.Stages {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%s\n", s.Index, s.Name, s.Decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), costString(s.Forward, p.Unit))
+		decision, kept := s.Decision, int64(0)
+		switch s.Decision {
+		case "store":
+			kept = s.SavedBytes
+		case "selective":
+			decision += " " + s.Option
+			for _, o := range s.Options {
+				if o.Name == s.Option {
+					kept = o.SavedBytes
+				}
+			}
+		case "checkpoint":
+			kept = s.InputBytes
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s\n", s.Index, s.Name, decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), ir.Bytes(kept), costString(s.Forward, p.Unit))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if p.Solver == "selective" || p.Solver == "megatron-selective" {
+		fmt.Fprintf(w, "\nsaved: what storing a stage keeps; kept: what the plan's first forward keeps (selective: the keep set named)\n")
+	}
+	return nil
 }
 
 func costString(v float64, unit string) string {
