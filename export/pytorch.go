@@ -48,6 +48,10 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	for _, n := range e.Notes {
 		fmt.Fprintf(&b, "# Note: %s.\n", n)
 	}
+	if len(e.indexes("selective")) > 0 {
+		b.WriteString("# Note: a selective layer keeps exactly its plan's tensors; to get the others back it\n" +
+			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.\n")
+	}
 	fmt.Fprintf(&b, "import json\n\nPLAN = json.loads(r'''%s''')\n\n", data)
 	b.WriteString(runtime)
 	_, err = io.WriteString(w, b.String())
