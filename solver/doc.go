@@ -9,8 +9,11 @@
 // chains (INRIA RR-9302, 2019): stage i maps activation a_i to a_{i+1}; a
 // forward either keeps nothing but its output (F_ck keeps its input as a
 // checkpoint, F_n drops it) or keeps the tape ā_{i+1} its backward needs
-// (F_all); B(i) turns δ_{i+1} into δ_i. The strategies are Optimal (the
-// dynamic program of that paper, exact for Simulate's accounting), Revolve
+// (F_all); B(i) turns δ_{i+1} into δ_i. A stage may also offer options:
+// storing forwards that keep part of the tape and make B(i) recompute the
+// rest (Chain.Options). The strategies are optimal (the dynamic program of
+// that paper, exact for Simulate's accounting), selective (the same table
+// choosing an option at every storing forward), Revolve
 // (Griewank's binomial schedule), Chen's √N segments and greedy heuristic,
 // checkpointing every k-th stage, and storing everything.
 package solver
