@@ -39,6 +39,7 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -231,7 +232,10 @@ func (k *keepStage) front() [][]bool {
 		outS := k.c.OutputStorage(id)
 		mine := candOf[p]
 		next := map[string]*state{}
-		for _, st := range states {
+		// In key order, so that of equal keep sets the same one is kept
+		// on every run.
+		for _, sk := range slices.Sorted(maps.Keys(states)) {
+			st := states[sk]
 			requested := len(st.req) > 0 && st.req[len(st.req)-1] == p
 			rest := st.req
 			if requested {
