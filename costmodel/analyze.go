@@ -2,6 +2,7 @@ package costmodel
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
@@ -60,6 +61,21 @@ func (c *Costs) RequiresGrad(id int) bool { return c.grad[id] }
 // Owned returns the storages node id allocates (its output first when it
 // has one of its own, then masks, statistics and copies), in index order.
 func (c *Costs) Owned(id int) []int { return c.owned[id] }
+
+// OwnedAs returns the storage node id allocates in a role ("out", "mask",
+// CopyRole(i), …), or -1.
+func (c *Costs) OwnedAs(id int, role string) int {
+	for _, s := range c.owned[id] {
+		if c.Storages[s].Role == role {
+			return s
+		}
+	}
+	return -1
+}
+
+// CopyRole is the role of the contiguous copy a product makes of its
+// strided operand i.
+func CopyRole(i int) string { return "copy" + strconv.Itoa(i) }
 
 // OutputStorage returns the storage holding node id's output (its own, or
 // the one it is a view of).

@@ -179,7 +179,7 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 	if a.lay.contig[id] {
 		return a.lay.out[id]
 	}
-	role := fmt.Sprintf("copy%d", i)
+	role := CopyRole(i)
 	for k := a.firstOwned[n.ID]; k < len(a.c.Storages); k++ {
 		if s := &a.c.Storages[k]; s.Node == n.ID && s.Role == role {
 			return k // made already

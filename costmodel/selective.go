@@ -41,10 +41,18 @@ func AttentionCore(g *ir.Graph) []bool {
 	return core
 }
 
+// SelectiveDrops reports whether Megatron's selective recomputation drops
+// storage s: the attention core (core, from AttentionCore) allocates it,
+// and it is not a copy of q or k the QKᵀ product keeps, which the
+// recomputation starts from.
+func (c *Costs) SelectiveDrops(s int, core []bool) bool {
+	st := &c.Storages[s]
+	return core[st.Node] && !(c.Graph.Nodes[st.Node].Op == ir.MatMul && st.Role != "out")
+}
+
 // SelectiveSavedBytes returns the activation bytes block b keeps when its
 // attention core is recomputed in backward instead of kept: the block's
-// saved bytes less the storages the core allocates, except the copies of q
-// and k the QKᵀ product keeps, which the recomputation starts from.
+// saved bytes less the storages SelectiveDrops drops.
 func (c *Costs) SelectiveSavedBytes(b *Block) int64 {
 	core := AttentionCore(c.Graph)
 	counted := map[int]bool{}
@@ -52,8 +60,7 @@ func (c *Costs) SelectiveSavedBytes(b *Block) int64 {
 	for _, id := range b.Nodes {
 		for _, s := range c.Nodes[id].Saved {
 			st := &c.Storages[s]
-			dropped := core[st.Node] && !(c.Graph.Nodes[st.Node].Op == ir.MatMul && st.Role != "out")
-			if counted[s] || dropped || !st.IsActivation(c.Graph) || c.Graph.Nodes[st.Node].Block != b.Name && s != b.Input {
+			if counted[s] || c.SelectiveDrops(s, core) || !st.IsActivation(c.Graph) || c.Graph.Nodes[st.Node].Block != b.Name && s != b.Input {
 				continue
 			}
 			counted[s] = true

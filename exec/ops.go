@@ -3,6 +3,7 @@ package exec
 import (
 	"fmt"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -32,36 +33,21 @@ func (r *Runner) data(id int) []float32 {
 
 // extra returns the storage node id allocated in the given role.
 func (r *Runner) extra(id int, role string) []float32 {
-	for _, s := range r.c.Owned(id) {
-		if r.c.Storages[s].Role == role {
-			b, ok := r.store[s]
-			if !ok {
-				panic(fmt.Sprintf("exec: %s of %s is not live", role, r.node(id).Name))
-			}
-			return b.F
-		}
+	s := r.c.OwnedAs(id, role)
+	if s < 0 {
+		return nil
 	}
-	return nil
-}
-
-// extraStorage returns the storage node id allocated in the role, or -1.
-func (r *Runner) extraStorage(id int, role string) int {
-	for _, s := range r.c.Owned(id) {
-		if r.c.Storages[s].Role == role {
-			return s
-		}
+	b, ok := r.store[s]
+	if !ok {
+		panic(fmt.Sprintf("exec: %s of %s is not live", role, r.node(id).Name))
 	}
-	return -1
+	return b.F
 }
 
 // byteExtra returns a 1-byte storage node id allocated in the role, or nil.
 func (r *Runner) byteExtra(id int, role string) []uint8 {
-	for _, s := range r.c.Owned(id) {
-		if r.c.Storages[s].Role == role {
-			if b, ok := r.store[s]; ok && b.B != nil {
-				return b.B
-			}
-		}
+	if b, ok := r.store[r.c.OwnedAs(id, role)]; ok && b.B != nil {
+		return b.B
 	}
 	return nil
 }
@@ -73,9 +59,9 @@ func (r *Runner) operand(id, i int, forward bool) []float32 {
 	if r.layout[in].contig {
 		return r.data(in)
 	}
-	role := fmt.Sprintf("copy%d", i)
+	role := costmodel.CopyRole(i)
 	cp := r.extra(id, role)
-	if forward && (r.fresh == nil || r.fresh[r.extraStorage(id, role)]) {
+	if forward && (r.fresh == nil || r.fresh[r.c.OwnedAs(id, role)]) {
 		gather(cp, r.buf(in).F, r.node(in).Shape, r.layout[in])
 	}
 	return cp

@@ -76,7 +76,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		if m == nil {
 			switch st.Decision {
 			case "selective":
-				if o := stageOption(&st, st.Option); o != nil {
+				if o := st.KeepSet(); o != nil {
 					e.Notes = append(e.Notes, fmt.Sprintf("the plan keeps part of %s (%s); trainers run it plainly, which keeps %v more", st.Name, st.Option, ir.Bytes(st.SavedBytes-o.SavedBytes)))
 				}
 			case "checkpoint", "recompute":
@@ -97,7 +97,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			l.Mode = "store"
 		case "selective":
 			l.Mode, l.Policy = "selective", st.Option
-			o := stageOption(&st, st.Option)
+			o := st.KeepSet()
 			if o == nil {
 				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", st.Name, st.Option)
 			}
@@ -131,15 +131,6 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), ir.Bytes(plan.PeakBytes)))
 	}
 	return e, nil
-}
-
-func stageOption(st *planner.Stage, name string) *planner.StageOption {
-	for k := range st.Options {
-		if st.Options[k].Name == name {
-			return &st.Options[k]
-		}
-	}
-	return nil
 }
 
 // list names layers compactly: "layers.1–3, layers.7".

@@ -3,6 +3,7 @@ package export
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -14,7 +15,7 @@ import (
 // checkpointed, and the output says so.
 func (e *Export) HF(w io.Writer) error {
 	ckpt := append(e.indexes("checkpoint"), e.indexes("selective")...)
-	sortInts(ckpt)
+	slices.Sort(ckpt)
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for Hugging Face transformers, made by ckptplan.\n", e.Model)
 	if len(ckpt) == 0 {
@@ -41,12 +42,4 @@ func (e *Export) HF(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-func sortInts(xs []int) {
-	for i := 1; i < len(xs); i++ {
-		for j := i; j > 0 && xs[j] < xs[j-1]; j-- {
-			xs[j], xs[j-1] = xs[j-1], xs[j]
-		}
-	}
 }

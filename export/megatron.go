@@ -64,7 +64,7 @@ func all(modes []string, m string) bool {
 // its own input) and the rest stored, else 0.
 func (e *Export) block(modes []string) int {
 	k := 0
-	for k < len(modes) && modes[k] == "checkpoint" && !e.keptNothing(k) {
+	for k < len(modes) && modes[k] == "checkpoint" && !e.nothing[k] {
 		k++
 	}
 	if k == 0 || !all(modes[k:], "store") {
@@ -73,44 +73,26 @@ func (e *Export) block(modes []string) int {
 	return k
 }
 
-// uniform returns N > 1 when the layers form groups of N, each keeping
-// only its first layer's input (the others keep nothing), else 0.
+// uniform returns N > 1 when the layers form groups of N (the last one
+// possibly shorter), each keeping only its first layer's input, else 0.
 func (e *Export) uniform() int {
 	n := len(e.Layers)
-	size := 0
-	for i := 0; i < n; i++ {
-		if e.Layers[i].Mode != "checkpoint" {
-			return 0
-		}
-		if !e.keptNothing(i) {
-			if i > 0 && size == 0 {
-				size = i
-			}
-			if size > 0 && i%size != 0 {
-				return 0
-			}
-		} else if i == 0 {
-			return 0
+	size := n // the first layer after 0 that keeps its input starts group 2
+	for i := 1; i < n; i++ {
+		if !e.nothing[i] {
+			size = i
+			break
 		}
 	}
-	if size == 0 {
-		size = n
+	for i, l := range e.Layers {
+		if l.Mode != "checkpoint" || e.nothing[i] != (i%size != 0) {
+			return 0
+		}
 	}
 	if size < 2 {
 		return 0
 	}
-	for i := 0; i < n; i += size {
-		if e.keptNothing(i) {
-			return 0
-		}
-	}
 	return size
-}
-
-// keptNothing reports whether layer i keeps no input in the plan (it is
-// recomputed from an earlier checkpoint).
-func (e *Export) keptNothing(i int) bool {
-	return strings.HasPrefix(e.Layers[i].Name, "layers.") && e.nothing[i]
 }
 
 func (e *Export) whyNot(modes []string) string {

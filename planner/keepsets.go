@@ -38,6 +38,7 @@ package planner
 // the rerun (RecomputeProgram).
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -48,7 +49,7 @@ import (
 	"github.com/ckptplan/ckptplan/ir"
 )
 
-// The named keep sets, in the order they are listed.
+// KeepPolicies are the named keep sets, in the order they are listed.
 var KeepPolicies = []string{"keep-all", "megatron-selective", "matmuls-only", "keep-nothing"}
 
 // KeepSet is one way a stage's storing forward may run.
@@ -138,24 +139,12 @@ func (k *keepStage) needs(p int, kept func(int) bool) []int {
 		if !ok {
 			continue
 		}
-		if cp := k.copyOf(id, i); cp >= 0 && kept(cp) {
+		if cp := k.c.OwnedAs(id, costmodel.CopyRole(i)); cp >= 0 && kept(cp) {
 			continue
 		}
 		out = append(out, q)
 	}
 	return out
-}
-
-// copyOf returns the storage of node id's contiguous copy of operand i, or
-// -1.
-func (k *keepStage) copyOf(id, i int) int {
-	role := "copy" + strconv.Itoa(i)
-	for _, s := range k.c.Owned(id) {
-		if k.c.Storages[s].Role == role {
-			return s
-		}
-	}
-	return -1
 }
 
 // recompute returns R(K) in graph order.
@@ -263,12 +252,7 @@ func (k *keepStage) front() [][]bool {
 				if rerun {
 					flops = k.c.Nodes[id].ForwardFLOPs
 					keptCopy := func(s int) bool {
-						for _, j := range kept {
-							if k.cand[j] == s {
-								return true
-							}
-						}
-						return false
+						return slices.ContainsFunc(kept, func(j int) bool { return k.cand[j] == s })
 					}
 					req = slices.Clone(rest)
 					for _, q := range k.needs(p, keptCopy) {
@@ -314,10 +298,7 @@ func (k *keepStage) front() [][]bool {
 // FLOPs, by increasing bytes (decreasing FLOPs); of equal entries, one.
 func paretoFront(es []frontEntry) []frontEntry {
 	slices.SortStableFunc(es, func(a, b frontEntry) int {
-		if a.bytes != b.bytes {
-			return compare(a.bytes, b.bytes)
-		}
-		return compare(a.flops, b.flops)
+		return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.flops, b.flops))
 	})
 	out := es[:0]
 	for _, e := range es {
@@ -326,16 +307,6 @@ func paretoFront(es []frontEntry) []frontEntry {
 		}
 	}
 	return out
-}
-
-func compare(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // policy returns the kept-candidate flags of a named policy.
@@ -349,7 +320,7 @@ func (k *keepStage) policy(name string, core []bool) []bool {
 		case "keep-all":
 			flags[j] = true
 		case "megatron-selective":
-			flags[j] = !core[st.Node] || op == ir.MatMul && st.Role != "out"
+			flags[j] = !k.c.SelectiveDrops(s, core)
 		case "matmuls-only":
 			flags[j] = op == ir.MatMul || op == ir.Linear
 		}

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -68,10 +69,7 @@ func TestKeepSetFrontIsExhaustive(t *testing.T) {
 				all = append(all, point{b, f})
 			}
 			cmpPoints := func(a, b point) int {
-				if a.bytes != b.bytes {
-					return compare(a.bytes, b.bytes)
-				}
-				return compare(a.flops, b.flops)
+				return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.flops, b.flops))
 			}
 			// The front: by increasing bytes, each point cheaper than all
 			// before it.

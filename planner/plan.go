@@ -67,6 +67,33 @@ type Stage struct {
 	Options []StageOption `json:"options,omitempty" yaml:"options,omitempty"`
 }
 
+// KeepSet returns the keep set of a selective stage's first forward, or
+// nil.
+func (s *Stage) KeepSet() *StageOption {
+	for k := range s.Options {
+		if s.Decision == "selective" && s.Options[k].Name == s.Option {
+			return &s.Options[k]
+		}
+	}
+	return nil
+}
+
+// KeptBytes returns what the stage's first forward keeps of its own: the
+// tape when it stores, its keep set's when selective, its input when it
+// checkpoints, nothing when it recomputes.
+func (s *Stage) KeptBytes() int64 {
+	switch s.Decision {
+	case "store":
+		return s.SavedBytes
+	case "checkpoint":
+		return s.InputBytes
+	}
+	if o := s.KeepSet(); o != nil {
+		return o.SavedBytes
+	}
+	return 0
+}
+
 // StageOption is a keep set of a stage as a plan records it.
 type StageOption struct {
 	Name       string   `json:"name" yaml:"name"`

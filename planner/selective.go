@@ -9,10 +9,10 @@ import (
 	"github.com/ckptplan/ckptplan/solver"
 )
 
-// Strategies lists the strategies Solve knows: the solver's, and
-// megatron-selective (every layer stores its tape less its attention
-// core, Megatron-LM's --recompute-granularity selective).
-var Strategies = []string{"none", "every-k", "sqrt", "chen-greedy", "revolve", "megatron-selective", "optimal", "selective"}
+// Strategies lists the strategies Solve knows: the solver's, and before
+// optimal, megatron-selective (every layer stores its tape less its
+// attention core, Megatron-LM's --recompute-granularity selective).
+var Strategies = slices.Insert(slices.Clone(solver.Strategies), slices.Index(solver.Strategies, "optimal"), "megatron-selective")
 
 // solve runs a strategy on the problem's chain. The selective strategy
 // also weighs megatron-selective everywhere, so that slot rounding never
@@ -27,15 +27,7 @@ func (p *Problem) solve(strategy string, budget int64, o *solver.Options) (*solv
 		if !ok {
 			return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
 		}
-		s := solver.StoreAllWith(p.Chain, opts)
-		r, err := solver.Simulate(p.Chain, s)
-		if err != nil {
-			return nil, err
-		}
-		if r.Peak > budget {
-			return nil, &solver.ErrInfeasible{Budget: budget, MinBudget: r.Peak}
-		}
-		return &solver.Solution{Strategy: strategy, Schedule: s, Result: r}, nil
+		return solver.Fixed(p.Chain, strategy, solver.StoreAllWith(p.Chain, opts), budget)
 	case "selective":
 		if opts, ok := p.policyEverywhere("megatron-selective"); ok {
 			o.Candidates = append(o.Candidates, solver.StoreAllWith(p.Chain, opts))

@@ -42,14 +42,14 @@ func Solve(c *Chain, strategy string, budget int64, o *Options) (*Solution, erro
 	}
 	switch strategy {
 	case "none":
-		return fixed(c, strategy, StoreAll(c), budget)
+		return Fixed(c, strategy, StoreAll(c), budget)
 	case "every-k":
-		return fixed(c, strategy, EveryK(c, opt.K), budget)
+		return Fixed(c, strategy, EveryK(c, opt.K), budget)
 	case "sqrt":
-		return fixed(c, strategy, Sqrt(c), budget)
+		return Fixed(c, strategy, Sqrt(c), budget)
 	case "chen-greedy":
 		s, _ := ChenGreedy(c, budget)
-		return fixed(c, strategy, s, budget)
+		return Fixed(c, strategy, s, budget)
 	case "revolve":
 		return solveRevolve(c, budget)
 	case "optimal":
@@ -62,7 +62,9 @@ func Solve(c *Chain, strategy string, budget int64, o *Options) (*Solution, erro
 	return nil, fmt.Errorf("unknown strategy %q (valid: %s)", strategy, strings.Join(Strategies, ", "))
 }
 
-func fixed(c *Chain, name string, s Schedule, budget int64) (*Solution, error) {
+// Fixed replays a schedule made elsewhere as strategy name: its solution,
+// or an *ErrInfeasible with its peak when it does not fit the budget.
+func Fixed(c *Chain, name string, s Schedule, budget int64) (*Solution, error) {
 	r, err := Simulate(c, s)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", name, err)

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -29,7 +30,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p.setup.addTrainingFlags(fs)
 	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included (e.g. 24GiB); default: the --device's memory")
 	if withSolver {
-		fs.StringVar(&p.solver, "solver", "selective", "strategy: none | every-k | sqrt | chen-greedy | revolve | megatron-selective | optimal | selective")
+		fs.StringVar(&p.solver, "solver", "selective", "strategy: "+strings.Join(planner.Strategies, " | "))
 	}
 	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
@@ -140,21 +141,8 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tkept\tforward\n")
 	for _, s := range p.Stages {
-		decision, kept := s.Decision, int64(0)
-		switch s.Decision {
-		case "store":
-			kept = s.SavedBytes
-		case "selective":
-			decision += " " + s.Option
-			for _, o := range s.Options {
-				if o.Name == s.Option {
-					kept = o.SavedBytes
-				}
-			}
-		case "checkpoint":
-			kept = s.InputBytes
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s\n", s.Index, s.Name, decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), ir.Bytes(kept), costString(s.Forward, p.Unit))
+		decision := strings.TrimSpace(s.Decision + " " + s.Option)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s\n", s.Index, s.Name, decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), ir.Bytes(s.KeptBytes()), costString(s.Forward, p.Unit))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
