@@ -31,7 +31,7 @@ func benchStep(b *testing.B, model string, seq int64) {
 	if seq > 0 {
 		src.Model.Layers, tr.Batch, tr.Seq = 2, 4, seq
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		b.Fatal(err)
 	}

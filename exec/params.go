@@ -6,6 +6,7 @@ import (
 
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // params are one node's weights and their gradients (nil when frozen).
@@ -26,7 +27,7 @@ func (r *Runner) static(seed int64) {
 	}
 	r.params = make([]params, len(g.Nodes))
 	alloc := func(n int64, label string) []float32 {
-		return r.tr.Alloc(int(n), 4*n, label).F
+		return r.tr.Alloc(int(n), mem.Bytes(4*n), label).F
 	}
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
@@ -86,7 +87,7 @@ func (r *Runner) static(seed int64) {
 		}
 	}
 	if c.Static.OptimizerBytes > 0 {
-		r.tr.Alloc(0, c.Static.OptimizerBytes, "optimizer state")
+		r.tr.Alloc(0, mem.Bytes(c.Static.OptimizerBytes), "optimizer state")
 	}
 	r.rope = map[[2]int64][2][]float32{}
 	for i := range g.Nodes {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -36,7 +37,7 @@ func (v variant) problem(t *testing.T) *planner.Problem {
 		tr.Profile = v.profile
 	}
 	tr.LoRA.Rank, tr.LoRA.Dropout = v.lora, v.loraDrop
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +84,10 @@ func TestMeasuredEqualsPredicted(t *testing.T) {
 			want := gradients(ref)
 			top, _ := solver.Simulate(p.Chain, all)
 			low := top.Peak
-			if _, err := solver.Solve(p.Chain, "optimal", 1, nil); err != nil {
-				low = err.(*solver.ErrInfeasible).MinBudget
+			if plan, err := p.Plan(&planner.Options{Budget: p.Static + 1, Strategy: planner.Optimal}); err != nil || plan.Feasible {
+				t.Fatalf("1 byte for activations: %v, feasible %v", err, plan.Feasible)
+			} else {
+				low = plan.MinBudgetBytes - p.Static
 			}
 			checked := 0
 			check := func(name string, sched solver.Schedule, sim solver.Result) {
@@ -112,13 +115,21 @@ func TestMeasuredEqualsPredicted(t *testing.T) {
 				checked++
 			}
 			for k := 0; k <= 10; k++ {
-				budget := low + (top.Peak-low)*int64(k)/10
-				for _, name := range solver.Strategies {
-					sol, err := solver.Solve(p.Chain, name, budget, &solver.Options{K: 2})
-					if err != nil {
+				budget := low + (top.Peak-low)*mem.Bytes(k)/10
+				for _, s := range planner.Strategies {
+					plan, err := p.Plan(&planner.Options{Budget: p.Static + budget, Strategy: s, K: 2})
+					if err != nil || !plan.Feasible {
 						continue
 					}
-					check(fmt.Sprintf("%s at %d", name, budget), sol.Schedule, sol.Result)
+					sched, err := p.Schedule(plan)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sim, err := solver.Simulate(p.Chain, sched)
+					if err != nil {
+						t.Fatal(err)
+					}
+					check(fmt.Sprintf("%s at %d", s.Name, budget), sched, sim)
 				}
 			}
 			// Every keep set of every stage, each stage storing with its

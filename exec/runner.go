@@ -8,8 +8,10 @@ import (
 	"github.com/ckptplan/ckptplan/exec/gemm"
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // Runner executes schedules of one model: it holds the weights, the
@@ -18,7 +20,7 @@ type Runner struct {
 	g      *ir.Graph
 	c      *costmodel.Costs
 	prob   *planner.Problem
-	stages []planner.StageCosts
+	stages []*stage.Stage
 	tr     *Tracker
 	layout []view
 	params []params
@@ -107,11 +109,13 @@ func (r *Runner) Step(s solver.Schedule) error {
 		i := op.Stage
 		switch op.Kind {
 		case solver.FCk, solver.FN, solver.FAll:
-			keep := r.stages[i].Tape
+			st := r.stages[i]
 			if op.Kind == solver.FAll {
-				keep, tapeOpt[i] = r.stages[i].Options[op.Option].Keep, op.Option
+				tapeOpt[i] = op.Option
+				r.runProgram(st.StoringProgram(&st.KeepSets[op.Option]), i)
+			} else {
+				r.runProgram(st.ForwardProgram(), i)
 			}
-			r.runProgram(planner.ForwardProgram(r.c, r.stages[i].Nodes, op.Kind == solver.FAll, keep), i)
 			if op.Kind != solver.FAll {
 				act[i+1] = true
 			}
@@ -130,14 +134,14 @@ func (r *Runner) Step(s solver.Schedule) error {
 			d.F[0] = 1
 			r.grads[last] = d
 		case solver.B:
-			st := &r.stages[i]
-			if ks := &st.Options[tapeOpt[i]]; len(ks.Recompute) > 0 {
+			st := r.stages[i]
+			if ks := &st.KeepSets[tapeOpt[i]]; len(ks.Recompute) > 0 {
 				r.fresh = map[int]bool{}
-				r.runProgram(planner.RecomputeProgram(r.c, ks.Keep, st.Tape, ks.Recompute), i)
+				r.runProgram(st.RecomputeProgram(ks), i)
 				r.fresh = nil
 			}
-			r.runProgram(planner.BackwardProgram(r.c, st.Nodes, ch.ActBytes[i]), i)
-			for s := range st.Tape {
+			r.runProgram(st.BackwardProgram(), i)
+			for _, s := range st.Tape() {
 				r.freeStorage(s)
 			}
 			last := st.Nodes[len(st.Nodes)-1]
@@ -170,7 +174,7 @@ func (r *Runner) inputs() {
 		}
 		s := r.c.OutputStorage(i)
 		if n.DType != ir.Int64 {
-			b := r.tr.Alloc(int(n.Shape.NumElements()), n.Bytes(), n.Name)
+			b := r.tr.Alloc(int(n.Shape.NumElements()), mem.Bytes(n.Bytes()), n.Name)
 			for k := range b.F {
 				b.F[k] = float32(rng.NormFloat64())
 			}
@@ -226,52 +230,52 @@ func (r *Runner) freeStorage(s int) {
 }
 
 // runProgram carries out a stage program of stage i.
-func (r *Runner) runProgram(p planner.Program, i int) {
+func (r *Runner) runProgram(p stage.Program, i int) {
 	for _, e := range p {
 		switch e.Kind {
-		case planner.Alloc:
+		case stage.Alloc:
 			var b *Buffer
-			if e.Buf == planner.StorageBuf && r.c.Storages[e.Storage].DType.Size() == 1 {
+			if e.Buf == stage.StorageBuf && r.c.Storages[e.Storage].DType.Size() == 1 {
 				b = r.tr.AllocBytes(int(e.Bytes), "mask")
 			} else {
 				b = r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
 			}
 			switch e.Buf {
-			case planner.StorageBuf:
+			case stage.StorageBuf:
 				r.store[e.Storage] = b
 				if r.fresh != nil {
 					r.fresh[e.Storage] = true
 				}
-			case planner.GradBuf:
+			case stage.GradBuf:
 				r.grads[e.Node] = b
-			case planner.ScratchBuf:
+			case stage.ScratchBuf:
 				r.scratch[e.Node] = b
-			case planner.DeltaBuf:
+			case stage.DeltaBuf:
 				r.grads[r.inputOf[i]] = b
-			case planner.KernelBuf:
+			case stage.KernelBuf:
 				r.work = b
 			}
-		case planner.Free:
+		case stage.Free:
 			switch e.Buf {
-			case planner.StorageBuf:
+			case stage.StorageBuf:
 				r.freeStorage(e.Storage)
-			case planner.GradBuf:
+			case stage.GradBuf:
 				r.tr.Free(r.grads[e.Node])
 				delete(r.grads, e.Node)
-			case planner.ScratchBuf:
+			case stage.ScratchBuf:
 				dst, src := r.grads[e.Node].F, r.scratch[e.Node].F
 				for k := range src {
 					dst[k] += src[k]
 				}
 				r.tr.Free(r.scratch[e.Node])
 				delete(r.scratch, e.Node)
-			case planner.KernelBuf:
+			case stage.KernelBuf:
 				r.tr.Free(r.work)
 				r.work = nil
 			}
-		case planner.RunForward, planner.Rerun:
+		case stage.RunForward, stage.Rerun:
 			r.forward(e.Node)
-		case planner.RunBackward:
+		case stage.RunBackward:
 			r.backward(e.Node, i)
 		}
 	}

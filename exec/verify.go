@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ckptplan/ckptplan/exec/gemm"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -17,28 +18,28 @@ const MaxRunBytes = 4 << 30
 // Report is what a run of a plan measured against what the plan
 // predicted. Its JSON names are part of the plan format.
 type Report struct {
-	Model                        string `json:"model"`
-	Solver                       string `json:"solver"`
-	BudgetBytes                  int64  `json:"budget_bytes"`
-	PredictedPeakBytes           int64  `json:"predicted_peak_bytes"`
-	MeasuredPeakBytes            int64  `json:"measured_peak_bytes"`
-	PredictedActivationPeakBytes int64  `json:"predicted_activation_peak_bytes"`
-	MeasuredActivationPeakBytes  int64  `json:"measured_activation_peak_bytes"`
+	Model                        string    `json:"model"`
+	Solver                       string    `json:"solver"`
+	BudgetBytes                  mem.Bytes `json:"budget_bytes"`
+	PredictedPeakBytes           mem.Bytes `json:"predicted_peak_bytes"`
+	MeasuredPeakBytes            mem.Bytes `json:"measured_peak_bytes"`
+	PredictedActivationPeakBytes mem.Bytes `json:"predicted_activation_peak_bytes"`
+	MeasuredActivationPeakBytes  mem.Bytes `json:"measured_activation_peak_bytes"`
 	// ExecutorWorkspaceBytes is the executor's own memory (the matrix
 	// kernels' packing buffers), measured apart from the model's.
-	ExecutorWorkspaceBytes int64    `json:"executor_workspace_bytes"`
-	MatmulKernel           string   `json:"matmul_kernel"`
-	TimelineMatches        bool     `json:"timeline_matches"` // every op's peak as predicted
-	GradientsMatch         bool     `json:"gradients_match"`  // bitwise equal to storing everything
-	MaxAbsGradDiff         float64  `json:"max_abs_grad_diff"`
-	PredictedCost          float64  `json:"predicted_cost"`
-	MeasuredCost           float64  `json:"measured_cost"` // FLOPs the kernels ran
-	Loss                   float32  `json:"loss"`
-	Seconds                float64  `json:"seconds"`            // wall time of the planned step
-	BaselineSeconds        float64  `json:"baseline_seconds"`   // of the store-everything step
-	Predicted              []int64  `json:"predicted_timeline"` // per op, static included
-	Measured               []int64  `json:"measured_timeline"`
-	Ops                    []string `json:"ops"`
+	ExecutorWorkspaceBytes mem.Bytes   `json:"executor_workspace_bytes"`
+	MatmulKernel           string      `json:"matmul_kernel"`
+	TimelineMatches        bool        `json:"timeline_matches"` // every op's peak as predicted
+	GradientsMatch         bool        `json:"gradients_match"`  // bitwise equal to storing everything
+	MaxAbsGradDiff         float64     `json:"max_abs_grad_diff"`
+	PredictedCost          float64     `json:"predicted_cost"`
+	MeasuredCost           float64     `json:"measured_cost"` // FLOPs the kernels ran
+	Loss                   float32     `json:"loss"`
+	Seconds                float64     `json:"seconds"`            // wall time of the planned step
+	BaselineSeconds        float64     `json:"baseline_seconds"`   // of the store-everything step
+	Predicted              []mem.Bytes `json:"predicted_timeline"` // per op, static included
+	Measured               []mem.Bytes `json:"measured_timeline"`
+	Ops                    []string    `json:"ops"`
 }
 
 // Verify runs a plan's schedule and the store-everything schedule with the

@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -30,19 +30,19 @@ type Layer struct {
 	Saved []planner.SavedTensor `json:"saved,omitempty"`
 	// KeptBytes is what the layer holds after the forward, its output
 	// included and its input not (the layer before holds it).
-	KeptBytes int64 `json:"kept_bytes"`
+	KeptBytes mem.Bytes `json:"kept_bytes"`
 }
 
 // Export is a plan reduced to per-layer decisions.
 type Export struct {
-	Schema      int      `json:"schema"`
-	Model       string   `json:"model"`
-	Solver      string   `json:"solver"`
-	BudgetBytes int64    `json:"budget_bytes"`
-	PeakBytes   int64    `json:"peak_bytes"`
-	Overhead    float64  `json:"overhead"`
-	Layers      []Layer  `json:"layers"`
-	Notes       []string `json:"notes,omitempty"`
+	Schema      int       `json:"schema"`
+	Model       string    `json:"model"`
+	Solver      string    `json:"solver"`
+	BudgetBytes mem.Bytes `json:"budget_bytes"`
+	PeakBytes   mem.Bytes `json:"peak_bytes"`
+	Overhead    float64   `json:"overhead"`
+	Layers      []Layer   `json:"layers"`
+	Notes       []string  `json:"notes,omitempty"`
 
 	nothing     []bool // per layer: the plan keeps not even its input
 	nothingNote string // the note saying so, which Megatron's uniform method makes moot
@@ -70,17 +70,17 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		seen[s.Stage] = true
 	}
 	var nested, keptNothing []string
-	var nothingBytes int64
+	var nothingBytes mem.Bytes
 	for i, st := range plan.Stages {
 		m := layerName.FindStringSubmatch(st.Name)
 		if m == nil {
 			switch st.Decision {
 			case "selective":
 				if o := st.KeepSet(); o != nil {
-					e.Notes = append(e.Notes, fmt.Sprintf("the plan keeps part of %s (%s); trainers run it plainly, which keeps %v more", st.Name, st.Option, ir.Bytes(st.SavedBytes-o.SavedBytes)))
+					e.Notes = append(e.Notes, fmt.Sprintf("the plan keeps part of %s (%s); trainers run it plainly, which keeps %v more", st.Name, st.Option, mem.Bytes(st.SavedBytes-o.SavedBytes)))
 				}
 			case "checkpoint", "recompute":
-				e.Notes = append(e.Notes, fmt.Sprintf("the plan does not store %s (%s); trainers run it plainly, which keeps up to %v more", st.Name, st.Decision, ir.Bytes(st.SavedBytes)))
+				e.Notes = append(e.Notes, fmt.Sprintf("the plan does not store %s (%s); trainers run it plainly, which keeps up to %v more", st.Name, st.Decision, mem.Bytes(st.SavedBytes)))
 			}
 			continue
 		}
@@ -124,11 +124,11 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		return nil, fmt.Errorf("the plan for %s has no layers.N stages: only a model's layers can be exported", plan.Model)
 	}
 	if len(keptNothing) > 0 {
-		e.nothingNote = fmt.Sprintf("the plan keeps no input for %s (recomputed from an earlier checkpoint); a trainer checkpoints each layer, keeping its input: %v more after the forward", list(keptNothing), ir.Bytes(nothingBytes))
+		e.nothingNote = fmt.Sprintf("the plan keeps no input for %s (recomputed from an earlier checkpoint); a trainer checkpoints each layer, keeping its input: %v more after the forward", list(keptNothing), mem.Bytes(nothingBytes))
 		e.Notes = append(e.Notes, e.nothingNote)
 	}
 	if len(nested) > 0 {
-		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), ir.Bytes(plan.PeakBytes)))
+		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), mem.Bytes(plan.PeakBytes)))
 	}
 	return e, nil
 }

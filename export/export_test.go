@@ -3,12 +3,15 @@ package export
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // grouped is the schedule in which stage k runs as d[k] says: ≥ 0 stores
@@ -60,7 +63,7 @@ func tinyLlama(t *testing.T) *planner.Problem {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +85,7 @@ func exportOf(t *testing.T, p *planner.Problem, d []int) *Export {
 
 // option returns the index of stage 1's keep set of that name.
 func option(t *testing.T, p *planner.Problem, name string) int {
-	for k, o := range p.Stages[1].Options {
+	for k, o := range p.Stages[1].KeepSets {
 		if o.Name == name {
 			return k
 		}
@@ -91,12 +94,24 @@ func option(t *testing.T, p *planner.Problem, name string) int {
 	return 0
 }
 
+// firstFrontKeepSet returns the index of stage 1's first keep set that is
+// no named policy: a point of the Pareto front.
+func firstFrontKeepSet(t *testing.T, p *planner.Problem) int {
+	for k, o := range p.Stages[1].KeepSets {
+		if !slices.Contains(stage.Policies, o.Name) {
+			return k
+		}
+	}
+	t.Fatal("no keep set besides the policies")
+	return 0
+}
+
 // TestMegatron checks the flags for the plans Megatron-LM can run and the
 // refusal for one it cannot, on tiny-llama's four layers (stages 1–4).
 func TestMegatron(t *testing.T) {
 	p := tinyLlama(t)
 	ms := option(t, p, "megatron-selective")
-	p1 := option(t, p, "pareto-1")
+	p1 := firstFrontKeepSet(t, p)
 	tests := []struct {
 		name string
 		d    []int // embed, layers.0–3, head
@@ -189,7 +204,7 @@ func TestPyTorchModule(t *testing.T) {
 		t.Errorf("modes %s", got)
 	}
 	sel := back.Layers[2]
-	var kept, dropped int64
+	var kept, dropped mem.Bytes
 	for _, s := range sel.Saved {
 		if s.Keep {
 			kept += s.Bytes

@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // runtime is the Python that applies PLAN: per-layer checkpointing, and
@@ -34,15 +34,15 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	if command != "" {
 		fmt.Fprintf(&b, ":\n#   %s", command)
 	}
-	fmt.Fprintf(&b, "\n# Solver %s, budget %v, predicted peak %v, %+.1f%% compute.\n#\n", e.Solver, ir.Bytes(e.BudgetBytes), ir.Bytes(e.PeakBytes), 100*e.Overhead)
+	fmt.Fprintf(&b, "\n# Solver %s, budget %v, predicted peak %v, %+.1f%% compute.\n#\n", e.Solver, mem.Bytes(e.BudgetBytes), mem.Bytes(e.PeakBytes), 100*e.Overhead)
 	b.WriteString("# Apply it once, before training, to the model's transformer layers in order:\n#\n")
 	b.WriteString("#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n")
 	for _, l := range e.Layers {
 		switch l.Mode {
 		case "selective":
-			fmt.Fprintf(&b, "#   %-10s selective (%s): keeps %v\n", l.Name, l.Policy, ir.Bytes(l.KeptBytes))
+			fmt.Fprintf(&b, "#   %-10s selective (%s): keeps %v\n", l.Name, l.Policy, mem.Bytes(l.KeptBytes))
 		default:
-			fmt.Fprintf(&b, "#   %-10s %s: keeps %v\n", l.Name, l.Mode, ir.Bytes(l.KeptBytes))
+			fmt.Fprintf(&b, "#   %-10s %s: keeps %v\n", l.Name, l.Mode, mem.Bytes(l.KeptBytes))
 		}
 	}
 	for _, n := range e.Notes {

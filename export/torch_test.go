@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -41,14 +42,14 @@ func TestPyTorchExport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := planner.NewProblem(src)
+		p, err := planner.New(src)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var plans []*planner.Plan
 		all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
-		for _, f := range []int64{6, 8, 10} {
-			plan, err := p.Solve(&planner.Options{Budget: p.Static + all.Peak*f/10})
+		for _, f := range []mem.Bytes{6, 8, 10} {
+			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*f/10})
 			if err != nil || !plan.Feasible {
 				t.Fatalf("%s at %d/10: %v", model, f, err)
 			}
@@ -57,7 +58,7 @@ func TestPyTorchExport(t *testing.T) {
 		// Layer k uses keep set j+k (cycling), for j = 0, 2, 4, …; then
 		// the first layer checkpointed and the others stored.
 		layers := p.Chain.Len() - 2
-		opts := len(p.Stages[1].Options)
+		opts := len(p.Stages[1].KeepSets)
 		var hand [][]int
 		for j := 0; j < opts; j += 2 {
 			d := make([]int, p.Chain.Len())
@@ -106,7 +107,7 @@ func TestPyTorchExport(t *testing.T) {
 					}
 				}
 				modes[l.Mode+" "+l.Policy]++
-				if got.LayerKeptBytes[i] != want {
+				if mem.Bytes(got.LayerKeptBytes[i]) != want {
 					t.Errorf("%s plan %d, %s (%s %s): PyTorch keeps %d bytes, the plan %d", model, n, l.Name, l.Mode, l.Policy, got.LayerKeptBytes[i], want)
 				}
 			}

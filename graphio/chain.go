@@ -5,7 +5,7 @@ import (
 	"math"
 	"reflect"
 
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -17,7 +17,7 @@ import (
 type Chain struct {
 	Name       string       `yaml:"name" json:"name"`               // the file's stem if not given
 	Unit       string       `yaml:"unit" json:"unit"`               // of the costs, free text; "units" if not given
-	InputBytes ir.Bytes     `yaml:"input_bytes" json:"input_bytes"` // a_0, the chain's input
+	InputBytes mem.Bytes    `yaml:"input_bytes" json:"input_bytes"` // a_0, the chain's input
 	Stages     []ChainStage `yaml:"stages" json:"stages"`
 	Loss       ChainLoss    `yaml:"loss" json:"loss"` // zero if not given
 }
@@ -29,19 +29,19 @@ type ChainStage struct {
 	Backward float64 `yaml:"backward" json:"backward"` // cost of the backward
 	// OutputBytes is a_{i+1}, the next stage's input: all that a forward
 	// which keeps nothing for its backward leaves behind.
-	OutputBytes ir.Bytes `yaml:"output_bytes" json:"output_bytes"`
+	OutputBytes mem.Bytes `yaml:"output_bytes" json:"output_bytes"`
 	// SavedBytes is everything a storing forward keeps for the backward,
 	// the output included, so it is never below OutputBytes.
-	SavedBytes        ir.Bytes `yaml:"saved_bytes" json:"saved_bytes"`
-	ForwardTempBytes  ir.Bytes `yaml:"forward_temp_bytes" json:"forward_temp_bytes"`   // freed when the forward returns; 0 if not given
-	BackwardTempBytes ir.Bytes `yaml:"backward_temp_bytes" json:"backward_temp_bytes"` // freed when the backward returns; 0 if not given
+	SavedBytes        mem.Bytes `yaml:"saved_bytes" json:"saved_bytes"`
+	ForwardTempBytes  mem.Bytes `yaml:"forward_temp_bytes" json:"forward_temp_bytes"`   // freed when the forward returns; 0 if not given
+	BackwardTempBytes mem.Bytes `yaml:"backward_temp_bytes" json:"backward_temp_bytes"` // freed when the backward returns; 0 if not given
 }
 
 // ChainLoss is the loss after the last stage: its backward's cost and
 // the temporary memory that backward needs.
 type ChainLoss struct {
-	Backward  float64  `yaml:"backward" json:"backward"`
-	TempBytes ir.Bytes `yaml:"temp_bytes" json:"temp_bytes"`
+	Backward  float64   `yaml:"backward" json:"backward"`
+	TempBytes mem.Bytes `yaml:"temp_bytes" json:"temp_bytes"`
 }
 
 // ParseChain reads a profiled chain YAML document, whose only top-level
@@ -138,7 +138,7 @@ func checkStage(d *decoder, p string, s *ChainStage) error {
 	}
 	for _, b := range []struct {
 		key string
-		v   ir.Bytes
+		v   mem.Bytes
 	}{{"output_bytes", s.OutputBytes}, {"saved_bytes", s.SavedBytes}, {"forward_temp_bytes", s.ForwardTempBytes}, {"backward_temp_bytes", s.BackwardTempBytes}} {
 		if err := checkSize(d, p+"."+b.key, b.v); err != nil {
 			return err
@@ -161,7 +161,7 @@ func checkCost(d *decoder, path string, v float64) error {
 	return nil
 }
 
-func checkSize(d *decoder, path string, v ir.Bytes) error {
+func checkSize(d *decoder, path string, v mem.Bytes) error {
 	if v < 0 {
 		return d.errField(path, "%s: must not be negative, got %v", path, v)
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -118,7 +118,7 @@ func TestChainFiles(t *testing.T) {
 		}
 	}
 	const MiB = 1 << 20
-	block := func(name string, temp ir.Bytes) ChainStage {
+	block := func(name string, temp mem.Bytes) ChainStage {
 		return ChainStage{Name: name, Forward: 1.5, Backward: 3, OutputBytes: MiB, SavedBytes: 8 * MiB, BackwardTempBytes: temp}
 	}
 	want := &Chain{Name: "mlp4", Unit: "ms", InputBytes: MiB,

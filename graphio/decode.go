@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -132,7 +132,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) error {
 		return err
 	}
 	d.pos[path] = n
-	if v.Type() == reflect.TypeFor[ir.Bytes]() {
+	if v.Type() == reflect.TypeFor[mem.Bytes]() {
 		return d.decodeBytes(n, v, path)
 	}
 	switch v.Kind() {
@@ -277,7 +277,7 @@ func (d *decoder) decodeBytes(n *yaml.Node, v reflect.Value, path string) error 
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!bool" || n.Tag == "!!null" {
 		return d.errAt(n, "%s: want a byte count such as 4096 or 512MiB, got %s", label(path), describe(n))
 	}
-	b, err := ir.ParseBytes(n.Value)
+	b, err := mem.ParseBytes(n.Value)
 	if err != nil {
 		return d.errAt(n, "%s: %v", label(path), err)
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // BenchmarkPlan70B plans llama-3-70b (82 stages, 8k tokens) end to end at
@@ -14,23 +15,23 @@ import (
 // with flash and eager attention.
 func BenchmarkPlan70B(b *testing.B) {
 	for _, attention := range []string{"flash", "eager"} {
-		for _, strategy := range []string{"optimal", "selective"} {
-			b.Run(attention+"/"+strategy, func(b *testing.B) {
+		for _, strategy := range []Strategy{Optimal, Selective} {
+			b.Run(attention+"/"+strategy.Name, func(b *testing.B) {
 				src, err := graphio.Load("llama-3-70b")
 				if err != nil {
 					b.Fatal(err)
 				}
 				src.Model.Training.Attention = attention
-				act := int64(40 << 30)
+				act := mem.Bytes(40 << 30)
 				if attention == "eager" {
 					act = 2 << 40
 				}
 				for b.Loop() {
-					p, err := NewProblem(src)
+					p, err := New(src)
 					if err != nil {
 						b.Fatal(err)
 					}
-					plan, err := p.Solve(&Options{Budget: p.Static + act, Strategy: strategy})
+					plan, err := p.Plan(&Options{Budget: p.Static + act, Strategy: strategy})
 					if err != nil || !plan.Feasible {
 						b.Fatal(err, plan.MinBudgetBytes)
 					}

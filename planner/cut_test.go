@@ -20,7 +20,7 @@ func TestUncuttableGraphNote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewProblem(src)
+	p, err := New(src)
 	if err != nil {
 		t.Fatal(err)
 	}

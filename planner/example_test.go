@@ -7,17 +7,22 @@ import (
 	"strings"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
-	"github.com/ckptplan/ckptplan/solver"
 )
 
-// Plan a bundled model under a budget and read the decision per stage.
-func ExampleMake() {
+// Plan a bundled model under a budget and read the decision per stage,
+// with the keep set of each selective stage named by what it drops.
+func ExampleProblem_Plan() {
 	src, err := graphio.Load("tiny-llama")
 	if err != nil {
 		panic(err)
 	}
-	plan, err := planner.Make(src, &planner.Options{Budget: 5 << 20})
+	p, err := planner.New(src)
+	if err != nil {
+		panic(err)
+	}
+	plan, err := p.Plan(&planner.Options{Budget: 5 * mem.MiB})
 	if err != nil {
 		panic(err)
 	}
@@ -30,30 +35,33 @@ func ExampleMake() {
 	// embed store
 	// layers.0 selective matmuls-only
 	// layers.1 selective matmuls-only
-	// layers.2 selective pareto-5
-	// layers.3 selective pareto-1
-	// head selective pareto-1
+	// layers.2 selective keep(attn.rope_q,resid_1,mlp.gate_proj,mlp.up_proj)
+	// layers.3 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
+	// head selective keep(loss:log_softmax)
 }
 
 // Plan a chain whose per-stage costs were measured elsewhere (by a
 // trainer's profiler), built in code. Storing every tape would need 272 MiB;
 // in 200 MiB the plan keeps only the input of stage 0 and recomputes stages
 // 0 and 1 once.
-func ExampleProblem_Solve() {
-	const MiB = 1 << 20
-	p := &planner.Problem{Name: "measured", Unit: "ms", Chain: &solver.Chain{
-		Forward:           []float64{2, 2, 2, 2},
-		Backward:          []float64{4, 4, 4, 4},
-		ActBytes:          []int64{8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB},
-		TapeBytes:         []int64{64 * MiB, 64 * MiB, 64 * MiB, 64 * MiB},
-		ForwardTempBytes:  []int64{0, 0, 0, 0},
-		BackwardTempBytes: []int64{8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB},
-	}, Names: []string{"b0", "b1", "b2", "b3"}}
-	plan, err := p.Solve(&planner.Options{Budget: 200 * MiB})
+func ExampleNew_chain() {
+	const MiB = mem.MiB
+	stage := func(name string) graphio.ChainStage {
+		return graphio.ChainStage{Name: name, Forward: 2, Backward: 4, OutputBytes: 8 * MiB, SavedBytes: 64 * MiB, BackwardTempBytes: 8 * MiB}
+	}
+	src := &graphio.Source{Name: "measured", Kind: graphio.KindChain, Chain: &graphio.Chain{
+		Name: "measured", Unit: "ms", InputBytes: 8 * MiB,
+		Stages: []graphio.ChainStage{stage("b0"), stage("b1"), stage("b2"), stage("b3")},
+	}}
+	p, err := planner.New(src)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("peak %d MiB, cost %g ms (storing all: %g ms)\n", plan.PeakBytes/MiB, plan.Cost, plan.BaselineCost)
+	plan, err := p.Plan(&planner.Options{Budget: 200 * MiB})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("peak %v, cost %g ms (storing all: %g ms)\n", plan.PeakBytes, plan.Cost, plan.BaselineCost)
 	for _, s := range plan.Stages {
 		fmt.Println(s.Name, s.Decision)
 	}
@@ -68,7 +76,8 @@ func ExampleProblem_Solve() {
 // Read back a plan saved with ckptplan plan --format json.
 func ExampleReadPlan() {
 	src, _ := graphio.Load("tiny-gpt2")
-	plan, _ := planner.Make(src, &planner.Options{Budget: 4 << 20})
+	p, _ := planner.New(src)
+	plan, _ := p.Plan(&planner.Options{Budget: 4 * mem.MiB})
 	var buf bytes.Buffer
 	json.NewEncoder(&buf).Encode(plan)
 	back, err := planner.ReadPlan(&buf)

@@ -4,28 +4,10 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/models"
 	"github.com/ckptplan/ckptplan/solver"
-	"github.com/google/go-cmp/cmp"
 )
-
-func TestCutPoints(t *testing.T) {
-	g := ir.NewGraph("skip", ir.FP32)
-	x, _ := g.AddInput("x", "", ir.Tensor{Shape: ir.Shape{2, 4}, DType: ir.FP32})
-	a, _ := g.AddOp("a", "g", ir.Linear, ir.Attrs{Out: 4}, x)
-	b, _ := g.AddOp("b", "g", ir.GELU, ir.Attrs{}, a)
-	c, _ := g.AddOp("c", "g", ir.Add, ir.Attrs{}, a, b) // a skips over b
-	d, _ := g.AddOp("d", "g", ir.Linear, ir.Attrs{Out: 4}, c)
-	g.Output = d
-	var names []string
-	for _, id := range CutPoints(g) {
-		names = append(names, g.Nodes[id].Name)
-	}
-	if diff := cmp.Diff([]string{"a", "c", "d"}, names); diff != "" {
-		t.Errorf("cut points (-want +got)\n%s", diff)
-	}
-}
 
 // TestModelsStoreAll: with room for everything, every bundled model is
 // planned storing every stage at no overhead, and its peak is what the
@@ -37,7 +19,7 @@ func TestModelsStoreAll(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := NewProblem(src)
+			p, err := New(src)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,7 +27,7 @@ func TestModelsStoreAll(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			plan, err := p.Solve(&Options{Budget: p.Static + all.Peak})
+			plan, err := p.Plan(&Options{Budget: p.Static + all.Peak})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,8 +50,8 @@ func TestModelsStoreAll(t *testing.T) {
 				if b.Name != s.Name {
 					t.Fatalf("stage %d is %s, block %s", i, s.Name, b.Name)
 				}
-				out := p.Chain.ActBytes[i+1]
-				if s.SavedBytes != b.SavedBytes+out && s.SavedBytes != b.SavedBytes-b.InputBytes+out {
+				out := int64(p.Chain.ActBytes[i+1])
+				if saved := int64(s.SavedBytes); saved != b.SavedBytes+out && saved != b.SavedBytes-b.InputBytes+out {
 					t.Errorf("%s: tape %d, cost model keeps %d with input %d and output %d", s.Name, s.SavedBytes, b.SavedBytes, b.InputBytes, out)
 				}
 			}
@@ -79,10 +61,12 @@ func TestModelsStoreAll(t *testing.T) {
 
 // TestBudgetSweep: on every bundled model, every strategy's plan at a
 // sweep of budgets either fits within the budget or says what it needs;
-// the optimal plan is never costlier than a layer-level strategy that
-// fits, and the selective plan never costlier than any plan that fits —
-// the optimal one, megatron-selective everywhere and every layer
-// checkpointed (every-k) included.
+// its schedule, read back from the plan and replayed, peaks within the
+// budget at the plan's cost; and on those replayed costs the optimal plan
+// is never costlier than a layer-level strategy that fits, and the
+// selective plan never costlier than any plan that fits — the optimal
+// one, megatron-selective everywhere and every layer checkpointed
+// (every-k) included.
 func TestBudgetSweep(t *testing.T) {
 	names := models.Names()
 	if testing.Short() {
@@ -93,32 +77,40 @@ func TestBudgetSweep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := NewProblem(src)
+		p, err := New(src)
 		if err != nil {
 			t.Fatal(err)
 		}
 		all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
 		checked := map[string]int{}
 		for k := 0; k <= 10; k++ {
-			budget := p.Static + all.Peak*int64(k+3)/13
+			budget := p.Static + all.Peak*mem.Bytes(k+3)/13
 			cost := map[string]float64{}
 			for _, s := range Strategies {
-				plan, err := p.Solve(&Options{Budget: budget, Strategy: s})
-				if s == "megatron-selective" && err != nil {
+				plan, err := p.Plan(&Options{Budget: budget, Strategy: s})
+				if s.Name == "megatron-selective" && err != nil {
 					continue // no attention core
 				}
 				if err != nil {
 					t.Fatal(err)
 				}
 				if plan.Feasible && plan.PeakBytes > budget {
-					t.Errorf("%s %s at %d: peak %d", name, s, budget, plan.PeakBytes)
+					t.Errorf("%s %s at %d: peak %d", name, s.Name, budget, plan.PeakBytes)
 				}
 				if !plan.Feasible && plan.MinBudgetBytes <= budget {
-					t.Errorf("%s %s at %d: infeasible but needs only %d", name, s, budget, plan.MinBudgetBytes)
+					t.Errorf("%s %s at %d: infeasible but needs only %d", name, s.Name, budget, plan.MinBudgetBytes)
 				}
 				if plan.Feasible {
-					cost[s] = plan.Cost
-					checked[s]++
+					sched, err := p.Schedule(plan)
+					if err != nil {
+						t.Fatal(err)
+					}
+					r, err := solver.Simulate(p.Chain, sched)
+					if err != nil || r.Cost != plan.Cost || p.Static+r.Peak != plan.PeakBytes || p.Static+r.Peak > budget {
+						t.Errorf("%s %s at %d: the plan says cost %v peak %d; its schedule replays to %v, %d (%v)", name, s.Name, budget, plan.Cost, plan.PeakBytes, r.Cost, p.Static+r.Peak, err)
+					}
+					cost[s.Name] = r.Cost
+					checked[s.Name]++
 				}
 			}
 			for s, c := range cost {
@@ -142,7 +134,11 @@ func TestChainFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := Make(src, &Options{Budget: int64(src.Chain.InputBytes) * 6})
+	p, err := New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := p.Plan(&Options{Budget: src.Chain.InputBytes * 6})
 	if err != nil {
 		t.Fatal(err)
 	}

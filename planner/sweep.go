@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 )
 
@@ -14,7 +15,7 @@ import (
 type Sweep struct {
 	Model        string       `json:"model"`
 	Unit         string       `json:"unit"`
-	StaticBytes  int64        `json:"static_bytes"`
+	StaticBytes  mem.Bytes    `json:"static_bytes"`
 	BaselineCost float64      `json:"baseline_cost"`
 	Optimal      []SweepPoint `json:"optimal"`
 	// Selective is the optimal overhead when storing forwards may also
@@ -25,17 +26,17 @@ type Sweep struct {
 
 // SweepPoint is the optimal plan at one budget.
 type SweepPoint struct {
-	BudgetBytes int64   `json:"budget_bytes"` // static included
-	Cost        float64 `json:"cost"`
-	Overhead    float64 `json:"overhead"`
+	BudgetBytes mem.Bytes `json:"budget_bytes"` // static included
+	Cost        float64   `json:"cost"`
+	Overhead    float64   `json:"overhead"`
 }
 
 // StrategyPoint is where a fixed strategy lands: its peak and overhead.
 type StrategyPoint struct {
-	Solver    string  `json:"solver"`
-	PeakBytes int64   `json:"peak_bytes"` // static included
-	Cost      float64 `json:"cost"`
-	Overhead  float64 `json:"overhead"`
+	Solver    string    `json:"solver"`
+	PeakBytes mem.Bytes `json:"peak_bytes"` // static included
+	Cost      float64   `json:"cost"`
+	Overhead  float64   `json:"overhead"`
 }
 
 // Sweep computes the trade-off with points budgets for the optimal curve,
@@ -49,10 +50,11 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		return nil, err
 	}
 	s := &Sweep{Model: p.Name, Unit: p.Unit, StaticBytes: p.Static, BaselineCost: baselineCost(c)}
-	overhead := s.overhead
+	var peaks []mem.Bytes // activation peaks of s.Strategies
 	add := func(name string, sched solver.Schedule) {
 		if r, err := solver.Simulate(c, sched); err == nil {
-			s.Strategies = append(s.Strategies, StrategyPoint{name, r.Peak + p.Static, r.Cost, overhead(r.Cost)})
+			s.Strategies = append(s.Strategies, StrategyPoint{name, p.total(r.Peak), r.Cost, s.overhead(r.Cost)})
+			peaks = append(peaks, r.Peak)
 		}
 	}
 	add("none", solver.StoreAll(c))
@@ -67,18 +69,18 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		add(fmt.Sprintf("revolve-%d", snaps), solver.Revolve(c, snaps))
 	}
 	low := all.Peak
-	for _, sp := range s.Strategies {
-		low = min(low, sp.PeakBytes-p.Static)
+	for _, b := range peaks {
+		low = min(low, b)
 	}
 	points = max(points, 2)
 	// Evenly spaced budgets, and the peak of every fixed strategy, where
 	// the curves may step.
-	var budgets []int64
+	var budgets []mem.Bytes
 	for k := 0; k < points; k++ {
-		budgets = append(budgets, low+(all.Peak-low)*int64(k)/int64(points-1))
+		budgets = append(budgets, low+(all.Peak-low)*mem.Bytes(k)/mem.Bytes(points-1))
 	}
-	for _, sp := range s.Strategies {
-		if b := sp.PeakBytes - p.Static; b >= low && b <= all.Peak {
+	for _, b := range peaks {
+		if b >= low && b <= all.Peak {
 			budgets = append(budgets, b)
 		}
 	}
@@ -86,11 +88,11 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	budgets = slices.Compact(budgets)
 	plain := *c
 	plain.Options = nil
-	if s.Optimal, err = p.curve(&plain, s, budgets, all.Peak, slots, false); err != nil {
+	if s.Optimal, err = p.curve(&plain, s, peaks, budgets, all.Peak, slots, false); err != nil {
 		return nil, err
 	}
 	if c.Options != nil {
-		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true); err != nil {
+		if s.Selective, err = p.curve(c, s, peaks, budgets, all.Peak, slots, true); err != nil {
 			return nil, err
 		}
 	}
@@ -101,7 +103,7 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 // As the optimal strategy does, it takes a fixed strategy's point where
 // rounding sizes to slots costs the table a schedule; the layer-level
 // curve only those that run no keep set.
-func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []int64, top int64, slots int, selective bool) ([]SweepPoint, error) {
+func (p *Problem) curve(c *solver.Chain, s *Sweep, peaks, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool) ([]SweepPoint, error) {
 	t, err := solver.NewTable(c, top, slots)
 	if err != nil {
 		return nil, err
@@ -109,15 +111,15 @@ func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []int64, top int64, s
 	var out []SweepPoint
 	for _, b := range budgets {
 		cost := t.Cost(b)
-		for _, sp := range s.Strategies {
-			if sp.PeakBytes-p.Static <= b && (selective || sp.Solver != "megatron-selective") {
+		for k, sp := range s.Strategies {
+			if peaks[k] <= b && (selective || sp.Solver != MegatronSelective.Name) {
 				cost = min(cost, sp.Cost)
 			}
 		}
 		if math.IsInf(cost, 1) {
 			continue
 		}
-		out = append(out, SweepPoint{b + p.Static, cost, s.overhead(cost)})
+		out = append(out, SweepPoint{p.total(b), cost, s.overhead(cost)})
 	}
 	return out, nil
 }

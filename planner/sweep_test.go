@@ -14,7 +14,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewProblem(src)
+	p, err := New(src)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,5 @@
 package solver
 
-import (
-	"fmt"
-	"sort"
-)
-
 // StoreAll returns the schedule that keeps every tape: F_all of every
 // stage, the loss, then every backward. It has the least cost of all
 // schedules and the largest memory.
@@ -69,70 +64,4 @@ func EveryK(c *Chain, k int) Schedule {
 		starts = append(starts, i)
 	}
 	return Segments(c, starts)
-}
-
-// Sqrt is Chen et al.'s √N strategy (Training Deep Nets with Sublinear
-// Memory Cost, arXiv:1604.06174, §4.1): segments of ⌈√L⌉ stages.
-func Sqrt(c *Chain) Schedule {
-	k := 1
-	for k*k < c.Len() {
-		k++
-	}
-	return EveryK(c, k)
-}
-
-// ChenGreedy is Chen et al.'s memory-planning heuristic (§4.2, Algorithm
-// 3): walk the stages adding up their tapes and start a new segment when
-// the sum passes a threshold. Each candidate threshold (every distinct
-// prefix sum of tape bytes) gives a schedule; the cheapest one that fits the
-// budget is returned, else the one with the smallest peak and false.
-// O(L²) schedules of O(L) ops each are simulated.
-func ChenGreedy(c *Chain, budget int64) (Schedule, bool) {
-	var best, smallest Schedule
-	bestCost, smallestPeak := 0.0, int64(-1)
-	seen := map[string]bool{}
-	for _, th := range chenThresholds(c) {
-		starts := []int{0}
-		var acc int64
-		for i := 0; i < c.Len(); i++ {
-			acc += c.TapeBytes[i]
-			if acc > th && i+1 < c.Len() {
-				starts = append(starts, i+1)
-				acc = 0
-			}
-		}
-		key := fmt.Sprint(starts)
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
-		s := Segments(c, starts)
-		r, err := Simulate(c, s)
-		if err != nil {
-			panic(err) // Segments always builds valid schedules
-		}
-		if smallestPeak < 0 || r.Peak < smallestPeak {
-			smallest, smallestPeak = s, r.Peak
-		}
-		if r.Peak <= budget && (best == nil || r.Cost < bestCost) {
-			best, bestCost = s, r.Cost
-		}
-	}
-	if best == nil {
-		return smallest, false
-	}
-	return best, true
-}
-
-func chenThresholds(c *Chain) []int64 {
-	var out []int64
-	for a := 0; a < c.Len(); a++ {
-		var acc int64
-		for b := a; b < c.Len(); b++ {
-			acc += c.TapeBytes[b]
-			out = append(out, acc)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
 }

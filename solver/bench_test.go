@@ -3,13 +3,15 @@ package solver
 import (
 	"math/rand"
 	"testing"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // BenchmarkTable fills the optimal table for 100 stages and 1000 slots.
 func BenchmarkTable(b *testing.B) {
 	r := rand.New(rand.NewSource(1))
 	c := randomChain(r, 100)
-	budget := int64(1000)
+	budget := mem.Bytes(1000)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := NewTable(c, budget, 1000); err != nil {
@@ -27,7 +29,7 @@ func BenchmarkTableOptions(b *testing.B) {
 	c.Options = make([][]Option, c.Len())
 	for i := range c.Options {
 		c.TapeBytes[i] = c.ActBytes[i+1] + 640
-		for k := int64(1); k <= 16; k++ {
+		for k := mem.Bytes(1); k <= 16; k++ {
 			c.Options[i] = append(c.Options[i], Option{
 				TapeBytes:         c.ActBytes[i+1] + (c.TapeBytes[i]-c.ActBytes[i+1])*(16-k)/16,
 				Backward:          c.Backward[i] + float64(k),
@@ -35,7 +37,7 @@ func BenchmarkTableOptions(b *testing.B) {
 			})
 		}
 	}
-	budget := int64(32000) // half of storing every tape
+	budget := mem.Bytes(32000) // half of storing every tape
 	b.ReportAllocs()
 	for b.Loop() {
 		t, err := NewTable(c, budget, 1000)

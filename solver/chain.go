@@ -3,6 +3,8 @@ package solver
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // Chain is a sequence of L stages followed by a loss. Slices indexed by
@@ -11,17 +13,17 @@ type Chain struct {
 	Forward  []float64 // cost of running stage i forward (any kind)
 	Backward []float64 // cost of B(i)
 	// ActBytes[i] is the size of activation a_i, and of its gradient δ_i.
-	ActBytes []int64
+	ActBytes []mem.Bytes
 	// TapeBytes[i] is what F_all(i) keeps: everything B(i) needs besides
 	// a_i, its output a_{i+1} included.
-	TapeBytes        []int64
-	ForwardTempBytes []int64 // transient bytes during F_ck(i) and F_n(i)
+	TapeBytes        []mem.Bytes
+	ForwardTempBytes []mem.Bytes // transient bytes during F_ck(i) and F_n(i)
 	// FAllTempBytes are the transient bytes during F_all(i) beyond its
 	// tape; nil means ForwardTempBytes.
-	FAllTempBytes     []int64
-	BackwardTempBytes []int64 // transient bytes during B(i)
-	LossBackward      float64 // cost of the loss op
-	LossTempBytes     int64   // transient bytes during the loss op
+	FAllTempBytes     []mem.Bytes
+	BackwardTempBytes []mem.Bytes // transient bytes during B(i)
+	LossBackward      float64     // cost of the loss op
+	LossTempBytes     mem.Bytes   // transient bytes during the loss op
 	// Options[i] lists the other ways F_all(i) may run, each keeping part
 	// of the tape and recomputing the rest in B(i); option 0 is the
 	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
@@ -31,10 +33,10 @@ type Chain struct {
 // Option is a variant of a storing forward: F_all(i) keeps a smaller tape
 // and B(i) first recomputes what it dropped.
 type Option struct {
-	TapeBytes         int64   // what F_all(i) keeps, a_{i+1} included
-	FAllTempBytes     int64   // transient bytes during F_all(i) beyond the tape
-	Backward          float64 // cost of B(i), its recomputation included
-	BackwardTempBytes int64   // transient bytes during B(i), the recomputed tensors included
+	TapeBytes         mem.Bytes // what F_all(i) keeps, a_{i+1} included
+	FAllTempBytes     mem.Bytes // transient bytes during F_all(i) beyond the tape
+	Backward          float64   // cost of B(i), its recomputation included
+	BackwardTempBytes mem.Bytes // transient bytes during B(i), the recomputed tensors included
 }
 
 // Len returns the number of stages L.
@@ -83,7 +85,7 @@ func (c *Chain) Validate() error {
 }
 
 // FAllTemp returns the transient bytes of F_all(i).
-func (c *Chain) FAllTemp(i int) int64 {
+func (c *Chain) FAllTemp(i int) mem.Bytes {
 	if c.FAllTempBytes == nil {
 		return c.ForwardTempBytes[i]
 	}
@@ -155,8 +157,8 @@ type Schedule []Op
 // ErrInfeasible reports a budget too small for any schedule a strategy can
 // produce.
 type ErrInfeasible struct {
-	Budget    int64 // the budget asked for
-	MinBudget int64 // the smallest budget that works, when known (else 0)
+	Budget    mem.Bytes // the budget asked for
+	MinBudget mem.Bytes // the smallest budget that works, when known (else 0)
 }
 
 func (e *ErrInfeasible) Error() string {

@@ -3,6 +3,7 @@ package solver_test
 import (
 	"fmt"
 
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 )
 
@@ -14,23 +15,23 @@ func ExampleNewTable() {
 	c := &solver.Chain{
 		Forward:           []float64{1, 1, 1},
 		Backward:          []float64{2, 2, 2},
-		ActBytes:          []int64{1, 1, 1, 1},
-		TapeBytes:         []int64{3, 3, 3},
-		ForwardTempBytes:  []int64{0, 0, 0},
-		BackwardTempBytes: []int64{0, 0, 0},
+		ActBytes:          []mem.Bytes{1, 1, 1, 1},
+		TapeBytes:         []mem.Bytes{3, 3, 3},
+		ForwardTempBytes:  []mem.Bytes{0, 0, 0},
+		BackwardTempBytes: []mem.Bytes{0, 0, 0},
 	}
 	t, err := solver.NewTable(c, 11, 11)
 	if err != nil {
 		panic(err)
 	}
-	for _, budget := range []int64{11, 10, 8, 6, 5} {
+	for _, budget := range []mem.Bytes{11, 10, 8, 6, 5} {
 		s, err := t.Schedule(budget)
 		if err != nil {
-			fmt.Println(budget, err)
+			fmt.Printf("%d %v\n", budget, err)
 			continue
 		}
 		r, _ := solver.Simulate(c, s)
-		fmt.Println(budget, r.Cost, r.Peak, s)
+		fmt.Printf("%d %g %d %v\n", budget, r.Cost, r.Peak, s)
 	}
 	// Output:
 	// 11 9 11 [F_all(0) F_all(1) F_all(2) loss(3) B(2) B(1) B(0)]

@@ -5,27 +5,29 @@ import (
 	"math"
 	"math/rand"
 	"testing"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // exhaustive returns the least cost of any valid (persistent) schedule of c
 // whose every op fits in budget (Simulate's rules), by Dijkstra's algorithm over live
 // sets; +Inf when none fits. A live set is which activations and tapes are
 // live and which gradient: O(4^L·L) states.
-func exhaustive(c *Chain, budget int64) float64 {
+func exhaustive(c *Chain, budget mem.Bytes) float64 {
 	cost, _ := exhaustiveSchedule(c, budget)
 	return cost
 }
 
 // exhaustiveSchedule also returns a best schedule.
-func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
+func exhaustiveSchedule(c *Chain, budget mem.Bytes) (float64, Schedule) {
 	l := c.Len()
 	type st struct {
 		act, tape, ckpt uint32
 		delta           int      // index of the live gradient, -1 before the loss
 		opt             [8]uint8 // opt[i]: the option of the live tape ā_i
 	}
-	live := func(s st) int64 {
-		var b int64
+	live := func(s st) mem.Bytes {
+		var b mem.Bytes
 		for i := 0; i <= l; i++ {
 			if s.act&(1<<i) != 0 {
 				b += c.ActBytes[i]
@@ -63,7 +65,7 @@ func exhaustiveSchedule(c *Chain, budget int64) (float64, Schedule) {
 			return it.cost, sched
 		}
 		var op Op
-		relax := func(n st, peak int64, cost float64) {
+		relax := func(n st, peak mem.Bytes, cost float64) {
 			if peak > budget || live(n) > budget {
 				return
 			}
@@ -146,17 +148,17 @@ func (h *costHeap) Pop() any {
 
 // randomChain returns a chain of l stages with small integer costs and sizes.
 func randomChain(r *rand.Rand, l int) *Chain {
-	c := &Chain{LossBackward: float64(r.Intn(3)), LossTempBytes: int64(r.Intn(3))}
+	c := &Chain{LossBackward: float64(r.Intn(3)), LossTempBytes: mem.Bytes(r.Intn(3))}
 	for i := 0; i <= l; i++ {
-		c.ActBytes = append(c.ActBytes, int64(1+r.Intn(4)))
+		c.ActBytes = append(c.ActBytes, mem.Bytes(1+r.Intn(4)))
 	}
 	for i := 0; i < l; i++ {
 		c.Forward = append(c.Forward, float64(1+r.Intn(5)))
 		c.Backward = append(c.Backward, float64(1+r.Intn(8)))
-		c.TapeBytes = append(c.TapeBytes, c.ActBytes[i+1]+int64(r.Intn(7)))
-		c.ForwardTempBytes = append(c.ForwardTempBytes, int64(r.Intn(3)))
-		c.FAllTempBytes = append(c.FAllTempBytes, int64(r.Intn(3)))
-		c.BackwardTempBytes = append(c.BackwardTempBytes, int64(r.Intn(4)))
+		c.TapeBytes = append(c.TapeBytes, c.ActBytes[i+1]+mem.Bytes(r.Intn(7)))
+		c.ForwardTempBytes = append(c.ForwardTempBytes, mem.Bytes(r.Intn(3)))
+		c.FAllTempBytes = append(c.FAllTempBytes, mem.Bytes(r.Intn(3)))
+		c.BackwardTempBytes = append(c.BackwardTempBytes, mem.Bytes(r.Intn(4)))
 	}
 	return c
 }
@@ -169,10 +171,10 @@ func withOptions(r *rand.Rand, c *Chain) *Chain {
 		for k := r.Intn(4); k > 0; k-- {
 			extra := c.TapeBytes[i] - c.ActBytes[i+1]
 			c.Options[i] = append(c.Options[i], Option{
-				TapeBytes:         c.ActBytes[i+1] + r.Int63n(extra+1),
-				FAllTempBytes:     int64(r.Intn(4)),
+				TapeBytes:         c.ActBytes[i+1] + mem.Bytes(r.Int63n(int64(extra+1))),
+				FAllTempBytes:     mem.Bytes(r.Intn(4)),
 				Backward:          c.Backward[i] + float64(r.Intn(4)),
-				BackwardTempBytes: c.BackwardTempBytes[i] + int64(r.Intn(5)),
+				BackwardTempBytes: c.BackwardTempBytes[i] + mem.Bytes(r.Intn(5)),
 			})
 		}
 	}
@@ -181,7 +183,7 @@ func withOptions(r *rand.Rand, c *Chain) *Chain {
 
 // storeAllPeak is the peak of storing every tape, the most any sensible
 // schedule needs.
-func storeAllPeak(t *testing.T, c *Chain) int64 {
+func storeAllPeak(t *testing.T, c *Chain) mem.Bytes {
 	r, err := Simulate(c, StoreAll(c))
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +216,7 @@ func testExhaustive(t *testing.T, options bool) {
 			withOptions(r, c)
 		}
 		top := storeAllPeak(t, c)
-		budget := c.ActBytes[0] + r.Int63n(top)
+		budget := c.ActBytes[0] + mem.Bytes(r.Int63n(int64(top)))
 		tab, err := NewTable(c, budget, int(budget))
 		if err != nil {
 			t.Fatal(err)

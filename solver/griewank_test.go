@@ -3,6 +3,8 @@ package solver
 import (
 	"math/big"
 	"testing"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // griewankT is the closed form t(l, s) = r·l − C(s+r, s+1), with r the
@@ -18,7 +20,7 @@ func griewankT(l, s int) int {
 
 // homogeneous is the chain of Griewank's setting: every stage costs 1
 // forward and bw backward, activations are 1 byte, tapes x bytes.
-func homogeneous(l int, bw float64, x int64) *Chain {
+func homogeneous(l int, bw float64, x mem.Bytes) *Chain {
 	c := &Chain{LossBackward: bw}
 	for i := 0; i <= l; i++ {
 		c.ActBytes = append(c.ActBytes, 1)
@@ -58,9 +60,9 @@ func TestGriewankClosedForm(t *testing.T) {
 func TestGriewankOracle(t *testing.T) {
 	const bw = 3
 	for _, v := range []struct{ l, s, want int }{{10, 3, 15}, {12, 2, 28}, {64, 4, 200}, {100, 5, 316}, {1000, 10, 3636}} {
-		x := int64(v.s + 3)
+		x := mem.Bytes(v.s + 3)
 		c := homogeneous(v.l, bw, x)
-		budget := x + 2 + int64(v.s)
+		budget := x + 2 + mem.Bytes(v.s)
 		want := float64(v.l + v.want + bw*(v.l+1))
 		rev, err := Simulate(c, Revolve(c, v.s))
 		if err != nil {

@@ -39,6 +39,8 @@ package solver
 import (
 	"fmt"
 	"math"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // DefaultSlots is the slot count used when none is given.
@@ -48,10 +50,10 @@ const DefaultSlots = 500
 // up to a maximum.
 type Table struct {
 	c       *Chain
-	l       int   // stages; the loss is index l
-	unit    int64 // bytes per slot
-	slots   int   // S: columns are m = 0..S
-	maxBud  int64
+	l       int       // stages; the loss is index l
+	unit    mem.Bytes // bytes per slot
+	slots   int       // S: columns are m = 0..S
+	maxBud  mem.Bytes
 	act     []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
 	opts    [][]slotOption
 	ftmp    []int // F_ck, F_n
@@ -81,7 +83,7 @@ const maxOptions = 4096
 // NewTable fills the table for budgets up to maxBudget bytes (the whole
 // memory, a_0 included) with the given number of slots (DefaultSlots if
 // slots ≤ 0). O(slots·L·(L² + V)) time for V options per stage.
-func NewTable(c *Chain, maxBudget int64, slots int) (*Table, error) {
+func NewTable(c *Chain, maxBudget mem.Bytes, slots int) (*Table, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -91,14 +93,14 @@ func NewTable(c *Chain, maxBudget int64, slots int) (*Table, error) {
 	if slots <= 0 {
 		slots = DefaultSlots
 	}
-	if int64(slots) > maxBudget {
+	if mem.Bytes(slots) > maxBudget {
 		slots = int(maxBudget)
 	}
 	if c.Len() >= math.MaxInt16 {
 		return nil, fmt.Errorf("chain of %d stages is too long", c.Len())
 	}
 	t := &Table{c: c, l: c.Len(), slots: slots, maxBud: maxBudget}
-	t.unit = (maxBudget + int64(slots) - 1) / int64(slots)
+	t.unit = (maxBudget + mem.Bytes(slots) - 1) / mem.Bytes(slots)
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
@@ -106,9 +108,9 @@ func NewTable(c *Chain, maxBudget int64, slots int) (*Table, error) {
 	return t, nil
 }
 
-func (t *Table) toSlots(b int64) int {
+func (t *Table) toSlots(b mem.Bytes) int {
 	s := (b + t.unit - 1) / t.unit
-	if s > int64(t.slots)+1 {
+	if s > mem.Bytes(t.slots)+1 {
 		return t.slots + 1 // larger than any budget: never fits
 	}
 	return int(s)
@@ -270,7 +272,7 @@ func (t *Table) fillCheckpoints(a, b int, cost []float64, choice []int16) {
 }
 
 // budgetSlots returns the slots left besides a_0 for a budget in bytes.
-func (t *Table) budgetSlots(budget int64) int {
+func (t *Table) budgetSlots(budget mem.Bytes) int {
 	if budget > t.maxBud {
 		budget = t.maxBud
 	}
@@ -279,7 +281,7 @@ func (t *Table) budgetSlots(budget int64) int {
 
 // Cost returns the optimal cost for a budget up to the table's maximum, or
 // +Inf when no schedule fits. O(1).
-func (t *Table) Cost(budget int64) float64 {
+func (t *Table) Cost(budget mem.Bytes) float64 {
 	m := t.budgetSlots(budget)
 	if m < 0 {
 		return math.Inf(1)
@@ -288,11 +290,11 @@ func (t *Table) Cost(budget int64) float64 {
 }
 
 // Unit returns the bytes of one slot.
-func (t *Table) Unit() int64 { return t.unit }
+func (t *Table) Unit() mem.Bytes { return t.unit }
 
 // Schedule returns the optimal schedule for a budget up to the table's
 // maximum, or an *ErrInfeasible. O(length of the schedule).
-func (t *Table) Schedule(budget int64) (Schedule, error) {
+func (t *Table) Schedule(budget mem.Bytes) (Schedule, error) {
 	m := t.budgetSlots(budget)
 	if m < 0 || math.IsInf(t.cost[t.rowOf(0, t.l)+m], 1) {
 		return nil, &ErrInfeasible{Budget: budget}

@@ -1,24 +1,28 @@
 package solver
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/mem"
+)
 
 // Result is what Simulate measures of a schedule.
 type Result struct {
 	Cost float64
-	Peak int64
+	Peak mem.Bytes
 	// Timeline[k] is the most bytes live while op k runs or right after it,
 	// transients included (the op's own peak).
-	Timeline []int64
+	Timeline []mem.Bytes
 	// Usage[k] splits Timeline[k] by kind.
 	Usage []Usage
 }
 
 // Usage is what occupies memory at an op's peak.
 type Usage struct {
-	Activations int64 // standalone activations: a_0 and checkpoints
-	Tapes       int64 // what storing forwards keep
-	Gradients   int64 // δ
-	Transient   int64 // the op's own working memory and new outputs
+	Activations mem.Bytes // standalone activations: a_0 and checkpoints
+	Tapes       mem.Bytes // what storing forwards keep
+	Gradients   mem.Bytes // δ
+	Transient   mem.Bytes // the op's own working memory and new outputs
 }
 
 // state is the live set of a replay.
@@ -29,7 +33,7 @@ type state struct {
 	tape  []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
 	opt   []int  // the option of stage i-1 that produced ā_i
 	delta []bool
-	live  int64
+	live  mem.Bytes
 }
 
 func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
@@ -57,7 +61,7 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 	s.act[0] = true
 	s.live = c.ActBytes[0]
 	var r Result
-	r.Timeline = make([]int64, len(sched))
+	r.Timeline = make([]mem.Bytes, len(sched))
 	r.Usage = make([]Usage, len(sched))
 	r.Peak = s.live
 	for k, op := range sched {
@@ -82,7 +86,7 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 	return r, nil
 }
 
-func (s *state) step(op Op) (peak int64, cost float64, err error) {
+func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 	c, l, i := s.c, s.c.Len(), op.Stage
 	if op.Option != 0 && (op.Kind != FAll || i < 0 || i >= l || op.Option < 0 || op.Option >= c.NumOptions(i)) {
 		return 0, 0, fmt.Errorf("no option %d for this op", op.Option)

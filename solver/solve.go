@@ -1,141 +1,122 @@
 package solver
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"math"
-	"strings"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
-
-// Strategies lists the strategies Solve knows, cheapest-to-compute first.
-// "optimal" chooses among F_all, F_ck and F_n; "selective" also chooses,
-// for every storing forward, among the stage's options (Chain.Options).
-var Strategies = []string{"none", "every-k", "sqrt", "chen-greedy", "revolve", "optimal", "selective"}
-
-// Options tunes Solve. The zero value (or nil) means defaults.
-type Options struct {
-	Slots int // optimal, selective: slots of the table (0: DefaultSlots)
-	K     int // every-k: checkpoint every K-th stage (0: 1)
-	// Candidates are more schedules selective compares its own with,
-	// such as a named policy applied everywhere; it returns the cheapest
-	// that fits.
-	Candidates []Schedule
-}
 
 // Solution is a schedule and its replay.
 type Solution struct {
-	Strategy string
 	Schedule Schedule
 	Result
 }
 
-// Solve returns the schedule a strategy makes for a budget (bytes, a_0
-// included), replayed by Simulate. A budget the strategy cannot meet is an
-// *ErrInfeasible whose MinBudget is the least the strategy needs (for the
-// optimal strategy: the least found by bisection on the table's budget).
-func Solve(c *Chain, strategy string, budget int64, o *Options) (*Solution, error) {
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	var opt Options
-	if o != nil {
-		opt = *o
-	}
-	switch strategy {
-	case "none":
-		return Fixed(c, strategy, StoreAll(c), budget)
-	case "every-k":
-		return Fixed(c, strategy, EveryK(c, opt.K), budget)
-	case "sqrt":
-		return Fixed(c, strategy, Sqrt(c), budget)
-	case "chen-greedy":
-		s, _ := ChenGreedy(c, budget)
-		return Fixed(c, strategy, s, budget)
-	case "revolve":
-		return solveRevolve(c, budget)
-	case "optimal":
-		plain := *c
-		plain.Options = nil
-		return solveOptimal(&plain, "optimal", budget, opt.Slots, nil)
-	case "selective":
-		return solveOptimal(c, "selective", budget, opt.Slots, opt.Candidates)
-	}
-	return nil, fmt.Errorf("unknown strategy %q (valid: %s)", strategy, strings.Join(Strategies, ", "))
-}
-
-// Fixed replays a schedule made elsewhere as strategy name: its solution,
-// or an *ErrInfeasible with its peak when it does not fit the budget.
-func Fixed(c *Chain, name string, s Schedule, budget int64) (*Solution, error) {
+// Fixed replays a schedule made elsewhere under a budget (bytes, a_0
+// included): its solution, or an *ErrInfeasible with its peak when it
+// does not fit.
+func Fixed(c *Chain, s Schedule, budget mem.Bytes) (*Solution, error) {
 	r, err := Simulate(c, s)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v", name, err)
+		return nil, err
 	}
 	if r.Peak > budget {
 		return nil, &ErrInfeasible{Budget: budget, MinBudget: r.Peak}
 	}
-	return &Solution{Strategy: name, Schedule: s, Result: r}, nil
+	return &Solution{Schedule: s, Result: r}, nil
 }
 
-// solveRevolve tries every snapshot count and keeps the cheapest schedule
-// that fits.
-func solveRevolve(c *Chain, budget int64) (*Solution, error) {
-	var best *Solution
-	minPeak := int64(math.MaxInt64)
+// BestRevolve tries Revolve with every snapshot count and returns the
+// cheapest schedule that fits the budget, or an *ErrInfeasible with the
+// least peak of them. O(L) replays.
+func BestRevolve(c *Chain, budget mem.Bytes) (*Solution, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	best, smallest := revolveBest(c, budget)
+	if best == nil {
+		return nil, &ErrInfeasible{Budget: budget, MinBudget: smallest.Peak}
+	}
+	return best, nil
+}
+
+// revolveBest returns the cheapest Revolve schedule that fits the budget
+// (nil if none does) and the one with the least peak.
+func revolveBest(c *Chain, budget mem.Bytes) (best, smallest *Solution) {
 	split := revolveSplits(c.Len(), c.Len())
 	for s := 1; s <= c.Len(); s++ {
 		sched := revolveWith(c, min(s-1, c.Len()), split)
 		r, err := Simulate(c, sched)
 		if err != nil {
-			return nil, fmt.Errorf("revolve: %v", err)
+			panic(fmt.Sprintf("revolve built an invalid schedule: %v", err))
 		}
-		minPeak = min(minPeak, r.Peak)
+		sol := &Solution{Schedule: sched, Result: r}
+		if smallest == nil || r.Peak < smallest.Peak {
+			smallest = sol
+		}
 		if r.Peak <= budget && (best == nil || r.Cost < best.Cost) {
-			best = &Solution{Strategy: "revolve", Schedule: sched, Result: r}
+			best = sol
 		}
 	}
-	if best == nil {
-		return nil, &ErrInfeasible{Budget: budget, MinBudget: minPeak}
-	}
-	return best, nil
+	return best, smallest
 }
 
-// solveOptimal reads the table, then compares its schedule with the
-// baselines' and the candidates'.
-func solveOptimal(c *Chain, name string, budget int64, slots int, candidates []Schedule) (*Solution, error) {
+// Optimal is what ckptplan means by the optimal schedule of a chain
+// under a budget (bytes, a_0 included): the cheapest schedule the
+// dynamic program (NewTable) finds on the chain, its stages' options
+// included, with sizes rounded up to slots (0: DefaultSlots). Rounding
+// can cost the table a schedule that fits, so Optimal also replays the
+// baselines (StoreAll, EveryK(1), Sqrt, ChenGreedy, BestRevolve) and the
+// alternatives given, and returns the cheapest of all that fit; it is
+// therefore never dearer than any of them. At equal cost it prefers a
+// baseline, the simpler schedule (storing everything when that fits,
+// rather than a keep set that reruns free copies), and the table's
+// schedule to an alternative.
+//
+// A budget nothing fits is an *ErrInfeasible whose MinBudget is the least
+// peak found: of the baselines, the alternatives, and the table's
+// schedule at the least budget it admits. O(slots·L·(L²+V)) for the table
+// plus O(L²) replays for the baselines.
+func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*Solution, error) {
 	t, err := NewTable(c, budget, slots)
-	if err != nil {
+	var inf *ErrInfeasible
+	if err != nil && !errors.As(err, &inf) {
 		return nil, err
 	}
 	var best *Solution
-	if s, err := t.Schedule(budget); err == nil {
-		r, err := Simulate(c, s)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %v", name, err) // a bug: the table only builds valid schedules
-		}
-		best = &Solution{Strategy: name, Schedule: s, Result: r}
-	}
-	// Rounding sizes up to slots can cost the table a schedule a baseline
-	// finds; the optimal strategy is never worse than any of them. At equal
-	// cost it takes the baseline, the simpler schedule (storing everything
-	// when that fits, rather than a keep set that reruns free copies).
-	need := int64(math.MaxInt64)
-	for _, base := range []string{"none", "every-k", "sqrt", "chen-greedy", "revolve"} {
-		b, err := Solve(c, base, budget, nil)
-		if inf, ok := err.(*ErrInfeasible); ok && inf.MinBudget > 0 {
-			need = min(need, inf.MinBudget)
-		}
-		if err == nil && (best == nil || b.Cost <= best.Cost) {
-			best = &Solution{Strategy: name, Schedule: b.Schedule, Result: b.Result}
+	if t != nil {
+		if s, err := t.Schedule(budget); err == nil {
+			r, err := Simulate(c, s)
+			if err != nil {
+				return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
+			}
+			best = &Solution{Schedule: s, Result: r}
 		}
 	}
-	for k, s := range candidates {
+	need := mem.Bytes(math.MaxInt64)
+	for _, b := range baselines(c, budget) {
+		r, err := Simulate(c, b)
+		if err != nil {
+			return nil, fmt.Errorf("optimal: baseline: %w", err)
+		}
+		if r.Peak > budget {
+			need = min(need, r.Peak)
+		} else if best == nil || r.Cost <= best.Cost {
+			best = &Solution{Schedule: b, Result: r}
+		}
+	}
+	for k, s := range alternatives {
 		r, err := Simulate(c, s)
 		if err != nil {
-			return nil, fmt.Errorf("%s: candidate %d: %v", name, k, err)
+			return nil, fmt.Errorf("optimal: alternative %d: %w", k, err)
 		}
 		if r.Peak > budget {
 			need = min(need, r.Peak)
 		} else if best == nil || r.Cost < best.Cost {
-			best = &Solution{Strategy: name, Schedule: s, Result: r}
+			best = &Solution{Schedule: s, Result: r}
 		}
 	}
 	if best == nil {
@@ -150,12 +131,23 @@ func solveOptimal(c *Chain, name string, budget int64, slots int, candidates []S
 	return best, nil
 }
 
+// baselines returns the schedules Optimal compares the table's with: for
+// ChenGreedy and Revolve, the cheapest that fits the budget, else the one
+// with the least peak.
+func baselines(c *Chain, budget mem.Bytes) []Schedule {
+	out := []Schedule{StoreAll(c), EveryK(c, 1), Sqrt(c)}
+	chen, _ := ChenGreedy(c, budget)
+	out = append(out, chen)
+	best, smallest := revolveBest(c, budget)
+	return append(out, cmp.Or(best, smallest).Schedule)
+}
+
 // minOptimalBudget finds, by bisection between the budget that failed and
 // the peak of Revolve with one snapshot (the least memory of any schedule
 // of the family, up to transients), the smallest budget at which the
 // table finds a schedule; it returns that schedule's replayed peak.
-func minOptimalBudget(c *Chain, failed int64, slots int) int64 {
-	hi := int64(math.MaxInt64)
+func minOptimalBudget(c *Chain, failed mem.Bytes, slots int) mem.Bytes {
+	hi := mem.Bytes(math.MaxInt64)
 	for s := 1; s <= min(c.Len(), 2); s++ {
 		if r, err := Simulate(c, Revolve(c, s)); err == nil {
 			hi = min(hi, r.Peak)
@@ -166,7 +158,7 @@ func minOptimalBudget(c *Chain, failed int64, slots int) int64 {
 	}
 	lo := failed
 	slots = max(slots, DefaultSlots)
-	peakAt := func(b int64) (int64, bool) {
+	peakAt := func(b mem.Bytes) (mem.Bytes, bool) {
 		t, err := NewTable(c, b, slots)
 		if err != nil {
 			return 0, false

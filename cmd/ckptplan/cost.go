@@ -9,6 +9,7 @@ import (
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // costReport is the JSON of 'ckptplan cost'.
@@ -147,17 +148,17 @@ func writeCostText(w io.Writer, r *costReport) error {
 				continue
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\t%s\t\n", b.Name, ir.Bytes(b.InputBytes), ir.Bytes(b.SavedBytes), flops(b.ForwardFLOPs), flops(b.BackwardFLOPs))
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\t%s\t\n", b.Name, mem.Bytes(b.InputBytes), mem.Bytes(b.SavedBytes), flops(b.ForwardFLOPs), flops(b.BackwardFLOPs))
 	}
 	t := r.Totals
-	fmt.Fprintf(tw, "total\t\t%v\t%s\t%s\t\n", ir.Bytes(t.SavedBytes), flops(t.ForwardFLOPs), flops(t.BackwardFLOPs))
+	fmt.Fprintf(tw, "total\t\t%v\t%s\t%s\t\n", mem.Bytes(t.SavedBytes), flops(t.ForwardFLOPs), flops(t.BackwardFLOPs))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	s := r.Static
-	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", ir.Bytes(t.SavedBytes), ir.Bytes(t.SavedBytesCheckpointEveryLayer))
+	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", mem.Bytes(t.SavedBytes), mem.Bytes(t.SavedBytesCheckpointEveryLayer))
 	fmt.Fprintf(w, "static memory: %v (weights %v, gradients %v, optimizer %v); %s parameters, %s trainable\n",
-		ir.Bytes(s.TotalBytes), ir.Bytes(s.WeightsBytes), ir.Bytes(s.GradientsBytes), ir.Bytes(s.OptimizerBytes), human(s.Parameters), human(s.TrainableParameters))
+		mem.Bytes(s.TotalBytes), mem.Bytes(s.WeightsBytes), mem.Bytes(s.GradientsBytes), mem.Bytes(s.OptimizerBytes), human(s.Parameters), human(s.TrainableParameters))
 	return nil
 }
 

@@ -67,7 +67,7 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (
 		if json.Unmarshal(data, &probe) == nil && probe["schedule"] != nil && probe["schema"] != nil {
 			plan, err := planner.ReadPlan(bytes.NewReader(data))
 			if err != nil {
-				return nil, fmt.Errorf("%s: %v", arg, err)
+				return nil, fmt.Errorf("%s: %w", arg, err)
 			}
 			return plan, nil
 		}
@@ -76,7 +76,11 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (
 	if err != nil {
 		return nil, err
 	}
-	plan, err := planner.Make(src, opt)
+	p, err := planner.New(src)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := p.Plan(opt)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // largestShown is how many of the largest tensors inspect lists.
@@ -168,7 +169,7 @@ func writeInspectText(w io.Writer, r *inspectReport) error {
 	}
 	fmt.Fprintf(tw, "\nlargest tensors\tshape\tdtype\tbytes\n")
 	for _, t := range r.Largest {
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%v\n", t.Name, t.Shape, t.DType, ir.Bytes(t.Bytes))
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%v\n", t.Name, t.Shape, t.DType, mem.Bytes(t.Bytes))
 	}
 	return tw.Flush()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"io"
@@ -8,7 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/ckptplan/ckptplan/graphio"
-	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/planner/figure"
 	"github.com/ckptplan/ckptplan/solver"
@@ -18,7 +19,7 @@ import (
 // planFlags are the flags of plan and compare.
 type planFlags struct {
 	setup  *setupFlags
-	budget ir.Bytes
+	budget mem.Bytes
 	solver string
 	device string
 	slots  int
@@ -30,7 +31,11 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p.setup.addTrainingFlags(fs)
 	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included (e.g. 24GiB); default: the --device's memory")
 	if withSolver {
-		fs.StringVar(&p.solver, "solver", "selective", "strategy: "+strings.Join(planner.Strategies, " | "))
+		var names []string
+		for _, s := range planner.Strategies {
+			names = append(names, s.Name)
+		}
+		fs.StringVar(&p.solver, "solver", planner.Selective.Name, "strategy: "+strings.Join(names, " | "))
 	}
 	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
@@ -56,6 +61,10 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if p.slots <= 0 || p.k <= 0 {
 		return nil, nil, usagef("%s: --slots and --k must be positive", fs.Name())
 	}
+	strategy, err := planner.ParseStrategy(p.solver)
+	if err != nil {
+		return nil, nil, err
+	}
 	src, err := p.setup.load(arg)
 	if err != nil {
 		return nil, nil, err
@@ -66,7 +75,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 			return nil, nil, fmt.Errorf("%s: %v", arg, err)
 		}
 	}
-	return src, &planner.Options{Budget: int64(p.budget), Strategy: p.solver, Slots: p.slots, K: p.k, Device: p.device}, nil
+	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device}, nil
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -78,11 +87,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		return err
 	}
-	plan, err := p.Solve(opt)
+	plan, err := p.Plan(opt)
 	if err != nil {
 		return err
 	}
@@ -110,7 +119,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 
 // drawTimeline draws a plan's memory over its schedule, with the measured
 // per-op peaks when given.
-func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured []int64) error {
+func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured []mem.Bytes) error {
 	sched, err := p.Schedule(plan)
 	if err != nil {
 		return err
@@ -129,26 +138,47 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 
 func infeasible(p *planner.Plan) error {
 	if p.MinBudgetBytes > 0 {
-		return fmt.Errorf("%s does not fit in %v with the %s solver: it needs at least %v (%d bytes)", p.Model, ir.Bytes(p.BudgetBytes), p.Solver, ir.Bytes(p.MinBudgetBytes), p.MinBudgetBytes)
+		return fmt.Errorf("%s does not fit in %v with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes)
 	}
-	return fmt.Errorf("%s does not fit in %v with the %s solver: static memory alone is %v", p.Model, ir.Bytes(p.BudgetBytes), p.Solver, ir.Bytes(p.StaticBytes))
+	return fmt.Errorf("%s does not fit in %v with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, p.Solver, p.StaticBytes)
 }
 
 func writePlanText(w io.Writer, p *planner.Plan) error {
 	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v (static %v + activations %v)\n",
-		p.Model, p.Solver, ir.Bytes(p.BudgetBytes), ir.Bytes(p.PeakBytes), ir.Bytes(p.StaticBytes), ir.Bytes(p.ActivationPeakBytes))
+		p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.StaticBytes, p.ActivationPeakBytes)
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tkept\tforward\n")
+	selective := false
 	for _, s := range p.Stages {
-		decision := strings.TrimSpace(s.Decision + " " + s.Option)
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s\n", s.Index, s.Name, decision, ir.Bytes(s.InputBytes), ir.Bytes(s.SavedBytes), ir.Bytes(s.KeptBytes()), costString(s.Forward, p.Unit))
+		selective = selective || s.Option != ""
+	}
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "stage\tname\tdecision\tinput\tsaved\tkept\tforward")
+	if selective {
+		fmt.Fprintf(tw, "\tkeep set")
+	}
+	fmt.Fprintln(tw)
+	for _, s := range p.Stages {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s", s.Index, s.Name, s.Decision, s.InputBytes, s.SavedBytes, s.KeptBytes(), costString(s.Forward, p.Unit))
+		if selective {
+			fmt.Fprintf(tw, "\t%s", s.Option)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if p.Solver == "selective" || p.Solver == "megatron-selective" {
+	// A stage with no keep set leaves its last cell empty.
+	for _, line := range strings.SplitAfter(table.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n"))); err != nil {
+			return err
+		}
+	}
+	if p.Solver == planner.Selective.Name || p.Solver == planner.MegatronSelective.Name {
 		fmt.Fprintf(w, "\nsaved: what storing a stage keeps; kept: what the plan's first forward keeps (selective: the keep set named)\n")
+	}
+	if selective {
+		fmt.Fprintf(w, "keep set: drop(…) lists the tensors a selective stage drops and its backward recomputes; keep(…) the only ones it keeps\n")
 	}
 	return nil
 }
@@ -168,26 +198,30 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	plans, err := planner.Compare(src, opt)
+	p, err := planner.New(src)
+	if err != nil {
+		return err
+	}
+	plans, err := p.Compare(opt)
 	if err != nil {
 		return err
 	}
 	if format.value == "json" {
 		return writeJSON(stdout, plans)
 	}
-	fmt.Fprintf(stdout, "%s in %v (static %v)\n\n", plans[0].Model, ir.Bytes(opt.Budget), ir.Bytes(plans[0].StaticBytes))
+	fmt.Fprintf(stdout, "%s in %v (static %v)\n\n", plans[0].Model, plans[0].BudgetBytes, plans[0].StaticBytes)
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "solver\tfits\tpeak\toverhead\n")
 	for _, p := range plans {
 		if !p.Feasible {
 			need := "static memory alone is too large"
 			if p.MinBudgetBytes > 0 {
-				need = fmt.Sprintf("needs %v", ir.Bytes(p.MinBudgetBytes))
+				need = fmt.Sprintf("needs %v", p.MinBudgetBytes)
 			}
 			fmt.Fprintf(tw, "%s\tno\t%s\t\n", p.Solver, need)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%\n", p.Solver, ir.Bytes(p.PeakBytes), 100*p.Overhead)
+		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%\n", p.Solver, p.PeakBytes, 100*p.Overhead)
 	}
 	return tw.Flush()
 }

@@ -30,11 +30,11 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	} else {
 		src.Graph.DType = ir.FP32
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		return err
 	}
-	plan, err := p.Solve(opt)
+	plan, err := p.Plan(opt)
 	if err != nil {
 		return err
 	}
@@ -55,7 +55,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 		return writeJSON(stdout, rep)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "%s with the %s solver in %v, run in float32 on the CPU\n\n", rep.Model, rep.Solver, ir.Bytes(rep.BudgetBytes))
+	fmt.Fprintf(tw, "%s with the %s solver in %v, run in float32 on the CPU\n\n", rep.Model, rep.Solver, rep.BudgetBytes)
 	fmt.Fprintf(tw, "\tpredicted\tmeasured\n")
 	fmt.Fprintf(tw, "peak\t%d\t%d\t%s\n", rep.PredictedPeakBytes, rep.MeasuredPeakBytes, same(rep.PredictedPeakBytes == rep.MeasuredPeakBytes))
 	fmt.Fprintf(tw, "activation peak\t%d\t%d\t%s\n", rep.PredictedActivationPeakBytes, rep.MeasuredActivationPeakBytes, same(rep.PredictedActivationPeakBytes == rep.MeasuredActivationPeakBytes))

@@ -5,7 +5,6 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/planner/figure"
 	"github.com/ckptplan/ckptplan/solver"
@@ -36,7 +35,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%s: %v", arg, err)
 		}
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		return err
 	}
@@ -57,11 +56,11 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if format.value == "json" {
 		return writeJSON(stdout, s)
 	}
-	fmt.Fprintf(stdout, "%s: static %v, storing everything costs %s\n\n", s.Model, ir.Bytes(s.StaticBytes), costString(s.BaselineCost, s.Unit))
+	fmt.Fprintf(stdout, "%s: static %v, storing everything costs %s\n\n", s.Model, s.StaticBytes, costString(s.BaselineCost, s.Unit))
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "solver\tpeak\toverhead\n")
 	for _, sp := range s.Strategies {
-		fmt.Fprintf(tw, "%s\t%v\t%.1f%%\n", sp.Solver, ir.Bytes(sp.PeakBytes), 100*sp.Overhead)
+		fmt.Fprintf(tw, "%s\t%v\t%.1f%%\n", sp.Solver, sp.PeakBytes, 100*sp.Overhead)
 	}
 	for _, cv := range []struct {
 		name   string
@@ -75,7 +74,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 			if i > 0 && o.Cost == cv.points[i-1].Cost {
 				continue // only where the curve steps
 			}
-			fmt.Fprintf(tw, "\t%v\t%.1f%%\n", ir.Bytes(o.BudgetBytes), 100*o.Overhead)
+			fmt.Fprintf(tw, "\t%v\t%.1f%%\n", o.BudgetBytes, 100*o.Overhead)
 		}
 	}
 	return tw.Flush()

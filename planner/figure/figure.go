@@ -7,6 +7,7 @@ import (
 	"image/color"
 	"io"
 
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
 	"gonum.org/v1/plot"
@@ -18,7 +19,7 @@ import (
 const gib = 1 << 30
 
 // unitFor picks the binary unit that suits the largest value drawn.
-func unitFor(maxBytes int64) (float64, string) {
+func unitFor(maxBytes mem.Bytes) (float64, string) {
 	switch {
 	case maxBytes >= 2<<30:
 		return 1 << 30, "GiB"
@@ -49,7 +50,7 @@ func Write(w io.Writer, p *plot.Plot, format string) error {
 func Sweep(s *planner.Sweep) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s: memory against recomputation", s.Model)
-	var top int64
+	var top mem.Bytes
 	for _, sp := range s.Strategies {
 		top = max(top, sp.PeakBytes)
 	}
@@ -159,7 +160,7 @@ func palette(i int) color.Color {
 // activations and checkpoints, tapes, gradients, transients), with the
 // budget as a line and, when measured is not nil, the measured per-op peak
 // over it.
-func Timeline(title string, static, budget int64, sim solver.Result, measured []int64) (*plot.Plot, error) {
+func Timeline(title string, static, budget mem.Bytes, sim solver.Result, measured []mem.Bytes) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "schedule op"
@@ -172,14 +173,14 @@ func Timeline(title string, static, budget int64, sim solver.Result, measured []
 	n := len(sim.Usage)
 	layers := []struct {
 		name string
-		get  func(u solver.Usage) int64
+		get  func(u solver.Usage) mem.Bytes
 		c    color.Color
 	}{
-		{"static", func(solver.Usage) int64 { return static }, color.RGBA{199, 199, 199, 255}},
-		{"activations and checkpoints", func(u solver.Usage) int64 { return u.Activations }, color.RGBA{31, 119, 180, 255}},
-		{"kept tensors (tapes)", func(u solver.Usage) int64 { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
-		{"gradients", func(u solver.Usage) int64 { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
-		{"transients", func(u solver.Usage) int64 { return u.Transient }, color.RGBA{214, 39, 40, 255}},
+		{"static", func(solver.Usage) mem.Bytes { return static }, color.RGBA{199, 199, 199, 255}},
+		{"activations and checkpoints", func(u solver.Usage) mem.Bytes { return u.Activations }, color.RGBA{31, 119, 180, 255}},
+		{"kept tensors (tapes)", func(u solver.Usage) mem.Bytes { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
+		{"gradients", func(u solver.Usage) mem.Bytes { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
+		{"transients", func(u solver.Usage) mem.Bytes { return u.Transient }, color.RGBA{214, 39, 40, 255}},
 	}
 	base := make([]float64, n)
 	// Draw from the top of the stack down so that each band shows.

@@ -22,7 +22,7 @@ func figures(t *testing.T) map[string]*plot.Plot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := planner.NewProblem(src)
+	p, err := planner.New(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,9 @@ func figures(t *testing.T) map[string]*plot.Plot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sol, err := solver.Solve(p.Chain, "optimal", 900<<10, nil)
+	plain := *p.Chain
+	plain.Options = nil
+	sol, err := solver.Optimal(&plain, 900<<10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,23 +1,33 @@
-package planner
+package stage
+
+// Cutting a graph into stages. A model is cut at its blocks: the
+// embedding, each layer, the head with the loss, in graph order. An
+// explicit graph has no blocks to trust, so it is cut after each of its
+// cut points: the nodes every path from the inputs to the output passes
+// through, where one tensor carries everything the rest of the graph
+// needs. They are the dominators of the output in the graph with a
+// virtual source joined to every input (Lengauer–Tarjan, O(E·α(E)), via
+// gonum's flow.Dominators).
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/ir"
 	"gonum.org/v1/gonum/graph/flow"
 	"gonum.org/v1/gonum/graph/simple"
 )
 
-// stage is a contiguous run of graph nodes between two cuts.
-type stage struct {
+// span is a contiguous run of graph nodes between two cuts.
+type span struct {
 	name  string
 	nodes []int // graph order
 }
 
-// blockStages cuts a model at its blocks.
-func blockStages(g *ir.Graph) []stage {
+// blockSpans cuts a model at its blocks.
+func blockSpans(g *ir.Graph) []span {
 	index := map[string]int{}
-	var out []stage
+	var out []span
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		if n.Op == ir.Input {
@@ -27,7 +37,7 @@ func blockStages(g *ir.Graph) []stage {
 		if !ok {
 			k = len(out)
 			index[n.Block] = k
-			out = append(out, stage{name: n.Block})
+			out = append(out, span{name: n.Block})
 		}
 		out[k].nodes = append(out[k].nodes, i)
 	}
@@ -35,10 +45,7 @@ func blockStages(g *ir.Graph) []stage {
 }
 
 // CutPoints returns the nodes every path from the graph's inputs to its
-// output passes through, in graph order, the output included: the points
-// where one tensor carries everything the rest of the graph needs. They are
-// the dominators of the output in the graph with a virtual source joined to
-// every input (Lengauer–Tarjan, O(E·α(E)), via gonum's flow.Dominators).
+// output passes through, in graph order, the output included.
 func CutPoints(g *ir.Graph) []int {
 	dg := simple.NewDirectedGraph()
 	src := int64(len(g.Nodes))
@@ -62,23 +69,21 @@ func CutPoints(g *ir.Graph) []int {
 			cuts = append(cuts, int(v.ID()))
 		}
 	}
-	// cuts runs from the output backwards; reverse it and add the output.
-	for i, j := 0, len(cuts)-1; i < j; i, j = i+1, j-1 {
-		cuts[i], cuts[j] = cuts[j], cuts[i]
-	}
+	// cuts runs from the output backwards.
+	slices.Reverse(cuts)
 	return append(cuts, g.Output)
 }
 
-// graphStages cuts an explicit graph after each cut point. Nodes listed
+// graphSpans cuts an explicit graph after each cut point. Nodes listed
 // after the output cannot reach it and are left out.
-func graphStages(g *ir.Graph) ([]stage, error) {
+func graphSpans(g *ir.Graph) ([]span, error) {
 	cuts := CutPoints(g)
 	isCut := make([]bool, len(g.Nodes))
 	for _, c := range cuts {
 		isCut[c] = true
 	}
-	var out []stage
-	cur := stage{}
+	var out []span
+	cur := span{}
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		if n.Op == ir.Input || i > g.Output && len(out) == len(cuts) {
@@ -88,7 +93,7 @@ func graphStages(g *ir.Graph) ([]stage, error) {
 		if isCut[i] {
 			cur.name = n.Name
 			out = append(out, cur)
-			cur = stage{}
+			cur = span{}
 		}
 	}
 	if len(cur.nodes) > 0 {

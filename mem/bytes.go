@@ -1,4 +1,4 @@
-package ir
+package mem
 
 import (
 	"fmt"
@@ -90,3 +90,11 @@ func (b *Bytes) Set(s string) error {
 	*b = v
 	return nil
 }
+
+// Binary units, for budgets written in code: 24 * mem.GiB.
+const (
+	KiB Bytes = 1 << 10
+	MiB Bytes = 1 << 20
+	GiB Bytes = 1 << 30
+	TiB Bytes = 1 << 40
+)

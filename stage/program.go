@@ -1,9 +1,4 @@
-package planner
-
-import (
-	"github.com/ckptplan/ckptplan/costmodel"
-	"github.com/ckptplan/ckptplan/ir"
-)
+package stage
 
 // A stage program is the exact sequence of buffer allocations, frees and
 // kernel runs of one stage op. The planner replays it to get the stage's
@@ -15,12 +10,25 @@ import (
 // forward does not keep, and frees every storage whose last reader it was
 // (unless a storing forward keeps it, or it is the stage's output).
 //
+// Rerun: before a backward that follows a storing forward under a keep
+// set, the nodes that make the dropped storages run forward again, each
+// allocating what it owns that was not kept; what the backward does not
+// read is freed after its last reader.
+//
 // Backward: δ_i (the gradient of the stage's input) is allocated first;
 // nodes run in reverse; a node allocates the gradients of its inputs the
 // first time one is written, and a scratch buffer when another node wrote
 // it already (the kernel writes, the runner adds); after its backward the
 // node's own gradient is freed. The stage output's gradient is δ_{i+1},
 // which the chain accounts for.
+
+import (
+	"slices"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
 
 // EventKind is what an event does.
 type EventKind uint8
@@ -45,7 +53,7 @@ const (
 	GradBuf                      // the gradient of a node's output
 	ScratchBuf                   // a gradient written by a second reader, to be added
 	DeltaBuf                     // δ_i, the gradient of the stage's input
-	KernelBuf                    // a kernel's working memory (costmodel.ScratchBytes)
+	KernelBuf                    // a kernel's working memory
 )
 
 // Event is one step of a program. Node is the node run, or whose gradient
@@ -56,7 +64,7 @@ type Event struct {
 	Buf     BufferKind
 	Node    int
 	Storage int
-	Bytes   int64
+	Bytes   mem.Bytes
 }
 
 // Program is a stage program.
@@ -64,8 +72,8 @@ type Program []Event
 
 // Peak returns the most bytes the program holds at once, counted from its
 // start.
-func (p Program) Peak() int64 {
-	var live, peak int64
+func (p Program) Peak() mem.Bytes {
+	var live, peak mem.Bytes
 	for _, e := range p {
 		switch e.Kind {
 		case Alloc:
@@ -78,13 +86,22 @@ func (p Program) Peak() int64 {
 	return peak
 }
 
-// ForwardProgram returns the program of a forward of the stage made of
-// nodes (graph order); keep says whether it is a storing forward, whose
-// tape (the storages in tape) stays.
-func ForwardProgram(c *costmodel.Costs, nodes []int, keep bool, tape map[int]bool) Program {
+// ForwardProgram returns the program of a forward that keeps no tape
+// (F_ck, F_n): it ends holding a_{i+1} alone.
+func (st *Stage) ForwardProgram() Program {
+	return st.forward(func(int) bool { return false })
+}
+
+// StoringProgram returns the program of a storing forward under keep set
+// k (F_all): it ends holding the storages k keeps and a_{i+1}.
+func (st *Stage) StoringProgram(k *KeepSet) Program {
+	return st.forward(func(s int) bool { return st.Holds(k, s) })
+}
+
+func (st *Stage) forward(holds func(int) bool) Program {
+	c, nodes := st.c, st.Nodes
 	g := c.Graph
 	in := inStage(g, nodes)
-	out := c.OutputStorage(nodes[len(nodes)-1])
 	lastUse := map[int]int{}
 	for k, id := range nodes {
 		for _, s := range c.Owned(id) {
@@ -100,19 +117,19 @@ func ForwardProgram(c *costmodel.Costs, nodes []int, keep bool, tape map[int]boo
 	var p Program
 	for k, id := range nodes {
 		for _, s := range c.Owned(id) {
-			p = append(p, Event{Kind: Alloc, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
+			p = append(p, st.storageEvent(Alloc, s))
 		}
-		p = append(p, withScratch(c, id, false, Event{Kind: RunForward, Node: id})...)
+		p = append(p, withWorkspace(c, id, false, Event{Kind: RunForward, Node: id})...)
 		for _, s := range c.Owned(id) {
-			if c.Storages[s].Role != "out" && !(keep && tape[s]) {
-				p = append(p, Event{Kind: Free, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
+			if c.Storages[s].Role != "out" && !holds(s) {
+				p = append(p, st.storageEvent(Free, s))
 			}
 		}
 		// Outputs whose last reader this node was, in storage order.
 		for _, q := range nodes[:k+1] {
 			for _, s := range c.Owned(q) {
-				if c.Storages[s].Role == "out" && lastUse[s] == k && s != out && !(keep && tape[s]) {
-					p = append(p, Event{Kind: Free, Buf: StorageBuf, Node: q, Storage: s, Bytes: c.Storages[s].Bytes})
+				if c.Storages[s].Role == "out" && lastUse[s] == k && s != st.Output && !holds(s) {
+					p = append(p, st.storageEvent(Free, s))
 				}
 			}
 		}
@@ -120,51 +137,55 @@ func ForwardProgram(c *costmodel.Costs, nodes []int, keep bool, tape map[int]boo
 	return p
 }
 
-// RecomputeProgram returns the rerun that precedes a backward after a
-// storing forward that kept only the storages in keep: the nodes of rerun
-// (graph order) run forward again, each allocating the storages it owns
-// that are not kept. Tape storages stay for the backward (which frees the
-// whole tape); the others are freed after their last reader in the rerun.
-func RecomputeProgram(c *costmodel.Costs, keep, tape map[int]bool, rerun []int) Program {
+// RecomputeProgram returns the rerun that precedes the backward after a
+// storing forward under keep set k: the nodes of k.Recompute run forward
+// again, each allocating the storages it owns that k does not keep. Tape
+// storages stay for the backward (which frees the whole tape); the others
+// are freed after their last reader in the rerun. Empty when k keeps
+// everything.
+func (st *Stage) RecomputeProgram(k *KeepSet) Program {
+	c := st.c
 	g := c.Graph
 	lastUse := map[int]int{}
-	for k, id := range rerun {
+	for i, id := range k.Recompute {
 		for _, src := range g.Nodes[id].Inputs {
-			lastUse[c.OutputStorage(src)] = k
+			lastUse[c.OutputStorage(src)] = i
 		}
 	}
 	var p Program
 	var temp []int // storages allocated here that the backward does not read
-	for k, id := range rerun {
+	for i, id := range k.Recompute {
 		for _, s := range c.Owned(id) {
-			if !keep[s] {
-				p = append(p, Event{Kind: Alloc, Buf: StorageBuf, Node: id, Storage: s, Bytes: c.Storages[s].Bytes})
-				if !tape[s] {
+			if !st.Holds(k, s) {
+				p = append(p, st.storageEvent(Alloc, s))
+				if !st.inTape(s) {
 					temp = append(temp, s)
 				}
 			}
 		}
-		p = append(p, withScratch(c, id, false, Event{Kind: Rerun, Node: id})...)
+		p = append(p, withWorkspace(c, id, false, Event{Kind: Rerun, Node: id})...)
 		rest := temp[:0]
 		for _, s := range temp {
-			if last, read := lastUse[s]; read && last > k {
+			if last, read := lastUse[s]; read && last > i {
 				rest = append(rest, s)
 				continue
 			}
-			p = append(p, Event{Kind: Free, Buf: StorageBuf, Node: c.Storages[s].Node, Storage: s, Bytes: c.Storages[s].Bytes})
+			p = append(p, st.storageEvent(Free, s))
 		}
 		temp = rest
 	}
 	return p
 }
 
-// BackwardProgram returns the program of the stage's backward; deltaBytes
-// is the size of δ_i.
-func BackwardProgram(c *costmodel.Costs, nodes []int, deltaBytes int64) Program {
+// BackwardProgram returns the program of the stage's backward, which
+// allocates δ_i first and reads the whole tape.
+func (st *Stage) BackwardProgram() Program {
+	c, nodes := st.c, st.Nodes
 	g := c.Graph
 	in := inStage(g, nodes)
 	last := nodes[len(nodes)-1]
-	p := Program{{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: deltaBytes}}
+	delta := st.InputBytes
+	p := Program{{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta}}
 	written := map[int]bool{} // nodes whose gradient (or δ_i, key -1) was written
 	for k := len(nodes) - 1; k >= 0; k-- {
 		id := nodes[k]
@@ -178,7 +199,7 @@ func BackwardProgram(c *costmodel.Costs, nodes []int, deltaBytes int64) Program 
 			}
 			key, bytes := src, gradBytes(g, src)
 			if !in[src] {
-				key, bytes = -1, deltaBytes
+				key, bytes = -1, delta
 			}
 			switch {
 			case written[key]:
@@ -191,7 +212,7 @@ func BackwardProgram(c *costmodel.Costs, nodes []int, deltaBytes int64) Program 
 			}
 			written[key] = true
 		}
-		p = append(p, withScratch(c, id, true, Event{Kind: RunBackward, Node: id})...)
+		p = append(p, withWorkspace(c, id, true, Event{Kind: RunBackward, Node: id})...)
 		p = append(p, scratch...)
 		if id != last && written[id] {
 			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: gradBytes(g, id)})
@@ -200,10 +221,20 @@ func BackwardProgram(c *costmodel.Costs, nodes []int, deltaBytes int64) Program 
 	return p
 }
 
-// withScratch brackets a kernel run with the allocation of its working
+func (st *Stage) storageEvent(kind EventKind, s int) Event {
+	sto := &st.c.Storages[s]
+	return Event{Kind: kind, Buf: StorageBuf, Node: sto.Node, Storage: s, Bytes: mem.Bytes(sto.Bytes)}
+}
+
+func (st *Stage) inTape(s int) bool {
+	_, ok := slices.BinarySearch(st.tape, s)
+	return ok
+}
+
+// withWorkspace brackets a kernel run with the allocation of its working
 // memory, when it needs some.
-func withScratch(c *costmodel.Costs, id int, backward bool, run Event) []Event {
-	b := c.ScratchBytes(id, backward)
+func withWorkspace(c *costmodel.Costs, id int, backward bool, run Event) []Event {
+	b := workspaceBytes(c, id, backward)
 	if b == 0 {
 		return []Event{run}
 	}
@@ -212,7 +243,7 @@ func withScratch(c *costmodel.Costs, id int, backward bool, run Event) []Event {
 
 // gradBytes is the size of the gradient of a node's output: its tensor's,
 // contiguous.
-func gradBytes(g *ir.Graph, id int) int64 { return g.Nodes[id].Bytes() }
+func gradBytes(g *ir.Graph, id int) mem.Bytes { return mem.Bytes(g.Nodes[id].Bytes()) }
 
 func inStage(g *ir.Graph, nodes []int) []bool {
 	in := make([]bool, len(g.Nodes))

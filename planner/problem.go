@@ -1,0 +1,116 @@
+package planner
+
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
+)
+
+// Problem is a model, graph or chain reduced to a solver chain.
+type Problem struct {
+	Name   string
+	Unit   string    // of the costs: FLOPs for models and graphs
+	Static mem.Bytes // static bytes of one rank: weights, gradients, optimizer
+	Chain  *solver.Chain
+	// Costs and Stages describe a model or graph; both are nil for a
+	// profiled chain.
+	Costs  *costmodel.Costs
+	Stages []*stage.Stage
+	// Notes are remarks a user should see, such as a graph that has no
+	// cut point and is planned as one stage.
+	Notes []string
+	names []string // of the stages
+}
+
+// New computes the costs of a source and cuts it into a chain: models at
+// their blocks, graphs at their cut points, profiled chains as given.
+// O(nodes) plus the cost model's and the keep-set searches' work.
+func New(src *graphio.Source) (*Problem, error) {
+	if src.Kind == graphio.KindChain {
+		return chainProblem(src.Chain), nil
+	}
+	var g *ir.Graph
+	var err error
+	if src.Kind == graphio.KindModel {
+		g, err = graphio.Build(src.Model)
+	} else {
+		g, err = src.Graph.Build()
+	}
+	if err != nil {
+		return nil, err
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		return nil, err
+	}
+	stages, err := stage.Build(c, src.Kind == graphio.KindModel)
+	if err != nil {
+		return nil, err
+	}
+	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
+	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: mem.Bytes(c.Static.Total()), Chain: toChain(stages, out), Costs: c, Stages: stages}
+	for _, st := range stages {
+		p.names = append(p.names, st.Name)
+	}
+	if src.Kind == graphio.KindGraph && len(stages) == 1 {
+		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
+	}
+	return p, nil
+}
+
+func chainProblem(c *graphio.Chain) *Problem {
+	ch := &solver.Chain{ActBytes: []mem.Bytes{c.InputBytes}, LossBackward: c.Loss.Backward, LossTempBytes: c.Loss.TempBytes}
+	p := &Problem{Name: c.Name, Unit: c.Unit, Chain: ch}
+	for _, s := range c.Stages {
+		ch.Forward = append(ch.Forward, s.Forward)
+		ch.Backward = append(ch.Backward, s.Backward)
+		ch.ActBytes = append(ch.ActBytes, s.OutputBytes)
+		ch.TapeBytes = append(ch.TapeBytes, s.SavedBytes)
+		ch.ForwardTempBytes = append(ch.ForwardTempBytes, s.ForwardTempBytes)
+		ch.BackwardTempBytes = append(ch.BackwardTempBytes, s.BackwardTempBytes)
+		p.names = append(p.names, s.Name)
+	}
+	return p
+}
+
+// toChain turns stages into a solver chain: costs in FLOPs, the last
+// stage's output a_L as the loss input, and keep set k ≥ 1 of a stage as
+// its option k.
+func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
+	ch := &solver.Chain{}
+	for _, st := range stages {
+		ch.ActBytes = append(ch.ActBytes, st.InputBytes)
+		ch.Forward = append(ch.Forward, float64(st.ForwardFLOPs))
+		ch.Backward = append(ch.Backward, float64(st.BackwardFLOPs))
+		ch.TapeBytes = append(ch.TapeBytes, st.TapeBytes)
+		ch.ForwardTempBytes = append(ch.ForwardTempBytes, st.ForwardTempBytes)
+		ch.FAllTempBytes = append(ch.FAllTempBytes, st.FAllTempBytes)
+		ch.BackwardTempBytes = append(ch.BackwardTempBytes, st.BackwardTempBytes)
+		var opts []solver.Option
+		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
+			opts = append(opts, solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
+				Backward: float64(st.BackwardFLOPs + k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
+		}
+		ch.Options = append(ch.Options, opts)
+	}
+	ch.ActBytes = append(ch.ActBytes, outputBytes)
+	return ch
+}
+
+// total is the one place static memory is added to activation bytes.
+func (p *Problem) total(activations mem.Bytes) mem.Bytes { return activations + p.Static }
+
+// baselineCost is the cost of storing everything: every forward and
+// backward once.
+func baselineCost(c *solver.Chain) float64 {
+	s := c.LossBackward
+	for i := range c.Forward {
+		s += c.Forward[i] + c.Backward[i]
+	}
+	return s
+}

@@ -1,0 +1,112 @@
+package planner
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// A Strategy is a way of choosing a schedule. Strategies lists them; the
+// command line's --solver names one.
+type Strategy struct {
+	Name    string
+	Summary string // what it does, in a line
+	// solve makes the strategy's schedule for the problem within budget,
+	// bytes of activations (static memory already taken off).
+	solve func(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error)
+}
+
+// The strategies.
+var (
+	StoreAll = Strategy{"none", "store every tape: no recomputation, the most memory",
+		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.StoreAll(p.Chain) })}
+	EveryK = Strategy{"every-k", "checkpoint the input of every k-th stage (k = 1: Hugging Face's gradient checkpointing)",
+		fixed(func(p *Problem, o *Options) solver.Schedule { return solver.EveryK(p.Chain, o.K) })}
+	Sqrt = Strategy{"sqrt", "Chen et al.'s √N segments",
+		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.Sqrt(p.Chain) })}
+	ChenGreedy = Strategy{"chen-greedy", "Chen et al.'s greedy segments, the cheapest threshold that fits", solveChenGreedy}
+	Revolve    = Strategy{"revolve", "Griewank's binomial checkpointing, the cheapest snapshot count that fits", solveRevolve}
+	// MegatronSelective stores every stage keeping its tape less its
+	// attention core (Megatron-LM's --recompute-granularity selective).
+	MegatronSelective = Strategy{"megatron-selective", "store every stage, recomputing its attention core (Megatron-LM's selective recomputation)", solveMegatronSelective}
+	// Optimal is solver.Optimal on whole stages: each stage is stored,
+	// checkpointed or recomputed.
+	Optimal = Strategy{"optimal", "the optimal schedule of whole stages (store, checkpoint, recompute)", solveOptimal}
+	// Selective is solver.Optimal with every stage's keep sets, and
+	// megatron-selective everywhere as one more candidate.
+	Selective = Strategy{"selective", "the optimal schedule with keep sets inside stages, chosen together (the default)", solveSelective}
+)
+
+// Strategies lists every strategy, cheapest to compute first.
+var Strategies = []Strategy{StoreAll, EveryK, Sqrt, ChenGreedy, Revolve, MegatronSelective, Optimal, Selective}
+
+// ParseStrategy returns the strategy with the given name; "" is Selective.
+func ParseStrategy(name string) (Strategy, error) {
+	if name == "" {
+		return Selective, nil
+	}
+	var names []string
+	for _, s := range Strategies {
+		if s.Name == name {
+			return s, nil
+		}
+		names = append(names, s.Name)
+	}
+	return Strategy{}, fmt.Errorf("unknown strategy %q (valid: %s)", name, strings.Join(names, ", "))
+}
+
+// fixed is a strategy that replays one schedule.
+func fixed(make func(p *Problem, o *Options) solver.Schedule) func(*Problem, mem.Bytes, *Options) (*solver.Solution, error) {
+	return func(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+		return solver.Fixed(p.Chain, make(p, o), budget)
+	}
+}
+
+func solveChenGreedy(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
+	s, _ := solver.ChenGreedy(p.Chain, budget)
+	return solver.Fixed(p.Chain, s, budget)
+}
+
+func solveRevolve(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
+	return solver.BestRevolve(p.Chain, budget)
+}
+
+func solveMegatronSelective(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
+	opts, ok := p.policyEverywhere("megatron-selective")
+	if !ok {
+		return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+	}
+	return solver.Fixed(p.Chain, solver.StoreAllWith(p.Chain, opts), budget)
+}
+
+func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+	plain := *p.Chain
+	plain.Options = nil
+	return solver.Optimal(&plain, budget, o.Slots)
+}
+
+// solveSelective also weighs megatron-selective everywhere, so that slot
+// rounding never makes it worse than that policy.
+func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+	var alt []solver.Schedule
+	if opts, ok := p.policyEverywhere("megatron-selective"); ok {
+		alt = append(alt, solver.StoreAllWith(p.Chain, opts))
+	}
+	return solver.Optimal(p.Chain, budget, o.Slots, alt...)
+}
+
+// policyEverywhere returns, per stage, the index of the named keep set
+// where the stage has one (else 0, keep-all), and whether any stage has
+// it.
+func (p *Problem) policyEverywhere(name string) ([]int, bool) {
+	opts := make([]int, p.Chain.Len())
+	any := false
+	for i, st := range p.Stages {
+		if k, ok := st.KeepSet(name); ok && k > 0 {
+			opts[i], any = k, true
+		}
+	}
+	return opts, any
+}

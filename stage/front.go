@@ -1,0 +1,377 @@
+package stage
+
+// Keep sets: the Pareto-optimal ways for a stage's storing forward to keep
+// part of its tape and recompute the rest at backward time (selective
+// recomputation inside a block, as Megatron-LM's and PyTorch's selective
+// policies do by hand; Rockmate, Zhao et al., ICML 2023, solves the same
+// per-block problem before its chain DP).
+//
+// A stage's candidates are its saved storages (Stage.Saved); a storing
+// forward always keeps a_{i+1}. A keep set K is the candidates kept. The
+// backward then first reruns the forward of the nodes R(K): every node
+// that owns a dropped candidate, and, closing under inputs, every in-stage
+// node whose output a rerun node reads and that is not available — kept,
+// the stage input a_i, or from outside the stage. A product that keeps a
+// contiguous copy of an operand reruns from the copy and does not need
+// that operand. The cost of K is Σ_{n ∈ R(K)} fwd(n), its size the bytes
+// of K plus the output.
+//
+// The exact Pareto front of (bytes, cost) over all 2^|candidates| keep sets
+// comes from a dynamic program over the stage's nodes in reverse graph
+// order. Its state is the set of earlier nodes whose outputs a rerun node
+// has requested; at node n it chooses which of n's own candidates to keep
+// (2^c choices for c candidates, c ≤ 3 in practice), reruns n if it drops
+// one or n is requested and its output is not kept, and then requests n's
+// inputs. States with the same requests are interchangeable for the rest
+// of the walk, so each keeps only its non-dominated (bytes, cost) pairs.
+// The requested sets live on the stage's frontier (the nodes before n read
+// at or after n), a handful in a transformer block, so the work is
+// O(nodes · 2^frontier · 2^c · front) and a block takes milliseconds.
+// Identical stages (every layer of a model) are solved once.
+//
+// Besides the front, the named policies (Policies) are always keep sets.
+// Each keep set's transients come from its programs: the storing forward
+// that frees what it drops, and the backward preceded by the rerun.
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// search is what the keep-set search knows of one stage.
+type search struct {
+	st    *Stage
+	c     *costmodel.Costs
+	pos   map[int]int // node → position in st.Nodes
+	owner []int       // position of each saved storage's owner
+}
+
+func newSearch(st *Stage) *search {
+	k := &search{st: st, c: st.c, pos: map[int]int{}}
+	for p, id := range st.Nodes {
+		k.pos[id] = p
+	}
+	for _, s := range st.Saved {
+		k.owner = append(k.owner, k.pos[st.c.Storages[s].Node])
+	}
+	return k
+}
+
+// signature describes a stage up to renaming: stages with equal
+// signatures have the same candidates, costs, names and keep sets.
+func (k *search) signature() string {
+	g := k.c.Graph
+	var b strings.Builder
+	for _, id := range k.st.Nodes {
+		n := &g.Nodes[id]
+		fmt.Fprintf(&b, "%q %d %v %v %+v %d %d %v [", strings.TrimPrefix(n.Name, k.st.prefix), n.Op, n.DType, n.Shape, n.Attrs,
+			k.c.Nodes[id].ForwardFLOPs, k.c.Nodes[id].BackwardFLOPs, k.c.RequiresGrad(id))
+		for _, src := range n.Inputs {
+			if p, ok := k.pos[src]; ok {
+				fmt.Fprintf(&b, "%d ", p)
+			} else {
+				fmt.Fprintf(&b, "x%v ", k.c.OutputStorage(src) == k.st.Input)
+			}
+		}
+		b.WriteString("] {")
+		for _, s := range k.c.Owned(id) {
+			st := &k.c.Storages[s]
+			_, cand := k.st.index[s]
+			fmt.Fprintf(&b, "%s %d %v %v,", st.Role, st.Bytes, cand, s == k.st.Output)
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// available reports whether storage s is live at backward time without a
+// rerun, given the kept candidates.
+func (k *search) available(s int, kept func(int) bool) bool {
+	if s == k.st.Input || s == k.st.Output || kept(s) {
+		return true
+	}
+	_, inStage := k.pos[k.c.Storages[s].Node]
+	return !inStage
+}
+
+// needs returns the in-stage positions of the inputs node p reads when it
+// reruns: all but the operands it keeps a contiguous copy of.
+func (k *search) needs(p int, kept func(int) bool) []int {
+	id := k.st.Nodes[p]
+	var out []int
+	for i, src := range k.c.Graph.Nodes[id].Inputs {
+		q, ok := k.pos[src]
+		if !ok {
+			continue
+		}
+		if cp := k.c.OwnedAs(id, costmodel.CopyRole(i)); cp >= 0 && kept(cp) {
+			continue
+		}
+		out = append(out, q)
+	}
+	return out
+}
+
+// recompute returns R(K) in graph order for the kept candidates.
+func (k *search) recompute(kept bitset) []int {
+	isKept := func(s int) bool {
+		j, ok := k.st.index[s]
+		return ok && kept.has(j)
+	}
+	rerun := make([]bool, len(k.st.Nodes))
+	var work []int
+	add := func(p int) {
+		if !rerun[p] {
+			rerun[p] = true
+			work = append(work, p)
+		}
+	}
+	for j := range k.st.Saved {
+		if !kept.has(j) {
+			add(k.owner[j])
+		}
+	}
+	for len(work) > 0 {
+		p := work[len(work)-1]
+		work = work[:len(work)-1]
+		for _, q := range k.needs(p, isKept) {
+			id := k.st.Nodes[q]
+			if len(k.c.Owned(id)) == 0 || !k.available(k.c.OutputStorage(id), isKept) {
+				add(q)
+			}
+		}
+	}
+	var out []int
+	for p, r := range rerun {
+		if r {
+			out = append(out, k.st.Nodes[p])
+		}
+	}
+	return out
+}
+
+// frontEntry is a partial keep set of the reverse walk.
+type frontEntry struct {
+	bytes, flops int64
+	dec          *decision
+}
+
+// decision records the kept candidates of one node, as a linked list back
+// to the end of the stage.
+type decision struct {
+	kept []int // candidate indexes kept
+	next *decision
+}
+
+// front returns the keep sets of the Pareto front, by decreasing bytes.
+func (k *search) front() []bitset {
+	st := k.st
+	candOf := make([][]int, len(st.Nodes)) // candidate indexes each node owns
+	for j, p := range k.owner {
+		candOf[p] = append(candOf[p], j)
+	}
+	type state struct {
+		req     []int // requested positions, increasing
+		entries []frontEntry
+	}
+	key := func(req []int) string {
+		var b strings.Builder
+		for _, p := range req {
+			b.WriteString(strconv.Itoa(p))
+			b.WriteByte(',')
+		}
+		return b.String()
+	}
+	states := map[string]*state{"": {entries: []frontEntry{{}}}}
+	for p := len(st.Nodes) - 1; p >= 0; p-- {
+		id := st.Nodes[p]
+		view := len(k.c.Owned(id)) == 0
+		outS := k.c.OutputStorage(id)
+		mine := candOf[p]
+		next := map[string]*state{}
+		// In key order, so that of equal keep sets the same one is kept
+		// on every run.
+		for _, sk := range slices.Sorted(maps.Keys(states)) {
+			s := states[sk]
+			requested := len(s.req) > 0 && s.req[len(s.req)-1] == p
+			rest := s.req
+			if requested {
+				rest = s.req[:len(s.req)-1]
+			}
+			for mask := 0; mask < 1<<len(mine); mask++ {
+				var keptBytes int64
+				var kept []int
+				dropped := false
+				outKept := outS == st.Output || outS == st.Input
+				for b, j := range mine {
+					if mask&(1<<b) != 0 {
+						kept = append(kept, j)
+						keptBytes += k.c.Storages[st.Saved[j]].Bytes
+						if st.Saved[j] == outS {
+							outKept = true
+						}
+					} else {
+						dropped = true
+					}
+				}
+				rerun := dropped || requested && (view || !outKept)
+				req := rest
+				var flops int64
+				if rerun {
+					flops = k.c.Nodes[id].ForwardFLOPs
+					keptCopy := func(s int) bool {
+						return slices.ContainsFunc(kept, func(j int) bool { return st.Saved[j] == s })
+					}
+					req = slices.Clone(rest)
+					for _, q := range k.needs(p, keptCopy) {
+						if i, found := slices.BinarySearch(req, q); !found {
+							req = slices.Insert(req, i, q)
+						}
+					}
+				}
+				kk := key(req)
+				ns := next[kk]
+				if ns == nil {
+					ns = &state{req: req}
+					next[kk] = ns
+				}
+				for _, e := range s.entries {
+					ns.entries = append(ns.entries, frontEntry{e.bytes + keptBytes, e.flops + flops, &decision{kept, e.dec}})
+				}
+			}
+		}
+		for _, s := range next {
+			s.entries = paretoFront(s.entries)
+		}
+		states = next
+	}
+	final := states[""]
+	if final == nil {
+		return nil
+	}
+	out := make([]bitset, 0, len(final.entries))
+	for i := len(final.entries) - 1; i >= 0; i-- { // by decreasing bytes
+		b := newBitset(len(st.Saved))
+		for d := final.entries[i].dec; d != nil; d = d.next {
+			for _, j := range d.kept {
+				b.set(j)
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// paretoFront keeps the entries no other entry beats in both bytes and
+// FLOPs, by increasing bytes (decreasing FLOPs); of equal entries, one.
+func paretoFront(es []frontEntry) []frontEntry {
+	slices.SortStableFunc(es, func(a, b frontEntry) int {
+		return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.flops, b.flops))
+	})
+	out := es[:0]
+	for _, e := range es {
+		if len(out) == 0 || e.flops < out[len(out)-1].flops {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// policy returns the kept candidates of a named policy.
+func (k *search) policy(name string, core []bool) bitset {
+	g := k.c.Graph
+	b := newBitset(len(k.st.Saved))
+	for j, s := range k.st.Saved {
+		op := g.Nodes[k.c.Storages[s].Node].Op
+		var keep bool
+		switch name {
+		case "keep-all":
+			keep = true
+		case "megatron-selective":
+			keep = !k.c.SelectiveDrops(s, core)
+		case "matmuls-only":
+			keep = op == ir.MatMul || op == ir.Linear
+		}
+		if keep {
+			b.set(j)
+		}
+	}
+	return b
+}
+
+// namedBits is a keep set found by the search: its kept candidates, and
+// its policy's name if it is one.
+type namedBits struct {
+	policy string
+	kept   bitset
+}
+
+// keepSets returns the keep sets of a stage: the policies, then the points
+// of the front no policy already is. cache maps stage signatures to what
+// the search found.
+func (st *Stage) keepSets(core []bool, cache map[string][]namedBits) []KeepSet {
+	k := newSearch(st)
+	sig := k.signature()
+	found, ok := cache[sig]
+	if !ok {
+		seen := map[string]bool{}
+		add := func(policy string, b bitset) {
+			if !seen[b.key()] {
+				seen[b.key()] = true
+				found = append(found, namedBits{policy, b})
+			}
+		}
+		for _, name := range Policies {
+			add(name, k.policy(name, core))
+		}
+		for _, b := range k.front() {
+			add("", b)
+		}
+		cache[sig] = found
+	}
+	out := make([]KeepSet, len(found))
+	for i, nb := range found {
+		out[i] = k.keepSet(nb)
+	}
+	return out
+}
+
+// keepAll returns the keep set that keeps every saved storage, without
+// its transients (which the stage's own fields hold).
+func (st *Stage) keepAll() KeepSet {
+	b := newBitset(len(st.Saved))
+	for j := range st.Saved {
+		b.set(j)
+	}
+	return KeepSet{Name: "keep-all", kept: b, TapeBytes: st.TapeBytes}
+}
+
+// keepSet turns kept candidates into a KeepSet with its name, costs and
+// transients.
+func (k *search) keepSet(nb namedBits) KeepSet {
+	st := k.st
+	ks := KeepSet{Name: nb.policy, kept: nb.kept, TapeBytes: st.TapeBytes}
+	if ks.Name == "" {
+		ks.Name = st.contentName(nb.kept)
+	}
+	for j, s := range st.Saved {
+		if !nb.kept.has(j) {
+			ks.TapeBytes -= mem.Bytes(k.c.Storages[s].Bytes)
+		}
+	}
+	ks.Recompute = k.recompute(nb.kept)
+	for _, id := range ks.Recompute {
+		ks.ExtraFLOPs += k.c.Nodes[id].ForwardFLOPs
+	}
+	ks.FAllTempBytes = st.StoringProgram(&ks).Peak() - ks.TapeBytes
+	ks.BackwardTempBytes = append(st.RecomputeProgram(&ks), st.BackwardProgram()...).Peak()
+	return ks
+}

@@ -1,0 +1,108 @@
+package stage
+
+import (
+	"math/bits"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// Policies are the named keep sets, in the order they are listed:
+// keep-all, megatron-selective (drop the attention core: QKᵀ, scale, mask,
+// softmax, cast, dropout; Korthikanti et al. 2022, §4.2), matmuls-only
+// (keep the tensors products and linear layers own, recompute the
+// pointwise ops) and keep-nothing.
+var Policies = []string{"keep-all", "megatron-selective", "matmuls-only", "keep-nothing"}
+
+// KeepSet is one way a stage's storing forward may run: which of the
+// stage's saved storages it keeps, what the backward reruns first, and
+// what that costs.
+type KeepSet struct {
+	// Name is derived from the content: a policy's name when the keep set
+	// is that policy's, else "drop(a,b)" or "keep(a,b)" listing the
+	// tensors dropped or kept, whichever list is shorter, in the
+	// vocabulary of the model (Stage.TensorName). Identical keep sets of
+	// identical stages have the same name.
+	Name string
+	kept bitset // over Stage.Saved
+	// Recompute lists the nodes the backward reruns forward first, in
+	// graph order.
+	Recompute         []int
+	TapeBytes         mem.Bytes // what the storing forward keeps, a_{i+1} included
+	ExtraFLOPs        int64     // forward FLOPs of Recompute
+	FAllTempBytes     mem.Bytes // beyond TapeBytes, during the storing forward
+	BackwardTempBytes mem.Bytes // during the backward, its rerun included
+}
+
+// Keeps reports whether the keep set keeps saved storage j (an index into
+// Stage.Saved).
+func (k *KeepSet) Keeps(j int) bool { return k.kept.has(j) }
+
+// KeepsAll reports whether the keep set keeps every saved storage, so
+// that the backward reruns nothing.
+func (k *KeepSet) KeepsAll(st *Stage) bool { return k.kept.count() == len(st.Saved) }
+
+// Kept returns the names of the saved storages the keep set keeps, in the
+// order of Stage.Saved.
+func (st *Stage) Kept(k *KeepSet) []string { return st.names(k, true) }
+
+// Dropped returns the names of the saved storages the keep set drops, in
+// the order of Stage.Saved.
+func (st *Stage) Dropped(k *KeepSet) []string { return st.names(k, false) }
+
+func (st *Stage) names(k *KeepSet, kept bool) []string {
+	out := []string{}
+	for j, s := range st.Saved {
+		if k.Keeps(j) == kept {
+			out = append(out, st.TensorName(s))
+		}
+	}
+	return out
+}
+
+// KeepSet returns the stage's keep set with the given name, and whether
+// there is one.
+func (st *Stage) KeepSet(name string) (int, bool) {
+	for i := range st.KeepSets {
+		if st.KeepSets[i].Name == name {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// contentName names kept flags by what they keep or drop.
+func (st *Stage) contentName(b bitset) string {
+	k := KeepSet{kept: b}
+	kept, dropped := st.Kept(&k), st.Dropped(&k)
+	if len(kept) < len(dropped) {
+		return "keep(" + strings.Join(kept, ",") + ")"
+	}
+	return "drop(" + strings.Join(dropped, ",") + ")"
+}
+
+// bitset is a dense set of small integers.
+type bitset []uint64
+
+func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
+
+func (b bitset) has(j int) bool { return b[j/64]&(1<<(j%64)) != 0 }
+func (b bitset) set(j int)      { b[j/64] |= 1 << (j % 64) }
+
+func (b bitset) count() int {
+	n := 0
+	for _, w := range b {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+func (b bitset) key() string {
+	var s strings.Builder
+	for _, w := range b {
+		for k := 0; k < 8; k++ {
+			s.WriteByte(byte(w >> (8 * k)))
+		}
+	}
+	return s.String()
+}

@@ -1,0 +1,235 @@
+package stage
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// build cuts a bundled model, with a few training fields changed, into
+// its stages.
+func build(t *testing.T, model string, edit func(*ir.Setup)) []*Stage {
+	t.Helper()
+	src, err := graphio.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&src.Model.Training)
+	}
+	g, err := graphio.Build(src.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, err := Build(c, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stages
+}
+
+// TestKeepSetFrontIsExhaustive enumerates every keep set of the layers of
+// the tiny models (up to 2^20 each), computes each one's recomputation by
+// the closure alone, and checks that the dynamic program's front is the
+// Pareto front of (bytes, FLOPs) over all of them.
+func TestKeepSetFrontIsExhaustive(t *testing.T) {
+	tests := []struct {
+		model   string
+		dropout float64
+		lora    int64
+	}{
+		{"tiny-gpt2", 0, 0}, {"tiny-llama", 0, 0}, {"tiny-gpt2", 0.1, 0}, {"tiny-llama", 0.1, 0}, {"tiny-llama", 0, 4},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/p%g/lora%d", tt.model, tt.dropout, tt.lora), func(t *testing.T) {
+			st := build(t, tt.model, func(tr *ir.Setup) { tr.Dropout, tr.LoRA.Rank = tt.dropout, tt.lora })[1]
+			k := newSearch(st)
+			n := len(st.Saved)
+			if n > 20 {
+				t.Skipf("%d candidates: too many to enumerate", n)
+			}
+			if n < 8 {
+				t.Fatalf("only %d candidates: the test would prove little", n)
+			}
+			type point struct{ bytes, flops int64 }
+			costOf := func(kept bitset) point {
+				var p point
+				for j, s := range st.Saved {
+					if kept.has(j) {
+						p.bytes += st.c.Storages[s].Bytes
+					}
+				}
+				for _, id := range k.recompute(kept) {
+					p.flops += st.c.Nodes[id].ForwardFLOPs
+				}
+				return p
+			}
+			var all []point
+			for mask := 0; mask < 1<<n; mask++ {
+				b := newBitset(n)
+				for j := range n {
+					if mask&(1<<j) != 0 {
+						b.set(j)
+					}
+				}
+				all = append(all, costOf(b))
+			}
+			cmpPoints := func(a, b point) int {
+				return cmp.Or(cmp.Compare(a.bytes, b.bytes), cmp.Compare(a.flops, b.flops))
+			}
+			// The front: by increasing bytes, each point cheaper than all
+			// before it.
+			slices.SortFunc(all, cmpPoints)
+			var want []point
+			for _, a := range all {
+				if len(want) == 0 || a.flops < want[len(want)-1].flops {
+					want = append(want, a)
+				}
+			}
+			var got []point
+			for _, b := range k.front() {
+				got = append(got, costOf(b))
+			}
+			slices.SortFunc(got, cmpPoints)
+			if !slices.Equal(got, want) {
+				t.Errorf("%d candidates: front\n got %v\nwant %v", n, got, want)
+			}
+			t.Logf("%d candidates, %d keep sets, front of %d", n, 1<<n, len(want))
+		})
+	}
+}
+
+// TestKeepSetPolicies checks the named policies on the layers of every
+// bundled model: keep-all is the stage's own tape, keep-nothing keeps only
+// the output and reruns every node that owns a tape storage, megatron-
+// selective reruns exactly the attention core, and no policy is larger
+// than keep-all.
+func TestKeepSetPolicies(t *testing.T) {
+	for _, model := range []string{"tiny-gpt2", "tiny-llama", "gpt2", "llama-3-8b", "qwen2-1.5b"} {
+		t.Run(model, func(t *testing.T) {
+			st := build(t, model, nil)[1]
+			core := costmodel.AttentionCore(st.c.Graph)
+			byName := map[string]KeepSet{}
+			for _, o := range st.KeepSets {
+				byName[o.Name] = o
+				if o.TapeBytes > st.TapeBytes {
+					t.Errorf("%s keeps %d bytes, more than keep-all's %d", o.Name, o.TapeBytes, st.TapeBytes)
+				}
+			}
+			all := st.KeepSets[0]
+			if all.Name != "keep-all" || all.TapeBytes != st.TapeBytes || all.FAllTempBytes != st.FAllTempBytes ||
+				all.BackwardTempBytes != st.BackwardTempBytes || len(all.Recompute) != 0 {
+				t.Errorf("keep set 0 = %+v, want the stage's own tape", all)
+			}
+			if none := byName["keep-nothing"]; none.TapeBytes != st.OutputBytes() {
+				t.Errorf("keep-nothing keeps %d bytes, want the output's %d", none.TapeBytes, st.OutputBytes())
+			}
+			sel, ok := byName["megatron-selective"]
+			if !ok {
+				t.Fatal("no megatron-selective keep set")
+			}
+			for _, id := range sel.Recompute {
+				if !core[id] {
+					t.Errorf("megatron-selective reruns %s, outside the attention core", st.c.Graph.Nodes[id].Name)
+				}
+			}
+		})
+	}
+}
+
+// TestKeepSetNames: a keep set's name says what it keeps or drops in the
+// model's own tensor names, the same in every layer; the lists in the
+// name are the keep set's content; names within a stage are distinct.
+func TestKeepSetNames(t *testing.T) {
+	stages := build(t, "tiny-llama", nil)
+	for _, st := range stages {
+		seen := map[string]bool{}
+		for i := range st.KeepSets {
+			k := &st.KeepSets[i]
+			if seen[k.Name] {
+				t.Errorf("%s: two keep sets named %s", st.Name, k.Name)
+			}
+			seen[k.Name] = true
+			kept, dropped := st.Kept(k), st.Dropped(k)
+			if len(kept)+len(dropped) != len(st.Saved) {
+				t.Errorf("%s %s: %d kept + %d dropped of %d saved", st.Name, k.Name, len(kept), len(dropped), len(st.Saved))
+			}
+			switch {
+			case slices.Contains(Policies, k.Name):
+			case strings.HasPrefix(k.Name, "drop("):
+				if want := "drop(" + strings.Join(dropped, ",") + ")"; k.Name != want {
+					t.Errorf("%s: name %s, drops %s", st.Name, k.Name, want)
+				}
+			case strings.HasPrefix(k.Name, "keep("):
+				if want := "keep(" + strings.Join(kept, ",") + ")"; k.Name != want {
+					t.Errorf("%s: name %s, keeps %s", st.Name, k.Name, want)
+				}
+			default:
+				t.Errorf("%s: keep set named %q", st.Name, k.Name)
+			}
+			for _, name := range append(kept, dropped...) {
+				if strings.HasPrefix(name, st.Name+".") || strings.HasPrefix(name, "layers.") {
+					t.Errorf("%s: tensor %s keeps its stage prefix", st.Name, name)
+				}
+			}
+		}
+	}
+	for i := 2; i < len(stages)-1; i++ {
+		var a, b []string
+		for _, k := range stages[1].KeepSets {
+			a = append(a, k.Name)
+		}
+		for _, k := range stages[i].KeepSets {
+			b = append(b, k.Name)
+		}
+		if !slices.Equal(a, b) {
+			t.Errorf("%s names its keep sets %v, %s %v", stages[1].Name, a, stages[i].Name, b)
+		}
+	}
+	// The names name real tensors: an RMSNorm layer saves its statistics
+	// under the norm's name.
+	var names []string
+	for _, s := range stages[1].Saved {
+		names = append(names, stages[1].TensorName(s))
+	}
+	if !slices.Contains(names, "input_layernorm:rstd") || !slices.Contains(names, "mlp.up_proj") {
+		t.Errorf("layer tensors %v", names)
+	}
+}
+
+// TestKorthikantiSelective: the megatron-selective keep set of GPT-3 175B
+// keeps Korthikanti et al.'s selective-recomputation bytes per layer
+// (2022, Table 2): sbh(10 + 24/t) = 312 MiB at t = 8 and sbh(34/t) =
+// 102 MiB with sequence parallelism. A storing forward's tape holds the
+// layer's output in place of its input, the same size.
+func TestKorthikantiSelective(t *testing.T) {
+	for _, tt := range []struct {
+		sp   bool
+		want mem.Bytes
+	}{{false, 312 * mem.MiB}, {true, 102 * mem.MiB}} {
+		st := build(t, "gpt3-175b", func(tr *ir.Setup) {
+			tr.Seq, tr.Batch, tr.Profile, tr.Parallel.TP, tr.Parallel.SP = 2048, 1, "megatron", 8, tt.sp
+		})[1]
+		if st.c.Graph.DType != ir.BF16 {
+			t.Fatalf("gpt3-175b trains in %v, want bf16", st.c.Graph.DType)
+		}
+		j, ok := st.KeepSet("megatron-selective")
+		if !ok {
+			t.Fatal("no megatron-selective keep set")
+		}
+		if got := st.KeepSets[j].TapeBytes; got != tt.want {
+			t.Errorf("sp %v: megatron-selective keeps %v, want %v", tt.sp, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,212 @@
+package stage
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// Stage is one stage of a chain cut from a costed graph: its nodes, the
+// activations entering and leaving it, its costs, the transients of its
+// programs, and the keep sets its storing forward may run.
+type Stage struct {
+	Index int
+	Name  string
+	Nodes []int // graph order
+	// Input is the storage of a_i when an earlier stage makes it, -1 when
+	// only graph inputs enter the stage.
+	Input      int
+	Output     int       // the storage of a_{i+1}
+	InputBytes mem.Bytes // a_i: the graph inputs' bytes for the first stage
+	// Saved are the storages a keep set chooses among: the activations
+	// the stage's nodes allocate and its ops save for backward, a_{i+1}
+	// aside, in allocation order.
+	Saved         []int
+	ForwardFLOPs  int64
+	BackwardFLOPs int64
+	// TapeBytes is what a storing forward that keeps everything keeps:
+	// the saved storages (and any other activation the stage's ops save,
+	// a_i aside) and a_{i+1}.
+	TapeBytes         mem.Bytes
+	ForwardTempBytes  mem.Bytes // beyond a_{i+1}, during a forward that keeps no tape
+	FAllTempBytes     mem.Bytes // beyond the tape, during a storing forward that keeps everything
+	BackwardTempBytes mem.Bytes // during the backward after keeping everything, δ_i included
+	// KeepSets are the ways the storing forward may run; KeepSets[0]
+	// keeps everything (TapeBytes and the transients above).
+	KeepSets []KeepSet
+
+	c      *costmodel.Costs
+	tape   []int       // every storage keeping everything keeps, sorted
+	index  map[int]int // saved storage → its index in Saved
+	prefix string      // the nodes' common dotted name prefix, left out of tensor names
+}
+
+// Build cuts a costed graph into stages, at its blocks when byBlock (a
+// model) and at its cut points otherwise, and computes each stage's costs,
+// transients and keep sets. Identical stages (every layer of a model)
+// share one keep-set search. O(nodes) plus the keep-set searches.
+func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
+	g := c.Graph
+	var spans []span
+	if byBlock {
+		spans = blockSpans(g)
+	} else {
+		var err error
+		if spans, err = graphSpans(g); err != nil {
+			return nil, err
+		}
+	}
+	stageOf := make([]int, len(g.Nodes))
+	for i := range stageOf {
+		stageOf[i] = -1
+	}
+	for k, sp := range spans {
+		for _, id := range sp.nodes {
+			stageOf[id] = k
+		}
+	}
+	var inputs mem.Bytes
+	for i := range g.Nodes {
+		if g.Nodes[i].Op == ir.Input {
+			inputs += mem.Bytes(g.Nodes[i].Bytes())
+		}
+	}
+	core := costmodel.AttentionCore(g)
+	cache := map[string][]namedBits{}
+	out := make([]*Stage, len(spans))
+	for k, sp := range spans {
+		st := newStage(c, k, sp, stageInput(c, stageOf, k, sp), inputs)
+		st.KeepSets = st.keepSets(core, cache)
+		out[k] = st
+	}
+	return out, nil
+}
+
+// newStage computes a stage's tape, costs and keep-everything transients;
+// inputs is the bytes of the graph inputs, a_0.
+func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Stage {
+	g := c.Graph
+	last := sp.nodes[len(sp.nodes)-1]
+	st := &Stage{Index: k, Name: sp.name, Nodes: sp.nodes, Input: in, Output: c.OutputStorage(last), c: c, index: map[int]int{}}
+	if in >= 0 {
+		st.InputBytes = mem.Bytes(c.Storages[in].Bytes)
+	} else if k == 0 {
+		st.InputBytes = inputs
+	}
+	inTape := map[int]bool{st.Output: true}
+	for _, id := range sp.nodes {
+		st.ForwardFLOPs += c.Nodes[id].ForwardFLOPs
+		st.BackwardFLOPs += c.Nodes[id].BackwardFLOPs
+		for _, s := range c.Nodes[id].Saved {
+			if s != in && c.Storages[s].IsActivation(g) {
+				inTape[s] = true
+			}
+		}
+	}
+	for s := range inTape {
+		st.tape = append(st.tape, s)
+		st.TapeBytes += mem.Bytes(c.Storages[s].Bytes)
+	}
+	slices.Sort(st.tape)
+	for _, id := range sp.nodes {
+		for _, s := range c.Owned(id) {
+			if inTape[s] && s != st.Output {
+				st.index[s] = len(st.Saved)
+				st.Saved = append(st.Saved, s)
+			}
+		}
+	}
+	st.prefix = commonPrefix(g, sp.nodes)
+	all := st.keepAll()
+	st.ForwardTempBytes = st.ForwardProgram().Peak() - st.OutputBytes()
+	st.FAllTempBytes = st.StoringProgram(&all).Peak() - st.TapeBytes
+	st.BackwardTempBytes = st.BackwardProgram().Peak()
+	return st
+}
+
+// stageInput returns the storage of the activation entering stage k from
+// an earlier stage, or -1 when only graph inputs enter it.
+func stageInput(c *costmodel.Costs, stageOf []int, k int, sp span) int {
+	g := c.Graph
+	for _, id := range sp.nodes {
+		for _, in := range g.Nodes[id].Inputs {
+			if s := stageOf[in]; s >= 0 && s < k {
+				return c.OutputStorage(in)
+			}
+		}
+	}
+	return -1
+}
+
+// commonPrefix returns the longest dotted prefix ("layers.3.") all the
+// nodes' names share, so that tensors are named alike in every layer.
+func commonPrefix(g *ir.Graph, nodes []int) string {
+	parts := strings.Split(g.Nodes[nodes[0]].Name, ".")
+	for k := len(parts) - 1; k > 0; k-- {
+		p := strings.Join(parts[:k], ".") + "."
+		if !slices.ContainsFunc(nodes, func(id int) bool { return !strings.HasPrefix(g.Nodes[id].Name, p) }) {
+			return p
+		}
+	}
+	return ""
+}
+
+// OutputBytes returns the bytes of a_{i+1}.
+func (st *Stage) OutputBytes() mem.Bytes { return mem.Bytes(st.c.Storages[st.Output].Bytes) }
+
+// Costs returns the cost model the stage was cut from.
+func (st *Stage) Costs() *costmodel.Costs { return st.c }
+
+// Tape returns every storage a storing forward that keeps everything
+// keeps, a_{i+1} included, in storage order; the backward frees them.
+func (st *Stage) Tape() []int { return st.tape }
+
+// TensorName returns the name of a storage in the vocabulary of the
+// model, relative to the stage: its node's name without the stage's
+// common prefix ("mlp.up_proj" in every layer), and ":role" unless it is
+// the node's output ("input_layernorm:rstd").
+func (st *Stage) TensorName(s int) string {
+	sto := &st.c.Storages[s]
+	name := strings.TrimPrefix(st.c.Graph.Nodes[sto.Node].Name, st.prefix)
+	if sto.Role != "out" {
+		name += ":" + sto.Role
+	}
+	return name
+}
+
+// Holds reports whether a storing forward under keep set k keeps storage
+// s until the backward: a_{i+1}, a kept saved storage, or any other tape
+// storage (one the stage's nodes do not allocate).
+func (st *Stage) Holds(k *KeepSet, s int) bool {
+	if j, ok := st.index[s]; ok {
+		return k.Keeps(j)
+	}
+	_, inTape := slices.BinarySearch(st.tape, s)
+	return inTape
+}
+
+// SavedOrder returns the activation storages the stage's own nodes
+// allocate and its ops save for backward, a_{i+1} included when an op
+// saves it, in the order they are first saved: the order in which
+// autograd packs them.
+func (st *Stage) SavedOrder() []int {
+	c := st.c
+	own := map[int]bool{}
+	for _, id := range st.Nodes {
+		own[id] = true
+	}
+	seen := map[int]bool{}
+	var out []int
+	for _, id := range st.Nodes {
+		for _, s := range c.Nodes[id].Saved {
+			if !seen[s] && own[c.Storages[s].Node] && c.Storages[s].IsActivation(c.Graph) {
+				seen[s] = true
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
