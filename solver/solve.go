@@ -142,10 +142,13 @@ func baselines(c *Chain, budget mem.Bytes) []Schedule {
 	return append(out, cmp.Or(best, smallest).Schedule)
 }
 
-// minOptimalBudget finds, by bisection between the budget that failed and
-// the peak of Revolve with one snapshot (the least memory of any schedule
-// of the family, up to transients), the smallest budget at which the
-// table finds a schedule; it returns that schedule's replayed peak.
+// minOptimalBudget returns the least peak of a schedule the table finds
+// at any budget: one table, built for the least budget known to admit a
+// schedule (the smallest peak of storing everything and of Revolve with
+// one or two snapshots, grown where rounding rules it out), answers every
+// smaller budget, so a bisection over its columns (O(1) each) finds the
+// smallest that admits a schedule, which is then replayed. 0 when the
+// table finds none.
 func minOptimalBudget(c *Chain, failed mem.Bytes, slots int) mem.Bytes {
 	hi := mem.Bytes(math.MaxInt64)
 	for s := 1; s <= min(c.Len(), 2); s++ {
@@ -156,35 +159,34 @@ func minOptimalBudget(c *Chain, failed mem.Bytes, slots int) mem.Bytes {
 	if r, err := Simulate(c, StoreAll(c)); err == nil {
 		hi = min(hi, r.Peak)
 	}
-	lo := failed
 	slots = max(slots, DefaultSlots)
-	peakAt := func(b mem.Bytes) (mem.Bytes, bool) {
-		t, err := NewTable(c, b, slots)
-		if err != nil {
-			return 0, false
+	var t *Table
+	for i := 0; ; i++ {
+		var err error
+		if t, err = NewTable(c, hi, slots); err == nil && !math.IsInf(t.Cost(hi), 1) {
+			break
 		}
-		s, err := t.Schedule(b)
-		if err != nil {
-			return 0, false
+		if i == 64 || hi > math.MaxInt64/2 {
+			return 0
 		}
-		r, err := Simulate(c, s)
-		return r.Peak, err == nil
+		hi += hi/2 + 1 // rounding can make hi too small: grow it
 	}
-	best, ok := peakAt(hi)
-	for i := 0; !ok && i < 64; i++ { // rounding can make hi too small: grow it
-		hi += hi/2 + 1
-		best, ok = peakAt(hi)
+	lo := min(failed, hi-1) // no schedule at lo
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if math.IsInf(t.Cost(mid), 1) {
+			lo = mid
+		} else {
+			hi = mid
+		}
 	}
-	if !ok {
+	s, err := t.Schedule(hi)
+	if err != nil {
 		return 0
 	}
-	for i := 0; i < 40 && hi-lo > 1; i++ {
-		mid := lo + (hi-lo)/2
-		if p, ok := peakAt(mid); ok {
-			hi, best = mid, min(best, p)
-		} else {
-			lo = mid
-		}
+	r, err := Simulate(c, s)
+	if err != nil {
+		return 0
 	}
-	return best
+	return r.Peak
 }
