@@ -58,7 +58,7 @@ func Verify(p *planner.Problem, plan *planner.Plan, seed int64) (*Report, error)
 	}
 	sim, err := solver.Simulate(p.Chain, sched)
 	if err != nil {
-		return nil, fmt.Errorf("plan: %v", err)
+		return nil, fmt.Errorf("plan: %w", err)
 	}
 	ref, refSecs, err := timedRun(p, solver.StoreAll(p.Chain), seed)
 	if err != nil {

@@ -22,7 +22,7 @@ func Build(model *Model) (*ir.Graph, error) {
 	m := *model
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("model %s: %v", m.Name, err)
+		return nil, fmt.Errorf("model %s: %w", m.Name, err)
 	}
 	dt := m.Training.ModelDType()
 	b := &builder{m: &m, g: ir.NewGraph(m.Name, dt), dt: dt}
@@ -38,7 +38,7 @@ func Build(model *Model) (*ir.Graph, error) {
 	}
 	b.g.Output = b.head(x)
 	if b.err != nil {
-		return nil, fmt.Errorf("model %s: %v", m.Name, b.err)
+		return nil, fmt.Errorf("model %s: %w", m.Name, b.err)
 	}
 	return b.g, ir.Validate(b.g)
 }

@@ -74,7 +74,7 @@ func (g *Graph) AddOp(name, block string, op Op, a Attrs, inputs ...int) (int, e
 	}
 	t, err := Infer(op, a, in, g.DType)
 	if err != nil {
-		return -1, fmt.Errorf("node %s: %v", name, err)
+		return -1, fmt.Errorf("node %s: %w", name, err)
 	}
 	if _, ok := t.Shape.Bytes(t.DType); !ok {
 		return -1, fmt.Errorf("node %s: output %v of %v overflows int64 bytes", name, t.Shape, t.DType)

@@ -64,7 +64,7 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 	case Mul, Add:
 		s, err := Broadcast(x.Shape, in[1].Shape)
 		if err != nil {
-			return Tensor{}, fmt.Errorf("%v: %v", op, err)
+			return Tensor{}, fmt.Errorf("%v: %w", op, err)
 		}
 		if x.DType != in[1].DType {
 			return Tensor{}, fmt.Errorf("%v of %v and %v: dtypes differ", op, x.DType, in[1].DType)
@@ -150,7 +150,7 @@ func inferMatMul(a Attrs, x, y Tensor) (Tensor, error) {
 	}
 	batch, err := Broadcast(x.Shape[:len(x.Shape)-2], y.Shape[:len(y.Shape)-2])
 	if err != nil {
-		return Tensor{}, fmt.Errorf("matmul batch axes: %v", err)
+		return Tensor{}, fmt.Errorf("matmul batch axes: %w", err)
 	}
 	return Tensor{append(batch, m, n), x.DType}, nil
 }

@@ -93,7 +93,7 @@ func Validate(g *Graph) error {
 		}
 		seen[n.Name] = true
 		if err := validateNode(g, n); err != nil {
-			return fmt.Errorf("node %s: %v", n.Name, err)
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
 	if g.Output < 0 || g.Output >= len(g.Nodes) {

@@ -68,7 +68,7 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 		before := s.usage()
 		peak, cost, err := s.step(op)
 		if err != nil {
-			return Result{}, fmt.Errorf("op %d, %v: %v", k, op, err)
+			return Result{}, fmt.Errorf("op %d, %v: %w", k, op, err)
 		}
 		r.Timeline[k] = max(peak, s.live)
 		r.Peak = max(r.Peak, r.Timeline[k])

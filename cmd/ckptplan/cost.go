@@ -80,7 +80,7 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 	if src.Kind == graphio.KindModel {
 		setup.applyTraining(fs, &src.Model.Training)
 		if err := src.Model.Validate(); err != nil {
-			return fmt.Errorf("%s: %v", arg, err)
+			return fmt.Errorf("%s: %w", arg, err)
 		}
 	}
 	g, err := buildGraph(src)

@@ -26,10 +26,10 @@ func writeFileAtomic(path string, write func(io.Writer) error) error {
 	}
 	if err := write(tmp); err != nil {
 		tmp.Close()
-		return fmt.Errorf("%s: %v", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("%s: %v", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return os.Rename(tmp.Name(), path)
 }

@@ -72,7 +72,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if src.Kind == graphio.KindModel {
 		p.setup.applyTraining(fs, &src.Model.Training)
 		if err := src.Model.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("%s: %v", arg, err)
+			return nil, nil, fmt.Errorf("%s: %w", arg, err)
 		}
 	}
 	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device}, nil

@@ -92,7 +92,7 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 			t.DType = s.dtype
 		}
 		if err := src.Model.Validate(); err != nil {
-			return nil, fmt.Errorf("%s: %v", arg, err)
+			return nil, fmt.Errorf("%s: %w", arg, err)
 		}
 	case graphio.KindGraph:
 		for _, o := range []struct {

@@ -32,7 +32,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if src.Model != nil {
 		setup.applyTraining(fs, &src.Model.Training)
 		if err := src.Model.Validate(); err != nil {
-			return fmt.Errorf("%s: %v", arg, err)
+			return fmt.Errorf("%s: %w", arg, err)
 		}
 	}
 	p, err := planner.New(src)
