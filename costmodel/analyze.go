@@ -2,7 +2,6 @@ package costmodel
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
@@ -62,9 +61,9 @@ func (c *Costs) RequiresGrad(id int) bool { return c.grad[id] }
 // has one of its own, then masks, statistics and copies), in index order.
 func (c *Costs) Owned(id int) []int { return c.owned[id] }
 
-// OwnedAs returns the storage node id allocates in a role ("out", "mask",
-// CopyRole(i), …), or -1.
-func (c *Costs) OwnedAs(id int, role string) int {
+// OwnedAs returns the storage node id allocates in a role, or -1 when it
+// allocates none.
+func (c *Costs) OwnedAs(id int, role Role) int {
 	for _, s := range c.owned[id] {
 		if c.Storages[s].Role == role {
 			return s
@@ -72,10 +71,6 @@ func (c *Costs) OwnedAs(id int, role string) int {
 	}
 	return -1
 }
-
-// CopyRole is the role of the contiguous copy a product makes of its
-// strided operand i.
-func CopyRole(i int) string { return "copy" + strconv.Itoa(i) }
 
 // OutputStorage returns the storage holding node id's output (its own, or
 // the one it is a view of).
@@ -86,7 +81,7 @@ func (c *Costs) OutputStorage(id int) int { return c.outputs[id] }
 func (c *Costs) ExtraBytes(id int) int64 {
 	var b int64
 	for _, k := range c.owned[id] {
-		if s := &c.Storages[k]; s.Role != "out" {
+		if s := &c.Storages[k]; s.Role != Out {
 			b += s.Bytes
 		}
 	}
@@ -161,7 +156,7 @@ func (a *analyzer) node(n *ir.Node) {
 		a.lay.out[n.ID] = a.lay.out[n.Inputs[0]]
 		a.lay.contig[n.ID] = contig
 	} else {
-		a.lay.out[n.ID] = a.extra(n, "out", n.Shape, n.DType, a.shard[n.ID])
+		a.lay.out[n.ID] = a.extra(n, Out, n.Shape, n.DType, a.shard[n.ID])
 		a.lay.contig[n.ID] = true
 		c.OutputBytes = a.c.Storages[a.lay.out[n.ID]].Bytes
 	}
@@ -196,7 +191,7 @@ func (a *analyzer) sharded(n *ir.Node) bool {
 }
 
 // extra allocates a new storage owned by n and returns its index.
-func (a *analyzer) extra(n *ir.Node, role string, shape ir.Shape, dt ir.DType, sharded bool) int {
+func (a *analyzer) extra(n *ir.Node, role Role, shape ir.Shape, dt ir.DType, sharded bool) int {
 	dt = a.countedDType(dt)
 	b, _ := shape.Bytes(dt)
 	if a.tp > 1 && (sharded || a.sp) {

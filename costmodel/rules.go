@@ -53,8 +53,8 @@ func (a *analyzer) keeps(n *ir.Node) {
 		// The kernel computes mean and rstd in the input dtype;
 		// native_layer_norm keeps them, Megatron's fused kernel does not.
 		stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
-		mean := a.extra(n, "mean", stat, x().DType, a.shard[n.Inputs[0]])
-		rstd := a.extra(n, "rstd", stat, x().DType, a.shard[n.Inputs[0]])
+		mean := a.extra(n, Mean, stat, x().DType, a.shard[n.Inputs[0]])
+		rstd := a.extra(n, Rstd, stat, x().DType, a.shard[n.Inputs[0]])
 		if a.profile == TorchEager {
 			a.keep(n, mean)
 			a.keep(n, rstd)
@@ -70,12 +70,12 @@ func (a *analyzer) keeps(n *ir.Node) {
 		if a.profile == Megatron {
 			dt = ir.Bool
 		}
-		a.keep(n, a.extra(n, "mask", x().Shape, dt, a.shard[n.Inputs[0]]))
+		a.keep(n, a.extra(n, Mask, x().Shape, dt, a.shard[n.Inputs[0]]))
 	case ir.GELU, ir.SiLU:
 		a.keep(n, in(0))
 	case ir.CrossEntropy:
 		// log_softmax keeps its output; nll_loss keeps only the targets.
-		a.keep(n, a.extra(n, "log_softmax", x().Shape, x().DType, a.shard[n.Inputs[0]]))
+		a.keep(n, a.extra(n, LogSoftmax, x().Shape, x().DType, a.shard[n.Inputs[0]]))
 	case ir.Attention:
 		a.keepAttention(n)
 	case ir.Embedding, ir.Add, ir.Scale, ir.CausalMask, ir.RoPE, ir.RepeatKV, ir.Cast,
@@ -94,14 +94,14 @@ func (a *analyzer) keepLoRA(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]
 	if n.Attrs.LoRADrop > 0 {
-		a.keep(n, a.extra(n, "lora_dropout_mask", x.Shape, x.DType, sh))
-		a.keep(n, a.extra(n, "lora_dropout", x.Shape, x.DType, sh))
+		a.keep(n, a.extra(n, LoRADropoutMask, x.Shape, x.DType, sh))
+		a.keep(n, a.extra(n, LoRADropout, x.Shape, x.DType, sh))
 	} else {
 		a.keep(n, a.operand(n, 0))
 	}
 	s := x.Shape.Clone()
 	s[len(s)-1] = n.Attrs.LoRARank
-	a.keep(n, a.extra(n, "lora_a", s, x.DType, false))
+	a.keep(n, a.extra(n, LoRAA, s, x.DType, false))
 }
 
 // keepRMSNorm follows Hugging Face's LlamaRMSNorm: x.to(fp32);
@@ -115,7 +115,7 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	sh := a.shard[n.Inputs[0]]
 	if a.profile == Megatron {
 		// The fused kernel computes rstd and keeps only its input.
-		a.extra(n, "rstd", append(x.Shape[:len(x.Shape)-1].Clone(), 1), x.DType, sh)
+		a.extra(n, Rstd, append(x.Shape[:len(x.Shape)-1].Clone(), 1), x.DType, sh)
 		a.keep(n, a.lay.out[n.Inputs[0]])
 		return
 	}
@@ -125,18 +125,18 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	}
 	xf := a.lay.out[n.Inputs[0]]
 	if dt != x.DType {
-		xf = a.extra(n, "x_fp32", x.Shape, dt, sh)
+		xf = a.extra(n, XFP32, x.Shape, dt, sh)
 	}
 	a.keep(n, xf)
-	a.keep(n, a.extra(n, "x_squared", x.Shape, dt, sh))
+	a.keep(n, a.extra(n, XSquared, x.Shape, dt, sh))
 	stat := append(x.Shape[:len(x.Shape)-1].Clone(), 1)
-	rstd := a.extra(n, "rstd", stat, dt, sh)
+	rstd := a.extra(n, Rstd, stat, dt, sh)
 	a.keep(n, rstd)
 	a.keep(n, xf)
 	a.keep(n, rstd)
-	normed := a.extra(n, "normalized", x.Shape, dt, sh)
+	normed := a.extra(n, Normalized, x.Shape, dt, sh)
 	if dt != n.DType {
-		normed = a.extra(n, "normalized_cast", x.Shape, n.DType, sh)
+		normed = a.extra(n, NormalizedCast, x.Shape, n.DType, sh)
 	}
 	if !n.Attrs.Frozen {
 		a.keep(n, normed)
@@ -156,18 +156,18 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	sh := a.shard[n.ID]
 	if n.Attrs.Flash {
 		a.keep(n, a.lay.out[n.ID])
-		a.keep(n, a.extra(n, "logsumexp", q.Shape[:3].Clone(), ir.FP32, sh))
+		a.keep(n, a.extra(n, LogSumExp, q.Shape[:3].Clone(), ir.FP32, sh))
 		return
 	}
 	probs := ir.Shape{q.Shape[0], q.Shape[1], q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}
-	a.keep(n, a.extra(n, "probs", probs, q.DType, sh))
+	a.keep(n, a.extra(n, Probs, probs, q.DType, sh))
 	if n.Attrs.P > 0 {
 		dt := q.DType
 		if a.profile == Megatron {
 			dt = ir.Bool
 		}
-		a.keep(n, a.extra(n, "mask", probs, dt, sh))
-		a.keep(n, a.extra(n, "dropped", probs, q.DType, sh))
+		a.keep(n, a.extra(n, Mask, probs, dt, sh))
+		a.keep(n, a.extra(n, Dropped, probs, q.DType, sh))
 	}
 }
 

@@ -47,7 +47,7 @@ func AttentionCore(g *ir.Graph) []bool {
 // recomputation starts from.
 func (c *Costs) SelectiveDrops(s int, core []bool) bool {
 	st := &c.Storages[s]
-	return core[st.Node] && !(c.Graph.Nodes[st.Node].Op == ir.MatMul && st.Role != "out")
+	return core[st.Node] && !(c.Graph.Nodes[st.Node].Op == ir.MatMul && st.Role != Out)
 }
 
 // SelectiveSavedBytes returns the activation bytes block b keeps when its

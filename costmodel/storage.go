@@ -7,7 +7,7 @@ import "github.com/ckptplan/ckptplan/ir"
 // contiguous copy of an operand).
 type Storage struct {
 	Node    int      // the node that allocates it
-	Role    string   // "out" for the node's output, else what it is
+	Role    Role     // what it holds for its node
 	Shape   ir.Shape // logical shape (before any sharding)
 	DType   ir.DType // as the profile counts it
 	Bytes   int64    // bytes on one rank, after tensor/sequence parallel sharding
@@ -19,7 +19,7 @@ type Storage struct {
 // materializes for its backward, such as a 1-byte dropout mask). Graph
 // inputs (token ids, targets) and scalars are not activations.
 func (s *Storage) IsActivation(g *ir.Graph) bool {
-	return len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input && (s.DType.IsFloat() || s.Role != "out")
+	return len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input && (s.DType.IsFloat() || s.Role != Out)
 }
 
 // layout tracks, while walking the graph, which storage each node's output

@@ -44,7 +44,7 @@ func (r *Runner) backward(id, stage int) {
 			kernel.LayerNormBackwardRecompute(dx, p.dw, p.db, r.data(n.Inputs[0]), p.w, dy, rw, cl, float32(n.Attrs.Eps))
 			break
 		}
-		kernel.LayerNormBackward(dx, p.dw, p.db, r.data(n.Inputs[0]), r.extra(id, "mean"), r.extra(id, "rstd"), p.w, dy, rw, cl)
+		kernel.LayerNormBackward(dx, p.dw, p.db, r.data(n.Inputs[0]), r.extra(id, costmodel.Mean), r.extra(id, costmodel.Rstd), p.w, dy, rw, cl)
 	case ir.RMSNorm:
 		rw, cl := rows(n.Shape)
 		if r.c.Profile == costmodel.Megatron {
@@ -53,9 +53,9 @@ func (r *Runner) backward(id, stage int) {
 		}
 		var normalized []float32
 		if p.dw != nil {
-			normalized = r.extra(id, "normalized")
+			normalized = r.extra(id, costmodel.Normalized)
 		}
-		kernel.RMSNormBackward(dx, p.dw, r.data(n.Inputs[0]), r.extra(id, "x_squared"), r.extra(id, "rstd"), normalized, p.w, dy, rw, cl)
+		kernel.RMSNormBackward(dx, p.dw, r.data(n.Inputs[0]), r.extra(id, costmodel.XSquared), r.extra(id, costmodel.Rstd), normalized, p.w, dy, rw, cl)
 	case ir.Softmax:
 		rw, cl := rows(n.Shape)
 		kernel.SoftmaxBackward(dx, r.data(id), dy, rw, cl)
@@ -63,11 +63,11 @@ func (r *Runner) backward(id, stage int) {
 		rw, cl := rows(n.Shape)
 		kernel.LogSoftmaxBackward(dx, r.data(id), dy, rw, cl)
 	case ir.Dropout:
-		if keep := r.byteExtra(id, "mask"); keep != nil {
+		if keep := r.byteMask(id, costmodel.Mask); keep != nil {
 			kernel.DropoutBytes(dx, dy, keep, float32(n.Attrs.P))
 			break
 		}
-		kernel.DropoutBackward(dx, dy, r.extra(id, "mask"))
+		kernel.DropoutBackward(dx, dy, r.extra(id, costmodel.Mask))
 	case ir.GELU:
 		kernel.GELUBackward(dx, r.data(n.Inputs[0]), dy)
 	case ir.SiLU:
@@ -101,13 +101,13 @@ func (r *Runner) backward(id, stage int) {
 		q, k, v := r.operand(id, 0, false), r.operand(id, 1, false), r.operand(id, 2, false)
 		dk, dv := r.gradIn(id, 1), r.gradIn(id, 2)
 		if n.Attrs.Flash {
-			kernel.FlashAttentionBackward(dx, dk, dv, q, k, v, r.data(id), r.extra(id, "logsumexp"), nil, dy, r.work.F, sh)
+			kernel.FlashAttentionBackward(dx, dk, dv, q, k, v, r.data(id), r.extra(id, costmodel.LogSumExp), nil, dy, r.work.F, sh)
 		} else {
-			kernel.AttentionBackward(dx, dk, dv, q, k, v, r.extra(id, "probs"), r.extra(id, "mask"), r.extra(id, "dropped"), dy, r.work.F, sh)
+			kernel.AttentionBackward(dx, dk, dv, q, k, v, r.extra(id, costmodel.Probs), r.optionalExtra(id, costmodel.Mask), r.optionalExtra(id, costmodel.Dropped), dy, r.work.F, sh)
 		}
 	case ir.CrossEntropy:
 		rw, cl := rows(r.node(n.Inputs[0]).Shape)
-		kernel.CrossEntropyBackward(dx, r.extra(id, "log_softmax"), r.ids(n.Inputs[1]), dy[0], rw, cl)
+		kernel.CrossEntropyBackward(dx, r.extra(id, costmodel.LogSoftmax), r.ids(n.Inputs[1]), dy[0], rw, cl)
 	default:
 		panic("exec: no backward kernel for " + n.Op.String())
 	}
@@ -167,8 +167,8 @@ func (r *Runner) linearBackward(id int, dx, dy []float32) {
 	if rank := int(n.Attrs.LoRARank); rank > 0 {
 		ax, mask := x, []float32(nil)
 		if n.Attrs.LoRADrop > 0 {
-			ax, mask = r.extra(id, "lora_dropout"), r.extra(id, "lora_dropout_mask")
+			ax, mask = r.extra(id, costmodel.LoRADropout), r.extra(id, costmodel.LoRADropoutMask)
 		}
-		kernel.LoRABackward(dx, p.dLoraA, p.dLoraB, dy, ax, r.extra(id, "lora_a"), p.loraA, p.loraB, mask, r.work.F, loraScale, rw, in, rank, out)
+		kernel.LoRABackward(dx, p.dLoraA, p.dLoraB, dy, ax, r.extra(id, costmodel.LoRAA), p.loraA, p.loraB, mask, r.work.F, loraScale, rw, in, rank, out)
 	}
 }

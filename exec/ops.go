@@ -31,25 +31,40 @@ func (r *Runner) data(id int) []float32 {
 	return r.buf(id).F[v.off : v.off+int(r.node(id).Shape.NumElements())]
 }
 
-// extra returns the storage node id allocated in the given role.
-func (r *Runner) extra(id int, role string) []float32 {
+// extra returns the float storage node id allocates in a role. The node
+// must allocate one: a missing role is a bug, and panics.
+func (r *Runner) extra(id int, role costmodel.Role) []float32 {
+	return r.owned(id, role).F
+}
+
+// optionalExtra is extra for a role a node allocates only in some setups
+// (Megatron's fused RMS norm keeps no statistics, attention without
+// dropout has no mask): nil when the node allocates none.
+func (r *Runner) optionalExtra(id int, role costmodel.Role) []float32 {
+	if r.c.OwnedAs(id, role) < 0 {
+		return nil
+	}
+	return r.extra(id, role)
+}
+
+// byteMask returns the mask node id allocates in a role when it is a
+// 1-byte mask (a fused kernel's), nil when it is a float one.
+func (r *Runner) byteMask(id int, role costmodel.Role) []uint8 {
+	return r.owned(id, role).B
+}
+
+// owned returns the live buffer of the storage node id allocates in a
+// role, and panics when there is none.
+func (r *Runner) owned(id int, role costmodel.Role) *Buffer {
 	s := r.c.OwnedAs(id, role)
 	if s < 0 {
-		return nil
+		panic(fmt.Sprintf("exec: %s allocates no %v storage", r.node(id).Name, role))
 	}
 	b, ok := r.store[s]
 	if !ok {
-		panic(fmt.Sprintf("exec: %s of %s is not live", role, r.node(id).Name))
+		panic(fmt.Sprintf("exec: %v of %s is not live", role, r.node(id).Name))
 	}
-	return b.F
-}
-
-// byteExtra returns a 1-byte storage node id allocated in the role, or nil.
-func (r *Runner) byteExtra(id int, role string) []uint8 {
-	if b, ok := r.store[r.c.OwnedAs(id, role)]; ok && b.B != nil {
-		return b.B
-	}
-	return nil
+	return b
 }
 
 // operand returns input i of a product node contiguously: the input
@@ -126,10 +141,10 @@ func (r *Runner) forward(id int) {
 		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), int(a.NumElements())/(m*k), 1, m, nn, k, n.Attrs.TransposeB)
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
-		kernel.LayerNorm(r.data(id), r.extra(id, "mean"), r.extra(id, "rstd"), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))
+		kernel.LayerNorm(r.data(id), r.extra(id, costmodel.Mean), r.extra(id, costmodel.Rstd), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))
 	case ir.RMSNorm:
 		rw, cl := rows(n.Shape)
-		kernel.RMSNorm(r.data(id), r.extra(id, "x_squared"), r.extra(id, "rstd"), r.extra(id, "normalized"), r.data(n.Inputs[0]), p.w, rw, cl, float32(n.Attrs.Eps))
+		kernel.RMSNorm(r.data(id), r.optionalExtra(id, costmodel.XSquared), r.extra(id, costmodel.Rstd), r.optionalExtra(id, costmodel.Normalized), r.data(n.Inputs[0]), p.w, rw, cl, float32(n.Attrs.Eps))
 	case ir.Softmax:
 		rw, cl := rows(n.Shape)
 		kernel.Softmax(r.data(id), r.data(n.Inputs[0]), rw, cl)
@@ -137,12 +152,12 @@ func (r *Runner) forward(id int) {
 		rw, cl := rows(n.Shape)
 		kernel.LogSoftmax(r.data(id), r.data(n.Inputs[0]), rw, cl)
 	case ir.Dropout:
-		if keep := r.byteExtra(id, "mask"); keep != nil { // a fused kernel's 1-byte mask
+		if keep := r.byteMask(id, costmodel.Mask); keep != nil { // a fused kernel's 1-byte mask
 			kernel.DropoutKeep(keep, float32(n.Attrs.P), r.dropoutSeed(id, 0))
 			kernel.DropoutBytes(r.data(id), r.data(n.Inputs[0]), keep, float32(n.Attrs.P))
 			break
 		}
-		mask := r.extra(id, "mask")
+		mask := r.extra(id, costmodel.Mask)
 		kernel.DropoutMask(mask, float32(n.Attrs.P), r.dropoutSeed(id, 0))
 		kernel.Dropout(r.data(id), r.data(n.Inputs[0]), mask)
 	case ir.GELU:
@@ -180,13 +195,13 @@ func (r *Runner) forward(id int) {
 		sh := r.attnShape(n)
 		q, k, v := r.operand(id, 0, true), r.operand(id, 1, true), r.operand(id, 2, true)
 		if n.Attrs.Flash {
-			kernel.FlashAttention(r.data(id), r.extra(id, "logsumexp"), q, k, v, nil, r.work.F, sh)
+			kernel.FlashAttention(r.data(id), r.extra(id, costmodel.LogSumExp), q, k, v, nil, r.work.F, sh)
 		} else {
-			kernel.Attention(r.data(id), r.extra(id, "probs"), r.extra(id, "dropped"), q, k, v, r.extra(id, "mask"), sh)
+			kernel.Attention(r.data(id), r.extra(id, costmodel.Probs), r.optionalExtra(id, costmodel.Dropped), q, k, v, r.optionalExtra(id, costmodel.Mask), sh)
 		}
 	case ir.CrossEntropy:
 		rw, cl := rows(r.node(n.Inputs[0]).Shape)
-		r.loss = kernel.CrossEntropy(r.extra(id, "log_softmax"), r.data(n.Inputs[0]), r.ids(n.Inputs[1]), rw, cl)
+		r.loss = kernel.CrossEntropy(r.extra(id, costmodel.LogSoftmax), r.data(n.Inputs[0]), r.ids(n.Inputs[1]), rw, cl)
 		r.data(id)[0] = r.loss
 	default:
 		panic("exec: no forward kernel for " + n.Op.String())
@@ -219,11 +234,11 @@ func (r *Runner) linearForward(id int) {
 	if rank := int(n.Attrs.LoRARank); rank > 0 {
 		ax := x
 		if pd := n.Attrs.LoRADrop; pd > 0 {
-			mask := r.extra(id, "lora_dropout_mask")
+			mask := r.extra(id, costmodel.LoRADropoutMask)
 			kernel.DropoutMask(mask, float32(pd), r.dropoutSeed(id, 1))
-			ax = r.extra(id, "lora_dropout")
+			ax = r.extra(id, costmodel.LoRADropout)
 			kernel.Dropout(ax, x, mask)
 		}
-		kernel.LoRA(y, r.extra(id, "lora_a"), ax, p.loraA, p.loraB, r.work.F, loraScale, rw, in, rank, out)
+		kernel.LoRA(y, r.extra(id, costmodel.LoRAA), ax, p.loraA, p.loraB, r.work.F, loraScale, rw, in, rank, out)
 	}
 }

@@ -304,8 +304,8 @@ func keepSetRecord(st *stage.Stage, k *stage.KeepSet) KeepSet {
 	for _, s := range st.SavedOrder() {
 		sto := &c.Storages[s]
 		name := c.Graph.Nodes[sto.Node].Name
-		if sto.Role != "out" {
-			name += ":" + sto.Role
+		if sto.Role != costmodel.Out {
+			name += ":" + sto.Role.String()
 		}
 		r.Saved = append(r.Saved, SavedTensor{Name: name, Bytes: mem.Bytes(sto.Bytes), Keep: st.Holds(k, s)})
 	}

@@ -121,14 +121,14 @@ func (st *Stage) forward(holds func(int) bool) Program {
 		}
 		p = append(p, withWorkspace(c, id, false, Event{Kind: RunForward, Node: id})...)
 		for _, s := range c.Owned(id) {
-			if c.Storages[s].Role != "out" && !holds(s) {
+			if c.Storages[s].Role != costmodel.Out && !holds(s) {
 				p = append(p, st.storageEvent(Free, s))
 			}
 		}
 		// Outputs whose last reader this node was, in storage order.
 		for _, q := range nodes[:k+1] {
 			for _, s := range c.Owned(q) {
-				if c.Storages[s].Role == "out" && lastUse[s] == k && s != st.Output && !holds(s) {
+				if c.Storages[s].Role == costmodel.Out && lastUse[s] == k && s != st.Output && !holds(s) {
 					p = append(p, st.storageEvent(Free, s))
 				}
 			}

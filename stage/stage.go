@@ -171,8 +171,8 @@ func (st *Stage) Tape() []int { return st.tape }
 func (st *Stage) TensorName(s int) string {
 	sto := &st.c.Storages[s]
 	name := strings.TrimPrefix(st.c.Graph.Nodes[sto.Node].Name, st.prefix)
-	if sto.Role != "out" {
-		name += ":" + sto.Role
+	if sto.Role != costmodel.Out {
+		name += ":" + sto.Role.String()
 	}
 	return name
 }

@@ -1,0 +1,55 @@
+package costmodel
+
+import "fmt"
+
+// Role is what a storage holds for the node that allocates it: its output,
+// or one of the buffers an op materializes besides (normalization
+// statistics, a dropout mask, a contiguous copy of an operand). A node
+// allocates at most one storage of each role, so (node, role) names a
+// storage; the kernels that read it ask for it by role.
+type Role uint8
+
+// The roles. Their names (String) appear in plans and saved-tensor names.
+const (
+	Out             Role = iota // the node's output
+	Mean                        // layer norm: the mean of each row
+	Rstd                        // layer and RMS norm: 1/√(variance+ε) of each row
+	XFP32                       // RMS norm: the input upcast to fp32
+	XSquared                    // RMS norm: the squared input
+	Normalized                  // RMS norm: x·rstd
+	NormalizedCast              // RMS norm: x·rstd cast back to the model dtype
+	Mask                        // dropout, attention dropout: the keep mask
+	LogSoftmax                  // cross-entropy: the log-probabilities
+	LoRADropoutMask             // LoRA adapter: the dropout mask of its input
+	LoRADropout                 // LoRA adapter: its dropped input
+	LoRAA                       // LoRA adapter: the rank-r product A·x
+	Probs                       // eager attention: the softmax probabilities
+	Dropped                     // eager attention with dropout: the dropped probabilities
+	LogSumExp                   // flash attention: the log-sum-exp of each row
+	Copy0                       // a product's contiguous copy of operand 0
+	Copy1                       // of operand 1
+	Copy2                       // of operand 2
+)
+
+var roleNames = [...]string{
+	Out: "out", Mean: "mean", Rstd: "rstd", XFP32: "x_fp32", XSquared: "x_squared",
+	Normalized: "normalized", NormalizedCast: "normalized_cast", Mask: "mask", LogSoftmax: "log_softmax",
+	LoRADropoutMask: "lora_dropout_mask", LoRADropout: "lora_dropout", LoRAA: "lora_a",
+	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
+}
+
+func (r Role) String() string {
+	if int(r) < len(roleNames) {
+		return roleNames[r]
+	}
+	return fmt.Sprintf("Role(%d)", r)
+}
+
+// CopyRole is the role of the contiguous copy a product makes of its
+// strided operand i. It panics for an operand no op has (i > 2).
+func CopyRole(i int) Role {
+	if i < 0 || i > int(Copy2-Copy0) {
+		panic(fmt.Sprintf("costmodel: no copy role for operand %d", i))
+	}
+	return Copy0 + Role(i)
+}
