@@ -4,13 +4,15 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/ckptplan/ckptplan/mem"
 )
 
 // Device is an accelerator a plan may target.
 type Device struct {
 	Name        string
-	MemoryBytes int64   // memory the driver reports as total
-	BF16FLOPS   float64 // dense bf16 tensor-core peak, FLOP/s
+	MemoryBytes mem.Bytes // memory the driver reports as total
+	BF16FLOPS   float64   // dense bf16 tensor-core peak, FLOP/s
 	Source      string
 }
 

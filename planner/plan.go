@@ -51,7 +51,7 @@ func (o *Options) withDefaults() (Options, error) {
 		if err != nil {
 			return opt, err
 		}
-		opt.Budget = mem.Bytes(d.MemoryBytes)
+		opt.Budget = d.MemoryBytes
 	}
 	if opt.Budget <= 0 {
 		return opt, ErrNoBudget
