@@ -38,6 +38,8 @@ var roleNames = [...]string{
 	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
 }
 
+// String returns the role's name as plans, saved-tensor names and JSON
+// show it ("out", "mean", "copy0", …); Role(n) for an unknown value.
 func (r Role) String() string {
 	if int(r) < len(roleNames) {
 		return roleNames[r]
