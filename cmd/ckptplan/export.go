@@ -53,7 +53,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		_, err := stdout.Write(buf.Bytes())
 		return err
 	}
-	return writeFileAtomic(*out, write)
+	return writeFile(*out, write)
 }
 
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags.
