@@ -17,7 +17,7 @@ func (e *Export) HF(w io.Writer) error {
 	ckpt := append(e.indexes("checkpoint"), e.indexes("selective")...)
 	slices.Sort(ckpt)
 	var b strings.Builder
-	fmt.Fprintf(&b, "# The activation plan of %s for Hugging Face transformers, made by ckptplan.\n", e.Model)
+	fmt.Fprintf(&b, "# The activation plan of %s for Hugging Face transformers, made by ckptplan.\n", comment(e.Model))
 	if len(ckpt) == 0 {
 		b.WriteString("# The plan stores every layer: leave gradient checkpointing off.\n")
 		_, err := io.WriteString(w, b.String())
@@ -32,7 +32,7 @@ func (e *Export) HF(w io.Writer) error {
 		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed here (less memory, more compute). ckptplan export --to pytorch keeps them as planned.\n", ints(sel))
 	}
 	for _, n := range e.Notes {
-		fmt.Fprintf(&b, "# Note: %s.\n", n)
+		fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
 	}
 	fmt.Fprintf(&b, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n")
 	if len(ckpt) < len(e.Layers) {

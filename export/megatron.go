@@ -40,10 +40,10 @@ func (e *Export) Megatron(w io.Writer) error {
 		return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", e.Model, why)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", e.Model)
+	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", comment(e.Model))
 	for _, note := range e.Notes {
 		if !(uniform && note == e.nothingNote) {
-			fmt.Fprintf(&b, "# Note: %s.\n", note)
+			fmt.Fprintf(&b, "# Note: %s.\n", comment(note))
 		}
 	}
 	fmt.Fprintf(&b, "%s\n", flags)

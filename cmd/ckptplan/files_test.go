@@ -143,3 +143,18 @@ func TestWriteFile(t *testing.T) {
 		}
 	})
 }
+
+func TestTextOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain\tname\n":              "plain\tname\n",
+		"x\x1b[2J\x1b]0;t\x07y\n":    `x\x1b[2J\x1b]0;t\x07y` + "\n",
+		"a\rb\x7f":                   `a\x0db\x7f`,
+		"csi \u009b31m, ünïcode ✓\n": `csi \u009b31m, ünïcode ✓` + "\n",
+	} {
+		var b strings.Builder
+		n, err := textOnly{&b}.Write([]byte(in))
+		if err != nil || n != len(in) || b.String() != want {
+			t.Errorf("Write(%q) = %d, %v, %q; want %q", in, n, err, b.String(), want)
+		}
+	}
+}

@@ -17,12 +17,13 @@ func main() {
 			os.Exit(1)
 		}
 	}()
-	err := run(os.Stdout, os.Stderr, os.Args[1:])
+	stdout, stderr := textOnly{os.Stdout}, textOnly{os.Stderr}
+	err := run(stdout, stderr, os.Args[1:])
 	if err == nil {
 		return
 	}
 	if !errors.Is(err, errUsageShown) {
-		fmt.Fprintf(os.Stderr, "ckptplan: %v\n", err)
+		fmt.Fprintf(stderr, "ckptplan: %v\n", err)
 	}
 	var u *usageError
 	if errors.As(err, &u) || errors.Is(err, errUsageShown) {
