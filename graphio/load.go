@@ -1,10 +1,14 @@
 package graphio
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/ckptplan/ckptplan/models"
 	"go.yaml.in/yaml/v3"
@@ -48,26 +52,59 @@ func Load(arg string) (*Source, error) {
 		}
 		return &Source{Name: arg, Kind: KindModel, Model: m}, nil
 	}
-	info, err := os.Stat(arg)
-	if err != nil {
+	data, err := ReadInput(arg)
+	if errors.Is(err, fs.ErrNotExist) {
 		ext := strings.ToLower(filepath.Ext(arg))
-		if !strings.ContainsAny(arg, "/\\") && ext != ".yaml" && ext != ".yml" && ext != ".json" {
+		if _, lerr := os.Lstat(arg); lerr != nil && !strings.ContainsAny(arg, "/\\") && ext != ".yaml" && ext != ".yml" && ext != ".json" {
 			return nil, fmt.Errorf("unknown model %q: not a bundled model (see 'ckptplan models') nor a file", arg)
 		}
-		return nil, fmt.Errorf("%s: no such file", arg)
 	}
-	if info.IsDir() {
-		return nil, fmt.Errorf("%s: is a directory, want a YAML or config.json file", arg)
-	}
-	if info.Size() > maxFileSize {
-		return nil, fmt.Errorf("%s: file is larger than %d MiB", arg, maxFileSize>>20)
-	}
-	data, err := os.ReadFile(arg)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(arg, data)
 }
+
+// ReadInput reads at most maxFileSize bytes of a file, whatever size it
+// reports (/dev/zero reports none), and a named pipe without waiting for
+// a writer (one with none reads as empty). Errors name the file.
+func ReadInput(path string) ([]byte, error) {
+	info, err := os.Stat(path)
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &pe) && errors.Is(err, syscall.ELOOP):
+		return nil, fmt.Errorf("%s: a symbolic link that leads back to itself", path)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, noSuchFile(path)
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", path, errors.Unwrap(err))
+	case info.IsDir():
+		return nil, fmt.Errorf("%s: is a directory, want a YAML or config.json file", path)
+	}
+	flag := os.O_RDONLY
+	if info.Mode()&fs.ModeNamedPipe != 0 {
+		flag |= syscall.O_NONBLOCK
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, errors.Unwrap(err))
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, errors.Unwrap(err))
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s: larger than %d MiB, the most ckptplan reads of an input", path, maxFileSize>>20)
+	}
+	return data, nil
+}
+
+// noSuchFile is the error for an input path that names nothing.
+type noSuchFile string
+
+func (p noSuchFile) Error() string      { return string(p) + ": no such file" }
+func (noSuchFile) Is(target error) bool { return target == fs.ErrNotExist }
 
 // Parse reads an input file's contents; file names it in errors and its
 // extension tells a config.json from YAML.

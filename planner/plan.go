@@ -373,10 +373,56 @@ func ReadPlan(r io.Reader) (*Plan, error) {
 	if p.Schema != 1 && p.Schema != SchemaVersion {
 		return nil, fmt.Errorf("plan has schema %d; this version reads schemas 1 and %d", p.Schema, SchemaVersion)
 	}
-	for _, s := range p.Schedule {
-		if _, ok := solver.ParseKind(s.Op); !ok {
-			return nil, fmt.Errorf("plan schedule: unknown op %q", s.Op)
-		}
+	if err := p.checkSchedule(); err != nil {
+		return nil, fmt.Errorf("plan schedule: %w", err)
 	}
 	return &p, nil
+}
+
+// checkSchedule replays a feasible plan's schedule on a chain made of the
+// plan's own stages: every op must find what it needs live, every keep
+// set must be one the stage records, and the backward must complete.
+func (p *Plan) checkSchedule() error {
+	if !p.Feasible {
+		return nil
+	}
+	if len(p.Stages) == 0 {
+		return errors.New("the plan has no stages")
+	}
+	ch := &solver.Chain{Options: make([][]solver.Option, len(p.Stages))}
+	for i, st := range p.Stages {
+		if st.Index != i {
+			return fmt.Errorf("stage %d has index %d", i, st.Index)
+		}
+		ch.Forward = append(ch.Forward, 1)
+		ch.Backward = append(ch.Backward, 1)
+		ch.ActBytes = append(ch.ActBytes, 1)
+		ch.TapeBytes = append(ch.TapeBytes, 1)
+		ch.ForwardTempBytes = append(ch.ForwardTempBytes, 0)
+		ch.BackwardTempBytes = append(ch.BackwardTempBytes, 0)
+		for range st.Options {
+			ch.Options[i] = append(ch.Options[i], solver.Option{TapeBytes: 1, Backward: 1})
+		}
+	}
+	ch.ActBytes = append(ch.ActBytes, 1)
+	var sched solver.Schedule
+	for k, s := range p.Schedule {
+		kind, ok := solver.ParseKind(s.Op)
+		if !ok {
+			return fmt.Errorf("step %d: unknown op %q", k, s.Op)
+		}
+		op := solver.Op{Kind: kind, Stage: s.Stage}
+		if s.Option != "" {
+			if kind != solver.FAll || s.Stage < 0 || s.Stage >= len(p.Stages) {
+				return fmt.Errorf("step %d: %s(%d) has no keep set to choose", k, s.Op, s.Stage)
+			}
+			op.Option = slices.IndexFunc(p.Stages[s.Stage].Options, func(o KeepSet) bool { return o.Name == s.Option }) + 1
+			if op.Option == 0 {
+				return fmt.Errorf("step %d: stage %d records no keep set %q", k, s.Stage, s.Option)
+			}
+		}
+		sched = append(sched, op)
+	}
+	_, err := solver.Simulate(ch, sched)
+	return err
 }

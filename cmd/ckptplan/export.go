@@ -6,10 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/export"
+	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -59,12 +59,16 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags.
 func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, error) {
 	if strings.HasSuffix(arg, ".json") {
-		data, err := os.ReadFile(arg)
+		data, err := graphio.ReadInput(arg)
 		if err != nil {
 			return nil, err
 		}
 		var probe map[string]json.RawMessage
-		if json.Unmarshal(data, &probe) == nil && probe["schedule"] != nil && probe["schema"] != nil {
+		if err := json.Unmarshal(data, &probe); err != nil {
+			_, err := graphio.Parse(arg, data) // names the line and column
+			return nil, err
+		}
+		if probe["schedule"] != nil && probe["schema"] != nil {
 			plan, err := planner.ReadPlan(bytes.NewReader(data))
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", arg, err)
