@@ -105,7 +105,7 @@ func (d *decoder) resolve(n *yaml.Node) (*yaml.Node, error) {
 	}
 	d.budget--
 	if d.budget < 0 {
-		return nil, d.errAt(n, "document expands to more than %d nodes through aliases", maxNodes)
+		return nil, d.errAt(n, "document has more than %d YAML values (aliases counted each time they are used), ckptplan's limit on an input", maxNodes)
 	}
 	return n, nil
 }

@@ -40,7 +40,7 @@ import (
 // Limits on explicit graphs, so that a short file cannot ask for a huge one.
 const (
 	maxRepeat     = 10000
-	maxGraphNodes = 1000000
+	maxGraphNodes = 250000
 )
 
 // GraphSpec is an explicit graph YAML, parsed and checked but not yet

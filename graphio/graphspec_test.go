@@ -352,7 +352,7 @@ func TestGraphSpecTooLarge(t *testing.T) {
 	}
 	b.WriteString("  output: layers\n")
 	_, err := parseGraph(t, b.String())
-	want := "g.yaml:6:16: graph.nodes[0].repeat: the graph would have more than 1000000 nodes"
+	want := "g.yaml:6:16: graph.nodes[0].repeat: the graph would have more than 250000 nodes"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("error = %v\nwant it to contain %q", err, want)
 	}

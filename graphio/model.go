@@ -4,9 +4,15 @@ import (
 	"fmt"
 	"reflect"
 
+	"github.com/ckptplan/ckptplan/solver"
+
 	"github.com/ckptplan/ckptplan/ir"
 	"go.yaml.in/yaml/v3"
 )
+
+// maxLayers bounds a model's layers: each is a stage of the solver's
+// chain (the embedding and the head are two more).
+const maxLayers = solver.MaxStages - 2
 
 // Model describes a transformer of a known family and how it is trained.
 // Zero architecture fields take the family's defaults (kv_heads = heads;
@@ -93,6 +99,9 @@ func (m *Model) Validate() error {
 		if f.v <= 0 {
 			return fe(f.name, "must be positive, got %d", f.v)
 		}
+	}
+	if m.Layers > maxLayers {
+		return fe("layers", "%d layers, more than the %d ckptplan plans", m.Layers, maxLayers)
 	}
 	if m.MaxSeq < 0 {
 		return fe("max_seq", "must not be negative, got %d", m.MaxSeq)

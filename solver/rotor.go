@@ -76,6 +76,22 @@ type slotOption struct {
 	k                 int
 }
 
+// MaxTableBytes bounds the memory of one table, checked before it is
+// allocated.
+const MaxTableBytes = 4 * mem.GiB
+
+// TableBytes returns the memory of the table of l stages at the given
+// slots: a cost (8 bytes) and a choice (2 bytes) for every pair of stages
+// a ≤ b, the loss included, and every slot count 0…slots (MaxInt64 when
+// that overflows).
+func TableBytes(l, slots int) mem.Bytes {
+	rows := mem.Bytes(l+1) * mem.Bytes(l+2) / 2
+	if mem.Bytes(slots+1) > math.MaxInt64/(10*rows) {
+		return math.MaxInt64 // saturated: far past any limit
+	}
+	return rows * mem.Bytes(slots+1) * 10
+}
+
 // maxOptions bounds the options kept per stage, so that choices fit in
 // an int16.
 const maxOptions = 4096
@@ -96,8 +112,8 @@ func NewTable(c *Chain, maxBudget mem.Bytes, slots int) (*Table, error) {
 	if mem.Bytes(slots) > maxBudget {
 		slots = int(maxBudget)
 	}
-	if c.Len() >= math.MaxInt16 {
-		return nil, fmt.Errorf("chain of %d stages is too long", c.Len())
+	if need := TableBytes(c.Len(), slots); need > MaxTableBytes {
+		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)
 	}
 	t := &Table{c: c, l: c.Len(), slots: slots, maxBud: maxBudget}
 	t.unit = (maxBudget + mem.Bytes(slots) - 1) / mem.Bytes(slots)

@@ -10,6 +10,9 @@ import (
 	"github.com/ckptplan/ckptplan/solver"
 )
 
+// maxPoints bounds the budgets a sweep reads off its table.
+const maxPoints = 10000
+
 func runSweep(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("sweep", "MODEL|CHAIN.yaml", stderr)
 	setup := addSetupFlags(fs)
@@ -22,8 +25,8 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *points < 2 || *slots <= 0 {
-		return usagef("sweep: --points must be at least 2 and --slots positive")
+	if *points < 2 || *points > maxPoints || *slots <= 0 {
+		return usagef("sweep: --points must be in 2..%d and --slots positive", maxPoints)
 	}
 	src, err := setup.load(arg)
 	if err != nil {
