@@ -100,6 +100,8 @@ type analyzer struct {
 	firstOwned []int
 	shard      []bool // whether each node's output is split over tensor-parallel ranks
 	c          *Costs
+	// overflow records that a count passed int64: Analyze then fails.
+	overflow bool
 }
 
 // Analyze computes the costs of every node and block of g under g.Setup.
@@ -131,6 +133,9 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	}
 	a.count()
 	a.blocks()
+	if a.overflow {
+		return nil, fmt.Errorf("%s: its FLOPs or bytes pass 2^63 (about 9.2e18): the model, batch or sequence is too large to count", g.Name)
+	}
 	st, err := staticMemory(g)
 	if err != nil {
 		return nil, err
@@ -232,11 +237,11 @@ func (a *analyzer) count() {
 				continue
 			}
 			counted[s] = true
-			c.SavedBytes += st.Bytes
+			c.SavedBytes = a.add(c.SavedBytes, st.Bytes)
 		}
-		a.c.SavedBytes += c.SavedBytes
-		a.c.ForwardFLOPs += c.ForwardFLOPs
-		a.c.BackwardFLOPs += c.BackwardFLOPs
+		a.c.SavedBytes = a.add(a.c.SavedBytes, c.SavedBytes)
+		a.c.ForwardFLOPs = a.add(a.c.ForwardFLOPs, c.ForwardFLOPs)
+		a.c.BackwardFLOPs = a.add(a.c.BackwardFLOPs, c.BackwardFLOPs)
 	}
 }
 

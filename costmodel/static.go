@@ -40,8 +40,10 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	}
 	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
 	var params, trainable, rankParams, rankTrainable int64
+	var approx float64 // params, in float64: it cannot wrap
 	for i := range g.Nodes {
 		p, tr := g.Params(i), g.TrainableParams(i)
+		approx += float64(p)
 		params += p
 		trainable += tr
 		if op := g.Nodes[i].Op; op == ir.Linear || op == ir.Embedding {
@@ -60,6 +62,11 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	}
 	if e < 4 && s.Optimizer != "none" {
 		perParam += 4
+	}
+	// Each count fits (ir checks every weight's size); their sums and
+	// products with bytes per parameter must too.
+	if approx*float64(2*e+perParam) > 1<<62 {
+		return Static{}, fmt.Errorf("graph %s: its weights, gradients and optimizer state pass 2^62 bytes: too large to count", g.Name)
 	}
 	st := Static{
 		Parameters: params, TrainableParameters: trainable,

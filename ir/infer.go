@@ -35,6 +35,9 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		if a.Vocab <= 0 || a.Out <= 0 {
 			return Tensor{}, fmt.Errorf("embedding needs a positive vocab and width, got %d and %d", a.Vocab, a.Out)
 		}
+		if _, ok := (Shape{a.Vocab, a.Out}).Bytes(FP64); !ok {
+			return Tensor{}, fmt.Errorf("an embedding table of %d×%d is too large to count", a.Vocab, a.Out)
+		}
 		return Tensor{append(x.Shape.Clone(), a.Out), model}, nil
 	case Linear:
 		if len(x.Shape) == 0 {
@@ -45,6 +48,12 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		}
 		if a.LoRARank < 0 {
 			return Tensor{}, fmt.Errorf("negative LoRA rank %d", a.LoRARank)
+		}
+		if in := x.Shape.Last(); a.LoRARank > min(in, a.Out) {
+			return Tensor{}, fmt.Errorf("LoRA rank %d is larger than the layer it adapts (%d in, %d out): a low-rank adapter has rank at most %d", a.LoRARank, in, a.Out, min(in, a.Out))
+		}
+		if _, ok := (Shape{x.Shape.Last(), a.Out}).Bytes(FP64); !ok {
+			return Tensor{}, fmt.Errorf("a weight of %d×%d is too large to count", x.Shape.Last(), a.Out)
 		}
 		s := x.Shape.Clone()
 		s[len(s)-1] = a.Out
