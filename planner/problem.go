@@ -31,6 +31,17 @@ type Problem struct {
 // their blocks, graphs at their cut points, profiled chains as given.
 // O(nodes) plus the cost model's and the keep-set searches' work.
 func New(src *graphio.Source) (*Problem, error) {
+	p, err := newProblem(src)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Chain.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", src.Name, err)
+	}
+	return p, nil
+}
+
+func newProblem(src *graphio.Source) (*Problem, error) {
 	if src.Kind == graphio.KindChain {
 		return chainProblem(src.Chain), nil
 	}

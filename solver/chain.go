@@ -89,7 +89,50 @@ func (c *Chain) Validate() error {
 	if c.LossBackward < 0 || c.LossTempBytes < 0 {
 		return errors.New("loss: negative cost or bytes")
 	}
+	return c.checkTotals()
+}
+
+// checkTotals refuses a chain whose sizes or costs cannot be added up
+// exactly: every schedule's peak is at most the sum of all its sizes, and
+// its cost at most L times the sum of all costs, so bounding those sums
+// (computed in float64, which cannot wrap) keeps every sum the solver
+// makes within int64 and every cost finite.
+func (c *Chain) checkTotals() error {
+	var bytes, cost float64
+	add := func(b mem.Bytes) { bytes += float64(b) }
+	for _, b := range c.ActBytes {
+		add(b)
+	}
+	for i := range c.Forward {
+		add(c.TapeBytes[i])
+		add(c.ForwardTempBytes[i])
+		add(c.FAllTemp(i))
+		add(c.BackwardTempBytes[i])
+		worst := c.Backward[i]
+		for _, o := range c.optionsOf(i) {
+			add(o.TapeBytes)
+			add(o.FAllTempBytes)
+			add(o.BackwardTempBytes)
+			worst = max(worst, o.Backward)
+		}
+		cost += c.Forward[i] + worst
+	}
+	add(c.LossTempBytes)
+	cost += c.LossBackward
+	if !(bytes < 1<<62) {
+		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly", bytes)
+	}
+	if !(cost*float64(c.Len()+1) < 1e300) {
+		return fmt.Errorf("chain costs add up to %.3g, too large to compare (or not finite)", cost)
+	}
 	return nil
+}
+
+func (c *Chain) optionsOf(i int) []Option {
+	if c.Options == nil {
+		return nil
+	}
+	return c.Options[i]
 }
 
 // FAllTemp returns the transient bytes of F_all(i).
