@@ -48,6 +48,12 @@ func layouts(c *costmodel.Costs) []view {
 			st := in.strides
 			part := int(n.Shape.Last())
 			out[i] = view{off: in.off + n.Attrs.Index*part*st[len(st)-1], strides: st, contig: n.Attrs.Parts == 1 && in.contig}
+		case ir.RepeatKV:
+			// One key/value head and one sequence: expand's view, every
+			// query head reading the same rows (stride 0 over heads).
+			st := append([]int(nil), in.strides...)
+			st[1] = 0
+			out[i] = view{off: in.off, strides: st}
 		default:
 			panic("exec: no layout for a view of op " + n.Op.String())
 		}

@@ -184,6 +184,9 @@ func (r *Runner) forward(id int) {
 		s, d := int(n.Shape[len(n.Shape)-2]), int(n.Shape.Last())
 		kernel.Rope(out, out, t[0], t[1], int(n.Shape.NumElements())/(s*d), s, d)
 	case ir.RepeatKV:
+		if r.c.Storages[r.c.OutputStorage(id)].Node != id {
+			break // a view (one key/value head, one sequence): see layouts
+		}
 		// Gather [b, kv, group, s, d] with a zero stride over the group.
 		in := n.Inputs[0]
 		x, v := r.node(in).Shape, r.layout[in]

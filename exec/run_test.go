@@ -164,3 +164,43 @@ func TestFlashDropoutRefused(t *testing.T) {
 		t.Error("flash attention with dropout accepted")
 	}
 }
+
+// TestUnusualShapes runs setups that take paths of their own: one
+// key/value head and one sequence, where repeat_kv is a view with a zero
+// stride; and a GPT-2 whose vocabulary is smaller than its position
+// table, whose targets must stay within the vocabulary.
+func TestUnusualShapes(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		model string
+		edit  func(*graphio.Model)
+	}{
+		{"one kv head, batch 1", "tiny-llama", func(m *graphio.Model) { m.KVHeads, m.Training.Batch = 1, 1 }},
+		{"vocabulary below positions", "tiny-gpt2", func(m *graphio.Model) { m.Vocab = 16 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			src, err := graphio.Load(tt.model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.edit(src.Model)
+			p, err := planner.New(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*3/4})
+			if err != nil || !plan.Feasible {
+				t.Fatalf("%v, feasible %v", err, plan.Feasible)
+			}
+			rep, err := Verify(p, plan, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.MeasuredPeakBytes != rep.PredictedPeakBytes || !rep.TimelineMatches || !rep.GradientsMatch || rep.MeasuredCost != rep.PredictedCost {
+				t.Errorf("measured %d, predicted %d; timeline %v gradients %v; FLOPs %v vs %v",
+					rep.MeasuredPeakBytes, rep.PredictedPeakBytes, rep.TimelineMatches, rep.GradientsMatch, rep.MeasuredCost, rep.PredictedCost)
+			}
+		})
+	}
+}

@@ -194,12 +194,16 @@ func (r *Runner) inputs() {
 }
 
 // vocabOf is the range of ids an input may take: the table of the
-// embedding that reads it, or the vocabulary for targets.
+// embedding that reads it, or, for targets, the classes of the loss that
+// reads them (a GPT-2 position table may be larger than its vocabulary).
 func (r *Runner) vocabOf(input int, vocab int64) int64 {
 	for i := range r.g.Nodes {
 		n := &r.g.Nodes[i]
-		if n.Op == ir.Embedding && n.Inputs[0] == input {
+		switch {
+		case n.Op == ir.Embedding && n.Inputs[0] == input:
 			return n.Attrs.Vocab
+		case n.Op == ir.CrossEntropy && n.Inputs[1] == input:
+			return r.g.Nodes[n.Inputs[0]].Shape.Last()
 		}
 	}
 	return vocab
