@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -266,4 +267,108 @@ func TestUsageAddsUp(t *testing.T) {
 			}
 		}
 	}
+}
+
+// spreadChain is a random chain whose sizes spread over 10⁰–10¹² bytes
+// and whose costs over 10⁰–10⁶, so that rounding to slots matters.
+func spreadChain(r *rand.Rand, l int) *Chain {
+	size := func() mem.Bytes { return mem.Bytes(math.Pow(10, 12*r.Float64())) }
+	cost := func() float64 { return math.Round(math.Pow(10, 6*r.Float64())) }
+	c := &Chain{LossBackward: cost(), LossTempBytes: size() / 10}
+	for i := 0; i <= l; i++ {
+		c.ActBytes = append(c.ActBytes, max(size(), 1))
+	}
+	for i := 0; i < l; i++ {
+		c.Forward = append(c.Forward, cost())
+		c.Backward = append(c.Backward, cost())
+		c.TapeBytes = append(c.TapeBytes, c.ActBytes[i+1]+size())
+		c.ForwardTempBytes = append(c.ForwardTempBytes, size()/4)
+		c.BackwardTempBytes = append(c.BackwardTempBytes, size()/4)
+	}
+	return c
+}
+
+// TestOptimalPromisesAfterRounding: on thousands of chains with widely
+// spread sizes and a coarse grid (40 slots), Optimal's schedule fits its
+// budget; its cost never rises with the budget; it is never above any
+// baseline that fits (every k of EveryK, √N, Chen's greedy, Revolve with
+// any snapshot count, storing everything); and a budget it refuses
+// reports a larger minimum that, given back, it plans.
+func TestOptimalPromisesAfterRounding(t *testing.T) {
+	r := rand.New(rand.NewSource(12))
+	for k := 0; k < 2000; k++ {
+		c := spreadChain(r, 1+r.Intn(7))
+		if r.Intn(2) == 0 {
+			c = withSpreadOptions(r, c)
+		}
+		top := storeAllPeak(t, c)
+		var budgets []mem.Bytes
+		for range 8 {
+			budgets = append(budgets, c.ActBytes[0]+mem.Bytes(float64(top)*math.Pow(r.Float64(), 3)))
+		}
+		budgets = append(budgets, top)
+		slices.Sort(budgets)
+		prev := math.Inf(1)
+		for _, b := range budgets {
+			sol, err := Optimal(c, b, 40)
+			var inf *ErrInfeasible
+			cost := math.Inf(1)
+			switch {
+			case errors.As(err, &inf):
+				if inf.MinBudget <= b {
+					t.Fatalf("chain %d at %d: infeasible, but the minimum it reports is %d", k, b, inf.MinBudget)
+				}
+				if _, err := Optimal(c, inf.MinBudget, 40); err != nil {
+					t.Fatalf("chain %d: the minimum %d it reported is refused: %v", k, inf.MinBudget, err)
+				}
+			case err != nil:
+				t.Fatalf("chain %d at %d: %v", k, b, err)
+			default:
+				ref, peak, err := referenceReplay(c, sol.Schedule)
+				if err != nil || ref != sol.Cost || peak > b {
+					t.Fatalf("chain %d at %d: replays to %v, %d (%v); says %v", k, b, ref, peak, err, sol.Cost)
+				}
+				cost = sol.Cost
+			}
+			if cost > prev {
+				t.Fatalf("chain %d: cost rises from %v to %v at budget %d", k, prev, cost, b)
+			}
+			prev = cost
+			for name, s := range allBaselines(c) {
+				if rc, peak, err := referenceReplay(c, s); err == nil && peak <= b && rc < cost {
+					t.Fatalf("chain %d at %d: %s costs %v, optimal %v", k, b, name, rc, cost)
+				}
+			}
+		}
+	}
+}
+
+// allBaselines returns every baseline schedule, by name.
+func allBaselines(c *Chain) map[string]Schedule {
+	out := map[string]Schedule{"none": StoreAll(c), "sqrt": Sqrt(c)}
+	for k := 1; k <= c.Len(); k++ {
+		out[fmt.Sprintf("every-%d", k)] = EveryK(c, k)
+	}
+	for s := 1; s <= c.Len(); s++ {
+		out[fmt.Sprintf("revolve-%d", s)] = Revolve(c, s)
+	}
+	return out
+}
+
+// withSpreadOptions gives every stage of c up to three options with
+// spread sizes, each keeping a smaller tape for a dearer backward.
+func withSpreadOptions(r *rand.Rand, c *Chain) *Chain {
+	c.Options = make([][]Option, c.Len())
+	for i := range c.Options {
+		for k := r.Intn(4); k > 0; k-- {
+			extra := c.TapeBytes[i] - c.ActBytes[i+1]
+			c.Options[i] = append(c.Options[i], Option{
+				TapeBytes:         c.ActBytes[i+1] + mem.Bytes(r.Float64()*float64(extra)),
+				FAllTempBytes:     mem.Bytes(r.Float64() * float64(extra)),
+				Backward:          c.Backward[i] + math.Round(math.Pow(10, 4*r.Float64())),
+				BackwardTempBytes: c.BackwardTempBytes[i] + mem.Bytes(r.Float64()*float64(extra)),
+			})
+		}
+	}
+	return c
 }

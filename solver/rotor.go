@@ -44,7 +44,7 @@ import (
 )
 
 // DefaultSlots is the slot count used when none is given.
-const DefaultSlots = 500
+const DefaultSlots = 1000
 
 // Table is a filled dynamic-programming table for one chain and every budget
 // up to a maximum.
@@ -303,6 +303,18 @@ func (t *Table) Cost(budget mem.Bytes) float64 {
 		return math.Inf(1)
 	}
 	return t.cost[t.rowOf(0, t.l)+m]
+}
+
+// MinBudget returns the least budget at which the table finds a schedule,
+// or MaxInt64 when it finds none. O(slots).
+func (t *Table) MinBudget() mem.Bytes {
+	row := t.cost[t.rowOf(0, t.l):][:t.rowSize]
+	for m, c := range row {
+		if !math.IsInf(c, 1) {
+			return mem.Bytes(m+t.act[0]) * t.unit
+		}
+	}
+	return math.MaxInt64
 }
 
 // Unit returns the bytes of one slot.

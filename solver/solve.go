@@ -2,9 +2,7 @@ package solver
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
-	"math"
 
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -67,36 +65,39 @@ func revolveBest(c *Chain, budget mem.Bytes) (best, smallest *Solution) {
 // Optimal is what ckptplan means by the optimal schedule of a chain
 // under a budget (bytes, a_0 included): the cheapest schedule the
 // dynamic program (NewTable) finds on the chain, its stages' options
-// included, with sizes rounded up to slots (0: DefaultSlots). Rounding
-// can cost the table a schedule that fits, so Optimal also replays the
-// baselines (StoreAll, EveryK(1), Sqrt, ChenGreedy, BestRevolve) and the
-// alternatives given, and returns the cheapest of all that fit; it is
-// therefore never dearer than any of them. At equal cost it prefers a
-// baseline, the simpler schedule (storing everything when that fits,
-// rather than a keep set that reruns free copies), and the table's
-// schedule to an alternative.
+// included. Sizes are rounded up to slots of one grid for the chain,
+// whatever the budget: the peak P of storing everything divided into
+// slots slots (0: DefaultSlots). Rounding can cost the table a schedule
+// that fits, so Optimal also replays the baselines (StoreAll, EveryK for
+// every k, Sqrt, ChenGreedy, BestRevolve) and the alternatives given, and returns
+// the cheapest of all that fit. At equal cost it prefers a baseline, the
+// simpler schedule (storing everything when that fits, rather than a keep
+// set that reruns free copies), and the table's schedule to an
+// alternative.
 //
-// A budget nothing fits is an *ErrInfeasible whose MinBudget is the least
-// peak found: of the baselines, the alternatives, and the table's
-// schedule at the least budget it admits. O(slots·L·(L²+V)) for the table
-// plus O(L²) replays for the baselines.
+// Because the grid does not depend on the budget, the promises hold after
+// rounding: the cost never rises with the budget, is never above a
+// baseline's or an alternative's that fits, and a budget nothing fits is
+// an *ErrInfeasible whose MinBudget, given back, is planned. O(slots·L·
+// (L²+V)) for the table plus O(L²) replays for the baselines.
 func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*Solution, error) {
-	t, err := NewTable(c, budget, slots)
-	var inf *ErrInfeasible
-	if err != nil && !errors.As(err, &inf) {
+	all, err := Simulate(c, StoreAll(c))
+	if err != nil {
+		return nil, err
+	}
+	t, err := NewTable(c, all.Peak, slots)
+	if err != nil {
 		return nil, err
 	}
 	var best *Solution
-	if t != nil {
-		if s, err := t.Schedule(budget); err == nil {
-			r, err := Simulate(c, s)
-			if err != nil {
-				return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
-			}
-			best = &Solution{Schedule: s, Result: r}
+	if s, err := t.Schedule(min(budget, all.Peak)); err == nil {
+		r, err := Simulate(c, s)
+		if err != nil {
+			return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
 		}
+		best = &Solution{Schedule: s, Result: r}
 	}
-	need := mem.Bytes(math.MaxInt64)
+	need := t.MinBudget()
 	for _, b := range baselines(c, budget) {
 		r, err := Simulate(c, b)
 		if err != nil {
@@ -120,12 +121,6 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 		}
 	}
 	if best == nil {
-		if m := minOptimalBudget(c, budget, slots); m > 0 {
-			need = min(need, m)
-		}
-		if need == math.MaxInt64 {
-			need = 0
-		}
 		return nil, &ErrInfeasible{Budget: budget, MinBudget: need}
 	}
 	return best, nil
@@ -135,58 +130,12 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 // ChenGreedy and Revolve, the cheapest that fits the budget, else the one
 // with the least peak.
 func baselines(c *Chain, budget mem.Bytes) []Schedule {
-	out := []Schedule{StoreAll(c), EveryK(c, 1), Sqrt(c)}
+	out := []Schedule{StoreAll(c), Sqrt(c)}
+	for k := 1; k <= c.Len(); k++ {
+		out = append(out, EveryK(c, k))
+	}
 	chen, _ := ChenGreedy(c, budget)
 	out = append(out, chen)
 	best, smallest := revolveBest(c, budget)
 	return append(out, cmp.Or(best, smallest).Schedule)
-}
-
-// minOptimalBudget returns the least peak of a schedule the table finds
-// at any budget: one table, built for the least budget known to admit a
-// schedule (the smallest peak of storing everything and of Revolve with
-// one or two snapshots, grown where rounding rules it out), answers every
-// smaller budget, so a bisection over its columns (O(1) each) finds the
-// smallest that admits a schedule, which is then replayed. 0 when the
-// table finds none.
-func minOptimalBudget(c *Chain, failed mem.Bytes, slots int) mem.Bytes {
-	hi := mem.Bytes(math.MaxInt64)
-	for s := 1; s <= min(c.Len(), 2); s++ {
-		if r, err := Simulate(c, Revolve(c, s)); err == nil {
-			hi = min(hi, r.Peak)
-		}
-	}
-	if r, err := Simulate(c, StoreAll(c)); err == nil {
-		hi = min(hi, r.Peak)
-	}
-	slots = max(slots, DefaultSlots)
-	var t *Table
-	for i := 0; ; i++ {
-		var err error
-		if t, err = NewTable(c, hi, slots); err == nil && !math.IsInf(t.Cost(hi), 1) {
-			break
-		}
-		if i == 64 || hi > math.MaxInt64/2 {
-			return 0
-		}
-		hi += hi/2 + 1 // rounding can make hi too small: grow it
-	}
-	lo := min(failed, hi-1) // no schedule at lo
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if math.IsInf(t.Cost(mid), 1) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	s, err := t.Schedule(hi)
-	if err != nil {
-		return 0
-	}
-	r, err := Simulate(c, s)
-	if err != nil {
-		return 0
-	}
-	return r.Peak
 }
