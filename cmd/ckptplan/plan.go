@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
@@ -63,7 +64,12 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	}
 	strategy, err := planner.ParseStrategy(p.solver)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, usagef("--solver: %v", err)
+	}
+	if p.device != "" {
+		if _, err := costmodel.LookupDevice(p.device); err != nil {
+			return nil, nil, usagef("--device: %v", err)
+		}
 	}
 	src, err := p.setup.load(arg)
 	if err != nil {

@@ -68,6 +68,12 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.batch < 0 || s.seq < 0 {
 		return nil, usagef("--batch and --seq must be positive")
 	}
+	if !oneOf(s.profile, "", "torch-eager", "megatron") {
+		return nil, usagef("--profile: unknown value %q (valid: torch-eager, megatron)", s.profile)
+	}
+	if !oneOf(s.attention, "", "eager", "flash") {
+		return nil, usagef("--attention: unknown value %q (valid: eager, flash)", s.attention)
+	}
 	if s.dtype != "" {
 		d, err := ir.ParseDType(s.dtype)
 		if err != nil || !(d == ir.FP32 || d == ir.BF16 || d == ir.FP16) {
@@ -127,4 +133,13 @@ func buildGraph(src *graphio.Source) (*ir.Graph, error) {
 		return src.Graph.Build()
 	}
 	return nil, fmt.Errorf("%s is a profiled chain, not a graph", src.Name)
+}
+
+func oneOf(v string, valid ...string) bool {
+	for _, x := range valid {
+		if v == x {
+			return true
+		}
+	}
+	return false
 }
