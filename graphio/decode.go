@@ -1,7 +1,9 @@
 package graphio
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"reflect"
 	"sort"
@@ -74,12 +76,21 @@ func (d *decoder) errField(path, format string, args ...any) error {
 
 // parse reads one YAML document into its root node.
 func parseYAML(file string, data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := dec.Decode(&doc); err != nil && err != io.EOF {
 		return nil, yamlSyntaxError(file, err)
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, &PosError{File: file, Msg: "empty document"}
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == io.EOF:
+	case err != nil:
+		return nil, yamlSyntaxError(file, err)
+	default:
+		return nil, &PosError{File: file, Line: next.Line, Col: next.Column, Msg: "a second YAML document: ckptplan reads one per file"}
 	}
 	return doc.Content[0], nil
 }

@@ -55,6 +55,9 @@ func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
 	if err := d.decode(root, reflect.ValueOf(m).Elem(), ""); err != nil {
 		return nil, err
 	}
+	if _, given := d.pos["kv_heads"]; given && m.KVHeads == 0 {
+		return nil, d.errField("kv_heads", "kv_heads: must be positive, got 0 (leave it out for as many as heads)")
+	}
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
 		if fe, ok := err.(*ir.FieldError); ok {
@@ -105,6 +108,9 @@ func (m *Model) Validate() error {
 	}
 	if m.MaxSeq < 0 {
 		return fe("max_seq", "must not be negative, got %d", m.MaxSeq)
+	}
+	if m.Family == "gpt2" && m.MaxSeq > 0 && m.Training.Seq > m.MaxSeq {
+		return fe("training.seq", "%d tokens, more than the %d positions a GPT-2 model learns (max_seq)", m.Training.Seq, m.MaxSeq)
 	}
 	if m.NormEps <= 0 {
 		return fe("norm_eps", "must be positive, got %v", m.NormEps)
