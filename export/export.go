@@ -43,7 +43,7 @@ var layerName = regexp.MustCompile(`^layers\.(\d+)$`)
 // FromPlan reduces a feasible plan of a model to its layers' decisions.
 func FromPlan(plan *planner.Plan) (*Export, error) {
 	if !plan.Feasible {
-		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", plan.Model)
+		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
 	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
 	forwards := make([]int, len(plan.Stages))
@@ -75,7 +75,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			continue
 		}
 		if n, _ := strconv.Atoi(m[1]); n != len(e.Layers) {
-			return nil, fmt.Errorf("the plan's layers are not layers.0, layers.1, … in order: %s is stage %d", st.Name, i)
+			return nil, fmt.Errorf("the plan's layers are not layers.0, layers.1, … in order: %s is stage %d", comment(st.Name), i)
 		}
 		out := st.SavedBytes
 		if i+1 < len(plan.Stages) {
@@ -89,7 +89,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			l.Mode, l.Policy = "selective", st.Option
 			o := st.KeepSet()
 			if o == nil {
-				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", st.Name, st.Option)
+				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", comment(st.Name), st.Option)
 			}
 			l.Saved, l.KeptBytes = o.Saved, o.SavedBytes
 		case "checkpoint", "recompute":
@@ -99,7 +99,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 				nothingBytes += st.InputBytes
 			}
 		default:
-			return nil, fmt.Errorf("%s: unknown decision %q", st.Name, st.Decision)
+			return nil, fmt.Errorf("%s: unknown decision %q", comment(st.Name), st.Decision)
 		}
 		e.nothing = append(e.nothing, st.Decision == "recompute")
 		if forwards[i] > 2 {
@@ -111,7 +111,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.Layers = append(e.Layers, l)
 	}
 	if len(e.Layers) == 0 {
-		return nil, fmt.Errorf("the plan for %s has no layers.N stages: only a model's layers can be exported", plan.Model)
+		return nil, fmt.Errorf("the plan for %s has no layers.N stages: only a model's layers can be exported", comment(plan.Model))
 	}
 	if len(keptNothing) > 0 {
 		e.nothingNote = fmt.Sprintf("the plan keeps no input for %s (recomputed from an earlier checkpoint); a trainer checkpoints each layer, keeping its input: %v more after the forward", list(keptNothing), mem.Bytes(nothingBytes))

@@ -37,7 +37,7 @@ func (e *Export) Megatron(w io.Writer) error {
 		why = e.whyNot(modes)
 	}
 	if why != "" {
-		return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", e.Model, why)
+		return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", comment(e.Model), comment(why))
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", comment(e.Model))

@@ -206,6 +206,9 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
 	setField(r, &m.Heads, c.Heads, "heads", "num_attention_heads")
 	setField(r, &m.KVHeads, c.KVHeads, "kv_heads", "num_key_value_heads")
+	if c.KVHeads != nil && *c.KVHeads == 0 {
+		return r.fieldError(&ir.FieldError{Field: "kv_heads", Msg: "must be positive, got 0 (leave it out for as many as the attention heads)"})
+	}
 	setField(r, &m.FFN, c.FFN, "ffn", "intermediate_size")
 	setField(r, &m.Vocab, c.Vocab, "vocab", "vocab_size")
 	setField(r, &m.NormEps, c.NormEps, "norm_eps", "rms_norm_eps")

@@ -154,3 +154,12 @@ func Parse(file string, data []byte) (*Source, error) {
 func isText(data []byte) bool {
 	return !strings.ContainsRune(string(data), 0) && strings.ToValidUTF8(string(data), "\uFFFD") == string(data)
 }
+
+// InFile puts the input's name in front of an error that does not start
+// with it already (a position error does).
+func InFile(name string, err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), name+":") || strings.HasPrefix(err.Error(), name+" ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}

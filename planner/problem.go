@@ -33,10 +33,10 @@ type Problem struct {
 func New(src *graphio.Source) (*Problem, error) {
 	p, err := newProblem(src)
 	if err != nil {
-		return nil, err
+		return nil, graphio.InFile(src.Name, err)
 	}
 	if err := p.Chain.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", src.Name, err)
+		return nil, graphio.InFile(src.Name, err)
 	}
 	return p, nil
 }

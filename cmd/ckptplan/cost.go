@@ -85,11 +85,11 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 	}
 	g, err := buildGraph(src)
 	if err != nil {
-		return err
+		return graphio.InFile(src.Name, err)
 	}
 	c, err := costmodel.Analyze(g)
 	if err != nil {
-		return err
+		return graphio.InFile(src.Name, err)
 	}
 	r := newCostReport(src.Name, c)
 	if format.value == "json" {

@@ -64,7 +64,7 @@ func runInspect(stdout, stderr io.Writer, args []string) error {
 	if src.Kind != graphio.KindChain {
 		g, err := buildGraph(src)
 		if err != nil {
-			return err
+			return graphio.InFile(src.Name, err)
 		}
 		summarize(&r, g)
 	}
