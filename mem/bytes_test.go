@@ -57,3 +57,29 @@ func TestBytesString(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseBytes: any string either parses to a non-negative count that
+// prints and parses back to itself when printed exactly, or is refused;
+// nothing panics.
+func FuzzParseBytes(f *testing.F) {
+	for _, s := range []string{"4096", "24GiB", "1.5GB", "0.5B", "", "-3", "9999999999TiB", "1e30TiB", "99999999999999999999", "12 parsecs", " 7 mib "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := ParseBytes(s)
+		if err != nil {
+			return
+		}
+		if b < 0 {
+			t.Fatalf("ParseBytes(%q) = %d, negative", s, b)
+		}
+		text := b.String()
+		if strings.Contains(text, ".") {
+			return // rounded for display
+		}
+		back, err := ParseBytes(strings.ReplaceAll(text, " ", ""))
+		if err != nil || back != b {
+			t.Fatalf("ParseBytes(%q) = %d, printed %q, parsed back %d, %v", s, b, text, back, err)
+		}
+	})
+}
