@@ -1,12 +1,14 @@
 package stage
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
 )
 
 // Stage is one stage of a chain cut from a costed graph: its nodes, the
@@ -58,6 +60,9 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 		if spans, err = graphSpans(g); err != nil {
 			return nil, err
 		}
+	}
+	if len(spans) > solver.MaxStages {
+		return nil, fmt.Errorf("cut into %d stages, more than the %d ckptplan plans", len(spans), solver.MaxStages)
 	}
 	stageOf := make([]int, len(g.Nodes))
 	for i := range stageOf {
