@@ -1,7 +1,6 @@
 package stage
 
 import (
-	"math/bits"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -37,10 +36,6 @@ type KeepSet struct {
 // Keeps reports whether the keep set keeps saved storage j (an index into
 // Stage.Saved).
 func (k *KeepSet) Keeps(j int) bool { return k.kept.has(j) }
-
-// KeepsAll reports whether the keep set keeps every saved storage, so
-// that the backward reruns nothing.
-func (k *KeepSet) KeepsAll(st *Stage) bool { return k.kept.count() == len(st.Saved) }
 
 // Kept returns the names of the saved storages the keep set keeps, in the
 // order of Stage.Saved.
@@ -88,14 +83,6 @@ func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
 
 func (b bitset) has(j int) bool { return b[j/64]&(1<<(j%64)) != 0 }
 func (b bitset) set(j int)      { b[j/64] |= 1 << (j % 64) }
-
-func (b bitset) count() int {
-	n := 0
-	for _, w := range b {
-		n += bits.OnesCount64(w)
-	}
-	return n
-}
 
 func (b bitset) key() string {
 	var s strings.Builder
