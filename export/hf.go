@@ -17,6 +17,7 @@ func (e *Export) HF(w io.Writer) error {
 	ckpt := append(e.indexes("checkpoint"), e.indexes("selective")...)
 	slices.Sort(ckpt)
 	var b strings.Builder
+	b.WriteString(sourceHeader)
 	fmt.Fprintf(&b, "# The activation plan of %s for Hugging Face transformers, made by ckptplan.\n", comment(e.Model))
 	if len(ckpt) == 0 {
 		b.WriteString("# The plan stores every layer: leave gradient checkpointing off.\n")

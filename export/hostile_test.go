@@ -27,6 +27,10 @@ func hostile(marker string) []string {
 		"x\u2028" + run,
 		"x\x1b[2J\x1b]0;pwned\x07",
 		"x\\",
+		// An encoding declaration on line 1 or 2 would turn the escapes
+		// below back into quotes and newlines.
+		"x coding:raw_unicode_escape ''' + str(" + run + ") + r'''",
+		"x coding:unicode_escape\n" + run,
 	}
 }
 
