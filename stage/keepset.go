@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -66,14 +67,25 @@ func (st *Stage) KeepSet(name string) (int, bool) {
 	return 0, false
 }
 
-// contentName names kept flags by what they keep or drop.
+// contentName names kept flags by what they keep or drop. A tensor name
+// that could be read as part of the list (a comma, a parenthesis, a
+// quote, a space or a control character in it) is written as a Go-quoted
+// string, so that different keep sets never share a name.
 func (st *Stage) contentName(b bitset) string {
 	k := KeepSet{kept: b}
 	kept, dropped := st.Kept(&k), st.Dropped(&k)
+	list, verb := dropped, "drop"
 	if len(kept) < len(dropped) {
-		return "keep(" + strings.Join(kept, ",") + ")"
+		list, verb = kept, "keep"
 	}
-	return "drop(" + strings.Join(dropped, ",") + ")"
+	quoted := make([]string, len(list))
+	for i, name := range list {
+		quoted[i] = name
+		if strings.ContainsAny(name, `,()" \`) || strconv.Quote(name) != `"`+name+`"` {
+			quoted[i] = strconv.Quote(name)
+		}
+	}
+	return verb + "(" + strings.Join(quoted, ",") + ")"
 }
 
 // bitset is a dense set of small integers.

@@ -233,3 +233,53 @@ func TestKorthikantiSelective(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepSetNamesQuoteOddTensors: tensors whose names hold the list's
+// own punctuation are quoted, so that two keep sets of a stage never
+// share a name (p, q and "p,q" would otherwise both read drop(p,q)).
+func TestKeepSetNamesQuoteOddTensors(t *testing.T) {
+	src, err := graphio.Parse("odd.yaml", []byte(`graph:
+  name: odd
+  dims: {b: 2, h: 8}
+  inputs: [{name: x, shape: [b, h]}]
+  nodes:
+    - {name: w, op: linear, inputs: [x], out: h}
+    - {name: p, op: linear, inputs: [w], out: h}
+    - {name: q, op: linear, inputs: [w], out: h}
+    - {name: "p,q", op: linear, inputs: [w], out: h}
+    - {name: "r)", op: mul, inputs: [p, q]}
+    - {name: y, op: mul, inputs: ["r)", "p,q"]}
+  output: y
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := src.Graph.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, err := Build(c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := 0
+	for _, st := range stages {
+		seen := map[string]bool{}
+		for _, k := range st.KeepSets {
+			if seen[k.Name] {
+				t.Errorf("%s: two keep sets named %s", st.Name, k.Name)
+			}
+			seen[k.Name] = true
+			if strings.Contains(k.Name, `"p,q"`) || strings.Contains(k.Name, `"r)"`) {
+				names++
+			}
+		}
+	}
+	if names == 0 {
+		t.Error("no keep set names the odd tensors, quoted")
+	}
+}
