@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -36,28 +37,71 @@ func writeFile(path string, write func(io.Writer) error) error {
 }
 
 func writeFileAt(path string, write func(io.Writer) error) error {
-	target := path
-	fi, err := os.Lstat(path)
-	if err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		if target, err = filepath.EvalSymlinks(path); err != nil {
-			return fmt.Errorf("cannot follow the link: %w", err)
-		}
-		fi, err = os.Stat(target)
-	}
-	mode := fs.FileMode(0o644)
+	fi, err := os.Stat(path) // through any links
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		if li, lerr := os.Lstat(path); lerr == nil && li.Mode()&fs.ModeSymlink != 0 {
+			return errors.New("a symbolic link to nothing")
+		}
+		return replace(path, 0o644, write)
 	case err != nil:
 		return err
-	case fi.Mode().IsRegular():
-		mode = fi.Mode().Perm()
 	case fi.IsDir():
 		return errors.New("is a directory")
+	case fdOf(path) >= 0:
+		// /dev/stdout, /dev/fd/N and the like name an open file of this
+		// process (a pipe, or a file the shell appends to): write to that
+		// descriptor, at its offset, rather than open the file anew.
+		return writeDescriptor(fdOf(path), path, write)
 	case fi.Mode()&(fs.ModeDevice|fs.ModeCharDevice|fs.ModeNamedPipe) != 0:
-		return writeInPlace(target, fi, write)
-	default:
+		return writeInPlace(path, fi, write)
+	case !fi.Mode().IsRegular():
 		return fmt.Errorf("is not a regular file (%v)", fi.Mode().Type())
 	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	return replace(target, fi.Mode().Perm(), write)
+}
+
+// writeDescriptor writes through a duplicate of an open descriptor, which
+// shares its offset and append mode, and closes only the duplicate.
+func writeDescriptor(fd int, path string, write func(io.Writer) error) error {
+	dup, err := syscall.Dup(fd)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(dup), path)
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// fdOf returns the descriptor a path names (/dev/stdout, /dev/stderr,
+// /dev/fd/N, /proc/self/fd/N), or -1 for any other path.
+func fdOf(path string) int {
+	switch path {
+	case "/dev/stdout":
+		return 1
+	case "/dev/stderr":
+		return 2
+	}
+	for _, dir := range []string{"/dev/fd/", "/proc/self/fd/"} {
+		if n, ok := strings.CutPrefix(path, dir); ok {
+			if fd, err := strconv.Atoi(n); err == nil && fd >= 0 {
+				return fd
+			}
+		}
+	}
+	return -1
+}
+
+// replace writes a regular file through a temporary file in its
+// directory, renamed into place only when everything was written.
+func replace(target string, mode fs.FileMode, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".*")
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -114,6 +115,31 @@ func TestWriteFile(t *testing.T) {
 		}
 		if fi, _ := os.Lstat(p); fi.Mode()&os.ModeNamedPipe == 0 {
 			t.Errorf("pipe is now %v", fi.Mode())
+		}
+	})
+	t.Run("descriptor", func(t *testing.T) {
+		// What the shell hands over for >> log or <(…): an open file,
+		// written at its offset, not replaced.
+		p := filepath.Join(dir, "log.txt")
+		os.WriteFile(p, []byte("prior\n"), 0o644)
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := writeFile(fmt.Sprintf("/dev/fd/%d", f.Fd()), writeHello); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(p); got != "prior\nhello\n" {
+			t.Errorf("log holds %q", got)
+		}
+	})
+	t.Run("link to nothing", func(t *testing.T) {
+		p := filepath.Join(dir, "dangling")
+		os.Symlink(filepath.Join(dir, "missing", "x"), p)
+		err := writeFile(p, writeHello)
+		if err == nil || err.Error() != p+": a symbolic link to nothing" {
+			t.Errorf("error %v", err)
 		}
 	})
 	t.Run("directory", func(t *testing.T) {
