@@ -105,7 +105,7 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 		var opts []solver.Option
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
 			opts = append(opts, solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
-				Backward: float64(st.BackwardFLOPs + k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
 		}
 		ch.Options = append(ch.Options, opts)
 	}

@@ -77,7 +77,9 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	// the curves may step.
 	var budgets []mem.Bytes
 	for k := 0; k < points; k++ {
-		budgets = append(budgets, low+(all.Peak-low)*mem.Bytes(k)/mem.Bytes(points-1))
+		// low + span·k/n, without forming span·k, which can pass 2^63.
+		span, n := all.Peak-low, mem.Bytes(points-1)
+		budgets = append(budgets, low+span/n*mem.Bytes(k)+span%n*mem.Bytes(k)/n)
 	}
 	for _, b := range peaks {
 		if b >= low && b <= all.Peak {
@@ -88,32 +90,43 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	budgets = slices.Compact(budgets)
 	plain := *c
 	plain.Options = nil
-	if s.Optimal, err = p.curve(&plain, s, peaks, budgets, all.Peak, slots, false); err != nil {
+	if s.Optimal, err = p.curve(&plain, s, budgets, all.Peak, slots, false); err != nil {
 		return nil, err
 	}
 	if c.Options != nil {
-		if s.Selective, err = p.curve(c, s, peaks, budgets, all.Peak, slots, true); err != nil {
+		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// curve reads the optimal cost at each budget from one table of chain c.
-// As the optimal strategy does, it takes a fixed strategy's point where
-// rounding sizes to slots costs the table a schedule; the layer-level
-// curve only those that run no keep set.
-func (p *Problem) curve(c *solver.Chain, s *Sweep, peaks, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool) ([]SweepPoint, error) {
+// curve reads the optimal cost at each budget from one table of chain c,
+// on the grid the optimal strategy uses, and, as that strategy does
+// (solver.Optimal), takes a baseline's cost where rounding sizes to slots
+// costs the table a schedule; the selective curve also megatron-selective
+// everywhere. So every point is what plan prints at that budget.
+func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool) ([]SweepPoint, error) {
 	t, err := solver.NewTable(c, top, slots)
 	if err != nil {
 		return nil, err
 	}
+	scheds := solver.Baselines(c)
+	if opts, ok := p.policyEverywhere("megatron-selective"); ok && selective {
+		scheds = append(scheds, solver.StoreAllWith(c, opts))
+	}
+	var cands []solver.Result
+	for _, sc := range scheds {
+		if r, err := solver.Simulate(c, sc); err == nil {
+			cands = append(cands, r)
+		}
+	}
 	var out []SweepPoint
 	for _, b := range budgets {
 		cost := t.Cost(b)
-		for k, sp := range s.Strategies {
-			if peaks[k] <= b && (selective || sp.Solver != MegatronSelective.Name) {
-				cost = min(cost, sp.Cost)
+		for _, r := range cands {
+			if r.Peak <= b {
+				cost = min(cost, r.Cost)
 			}
 		}
 		if math.IsInf(cost, 1) {

@@ -53,3 +53,36 @@ func TestSweep(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepMatchesPlan: every point of both curves is what planning at
+// that budget gives, on every small bundled model.
+func TestSweepMatchesPlan(t *testing.T) {
+	for _, model := range []string{"tiny-llama", "tiny-gpt2", "gpt2", "smollm-135m"} {
+		src, err := graphio.Load(model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := New(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.Sweep(12, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			strategy Strategy
+			points   []SweepPoint
+		}{{Optimal, s.Optimal}, {Selective, s.Selective}} {
+			for _, pt := range c.points {
+				plan, err := p.Plan(&Options{Budget: pt.BudgetBytes, Strategy: c.strategy})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !plan.Feasible || plan.Cost != pt.Cost {
+					t.Errorf("%s %s at %d: sweep says %v, plan %v (feasible %v)", model, c.strategy.Name, pt.BudgetBytes, pt.Cost, plan.Cost, plan.Feasible)
+				}
+			}
+		}
+	}
+}

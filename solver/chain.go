@@ -42,7 +42,7 @@ type Option struct {
 // MaxStages is the most stages a chain may have: beyond it, the optimal
 // table's O(S·L³) work and the baselines' O(L³) take longer than anyone
 // waits.
-const MaxStages = 2000
+const MaxStages = 1000
 
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }

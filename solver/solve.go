@@ -1,7 +1,6 @@
 package solver
 
 import (
-	"cmp"
 	"fmt"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -68,8 +67,9 @@ func revolveBest(c *Chain, budget mem.Bytes) (best, smallest *Solution) {
 // included. Sizes are rounded up to slots of one grid for the chain,
 // whatever the budget: the peak P of storing everything divided into
 // slots slots (0: DefaultSlots). Rounding can cost the table a schedule
-// that fits, so Optimal also replays the baselines (StoreAll, EveryK for
-// every k, Sqrt, ChenGreedy, BestRevolve) and the alternatives given, and returns
+// that fits, so Optimal also replays the baselines (Baselines: storing
+// everything, every-k for every k, √N, Chen's and Revolve's schedules) and
+// the alternatives given, and returns
 // the cheapest of all that fit. At equal cost it prefers a baseline, the
 // simpler schedule (storing everything when that fits, rather than a keep
 // set that reruns free copies), and the table's schedule to an
@@ -98,7 +98,7 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 		best = &Solution{Schedule: s, Result: r}
 	}
 	need := t.MinBudget()
-	for _, b := range baselines(c, budget) {
+	for _, b := range Baselines(c) {
 		r, err := Simulate(c, b)
 		if err != nil {
 			return nil, fmt.Errorf("optimal: baseline: %w", err)
@@ -126,16 +126,19 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 	return best, nil
 }
 
-// baselines returns the schedules Optimal compares the table's with: for
-// ChenGreedy and Revolve, the cheapest that fits the budget, else the one
-// with the least peak.
-func baselines(c *Chain, budget mem.Bytes) []Schedule {
+// Baselines returns every schedule Optimal compares the table's with,
+// whatever the budget: storing everything, √N, every-k for every k, every
+// segmentation of Chen's greedy heuristic, and Revolve with every snapshot
+// count. O(L³) to enumerate Chen's thresholds; O(L²) schedules at most.
+func Baselines(c *Chain) []Schedule {
 	out := []Schedule{StoreAll(c), Sqrt(c)}
 	for k := 1; k <= c.Len(); k++ {
 		out = append(out, EveryK(c, k))
 	}
-	chen, _ := ChenGreedy(c, budget)
-	out = append(out, chen)
-	best, smallest := revolveBest(c, budget)
-	return append(out, cmp.Or(best, smallest).Schedule)
+	out = append(out, chenSchedules(c)...)
+	split := revolveSplits(c.Len(), c.Len())
+	for s := 1; s <= c.Len(); s++ {
+		out = append(out, revolveWith(c, min(s-1, c.Len()), split))
+	}
+	return out
 }
