@@ -63,11 +63,15 @@ func TestHostileInputs(t *testing.T) {
 				t.Fatal(err)
 			}
 			msg := stderr.String()
-			if want, _ := strconv.Atoi(spec["exit"]); code != want {
+			want, err := strconv.Atoi(spec["exit"])
+			if err != nil {
+				t.Fatalf("exit: %v", err)
+			}
+			if code != want {
 				t.Errorf("%v: exit %d, want %d; stderr:\n%s", args, code, want, firstLines(msg))
 			}
-			for _, bad := range []string{"goroutine ", "internal error", "panic:", "fatal error", "\x1b"} {
-				if strings.Contains(msg, bad) || strings.Contains(stdout.String(), bad) && bad == "\x1b" {
+			for _, bad := range []string{"goroutine ", "internal error", "panic:", "fatal error", "\x1b", "\u009b"} {
+				if strings.Contains(msg, bad) || strings.Contains(stdout.String(), bad) && (bad == "\x1b" || bad == "\u009b") {
 					t.Errorf("%v: output has %q:\n%s", args, bad, firstLines(msg))
 				}
 			}
@@ -78,6 +82,9 @@ func TestHostileInputs(t *testing.T) {
 				}
 			}
 			if code != 0 {
+				if spec["want"] == "" {
+					t.Errorf("%s: a failure needs the text it expects in its want line", path)
+				}
 				if !strings.Contains(msg, spec["want"]) {
 					t.Errorf("%v: message %q does not contain %q", args, strings.TrimSpace(firstLines(msg)), spec["want"])
 				}
