@@ -178,9 +178,18 @@ func TestTextOnly(t *testing.T) {
 		"csi \u009b31m, ünïcode ✓\n": `csi \u009b31m, ünïcode ✓` + "\n",
 	} {
 		var b strings.Builder
-		n, err := textOnly{&b}.Write([]byte(in))
+		n, err := (&textOnly{w: &b}).Write([]byte(in))
 		if err != nil || n != len(in) || b.String() != want {
 			t.Errorf("Write(%q) = %d, %v, %q; want %q", in, n, err, b.String(), want)
+		}
+		// Byte by byte: a character split across writes is escaped too.
+		b.Reset()
+		w := &textOnly{w: &b}
+		for i := range len(in) {
+			w.Write([]byte{in[i]})
+		}
+		if b.String() != want {
+			t.Errorf("byte by byte, %q gives %q; want %q", in, b.String(), want)
 		}
 	}
 }

@@ -17,7 +17,7 @@ func main() {
 			os.Exit(1)
 		}
 	}()
-	stdout, stderr := textOnly{os.Stdout}, textOnly{os.Stderr}
+	stdout, stderr := &textOnly{w: os.Stdout}, &textOnly{w: os.Stderr}
 	err := run(stdout, stderr, os.Args[1:])
 	if err == nil {
 		return
