@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
@@ -67,6 +68,15 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: mem.Bytes(c.Static.Total()), Chain: toChain(stages, out), Costs: c, Stages: stages}
 	for _, st := range stages {
 		p.names = append(p.names, st.Name)
+	}
+	var wide []string
+	for _, st := range stages {
+		if st.FrontTooWide {
+			wide = append(wide, st.Name)
+		}
+	}
+	if len(wide) > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s read too many tensors made early for every keep set to be searched: only the named keep sets are offered there", strings.Join(wide, ", ")))
 	}
 	if src.Kind == graphio.KindGraph && len(stages) == 1 {
 		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))

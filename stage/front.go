@@ -171,8 +171,16 @@ type decision struct {
 	next *decision
 }
 
-// front returns the keep sets of the Pareto front, by decreasing bytes.
-func (k *search) front() []bitset {
+// maxFrontStates bounds the states of the front's walk: their number can
+// grow as 2^frontier on a stage where many tensors made early are read
+// late (a wide explicit graph), and past this bound the walk would take
+// minutes and gigabytes.
+const maxFrontStates = 1 << 15
+
+// front returns the keep sets of the Pareto front, by decreasing bytes,
+// and false when the stage has too many states to walk (then only the
+// named policies are offered).
+func (k *search) front() ([]bitset, bool) {
 	st := k.st
 	candOf := make([][]int, len(st.Nodes)) // candidate indexes each node owns
 	for j, p := range k.owner {
@@ -252,10 +260,13 @@ func (k *search) front() []bitset {
 			s.entries = paretoFront(s.entries)
 		}
 		states = next
+		if len(states) > maxFrontStates {
+			return nil, false
+		}
 	}
 	final := states[""]
 	if final == nil {
-		return nil
+		return nil, true
 	}
 	out := make([]bitset, 0, len(final.entries))
 	for i := len(final.entries) - 1; i >= 0; i-- { // by decreasing bytes
@@ -267,7 +278,7 @@ func (k *search) front() []bitset {
 		}
 		out = append(out, b)
 	}
-	return out
+	return out, true
 }
 
 // paretoFront keeps the entries no other entry beats in both bytes and
@@ -307,6 +318,9 @@ func (k *search) policy(name string, core []bool) bitset {
 	return b
 }
 
+// frontTooWide marks, in the cache, a stage whose front was not walked.
+const frontTooWide = "\x00too wide"
+
 // namedBits is a keep set found by the search: its kept candidates, and
 // its policy's name if it is one.
 type namedBits struct {
@@ -332,14 +346,22 @@ func (st *Stage) keepSets(core []bool, cache map[string][]namedBits) []KeepSet {
 		for _, name := range Policies {
 			add(name, k.policy(name, core))
 		}
-		for _, b := range k.front() {
+		front, complete := k.front()
+		for _, b := range front {
 			add("", b)
+		}
+		if !complete {
+			found = append(found, namedBits{policy: frontTooWide})
 		}
 		cache[sig] = found
 	}
-	out := make([]KeepSet, len(found))
-	for i, nb := range found {
-		out[i] = k.keepSet(nb)
+	out := make([]KeepSet, 0, len(found))
+	for _, nb := range found {
+		if nb.policy == frontTooWide {
+			st.FrontTooWide = true
+			continue
+		}
+		out = append(out, k.keepSet(nb))
 	}
 	return out
 }

@@ -98,7 +98,11 @@ func TestKeepSetFrontIsExhaustive(t *testing.T) {
 				}
 			}
 			var got []point
-			for _, b := range k.front() {
+			front, complete := k.front()
+			if !complete {
+				t.Fatal("front not walked")
+			}
+			for _, b := range front {
 				got = append(got, costOf(b))
 			}
 			slices.SortFunc(got, cmpPoints)
@@ -281,5 +285,47 @@ func TestKeepSetNamesQuoteOddTensors(t *testing.T) {
 	}
 	if names == 0 {
 		t.Error("no keep set names the odd tensors, quoted")
+	}
+}
+
+// TestWideFrontIsBounded: a stage where forty tensors made early are read
+// late has 2^40 ways to request them; the search stops at its bound and
+// offers the named policies alone, instead of running out of memory.
+func TestWideFrontIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("graph:\n  name: wide\n  dims: {b: 2, h: 8}\n  inputs: [{name: x, shape: [b, h]}]\n  nodes:\n    - {name: w, op: linear, inputs: [x], out: h}\n")
+	for i := range 40 {
+		fmt.Fprintf(&b, "    - {name: p%d, op: linear, inputs: [w], out: h}\n", i)
+	}
+	prev := "p0"
+	for i := 1; i < 40; i++ {
+		fmt.Fprintf(&b, "    - {name: s%d, op: mul, inputs: [%s, p%d]}\n", i, prev, i)
+		prev = fmt.Sprintf("s%d", i)
+	}
+	fmt.Fprintf(&b, "  output: %s\n", prev)
+	src, err := graphio.Parse("wide.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := src.Graph.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := costmodel.Analyze(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, err := Build(c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := stages[len(stages)-1]
+	if !last.FrontTooWide || len(last.KeepSets) == 0 || last.KeepSets[0].Name != "keep-all" {
+		t.Errorf("front too wide %v, keep sets %d", last.FrontTooWide, len(last.KeepSets))
+	}
+	for _, k := range last.KeepSets {
+		if !slices.Contains(Policies, k.Name) {
+			t.Errorf("keep set %s is not a named policy", k.Name)
+		}
 	}
 }

@@ -39,6 +39,10 @@ type Stage struct {
 	// KeepSets are the ways the storing forward may run; KeepSets[0]
 	// keeps everything (TapeBytes and the transients above).
 	KeepSets []KeepSet
+	// FrontTooWide says that the stage has too many ways to recompute for
+	// its Pareto front to be searched: its keep sets are the named
+	// policies alone.
+	FrontTooWide bool
 
 	c      *costmodel.Costs
 	tape   []int       // every storage keeping everything keeps, sorted
