@@ -39,10 +39,12 @@ type Option struct {
 	BackwardTempBytes mem.Bytes // transient bytes during B(i), the recomputed tensors included
 }
 
-// MaxStages is the most stages a chain may have: beyond it, the optimal
+// MaxStages is the most stages ckptplan plans from its inputs (a chain
+// file, a graph's cut points, a model's layers): beyond it, the optimal
 // table's O(S·L³) work and the baselines' O(L³) take longer than anyone
-// waits.
-const MaxStages = 1000
+// waits (500 stages at the default slots: about 40 s). The solver itself
+// takes chains of any length.
+const MaxStages = 500
 
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }
@@ -52,9 +54,6 @@ func (c *Chain) Validate() error {
 	l := c.Len()
 	if l == 0 {
 		return errors.New("chain has no stages")
-	}
-	if l > MaxStages {
-		return fmt.Errorf("chain of %d stages is longer than the %d ckptplan plans", l, MaxStages)
 	}
 	if len(c.Backward) != l || len(c.TapeBytes) != l || len(c.ForwardTempBytes) != l || len(c.BackwardTempBytes) != l || len(c.ActBytes) != l+1 ||
 		c.FAllTempBytes != nil && len(c.FAllTempBytes) != l {
