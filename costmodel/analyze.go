@@ -72,6 +72,16 @@ func (c *Costs) OwnedAs(id int, role Role) int {
 	return -1
 }
 
+// StorageName names a storage: the node that allocates it, and ":role"
+// unless it is the node's output ("layers.0.input_layernorm:rstd").
+func (c *Costs) StorageName(s int) string {
+	st := &c.Storages[s]
+	if st.Role == Out {
+		return c.Graph.Nodes[st.Node].Name
+	}
+	return c.Graph.Nodes[st.Node].Name + ":" + st.Role.String()
+}
+
 // OutputStorage returns the storage holding node id's output (its own, or
 // the one it is a view of).
 func (c *Costs) OutputStorage(id int) int { return c.outputs[id] }

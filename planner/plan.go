@@ -302,12 +302,7 @@ func keepSetRecord(st *stage.Stage, k *stage.KeepSet) KeepSet {
 		r.Recompute = append(r.Recompute, c.Graph.Nodes[id].Name)
 	}
 	for _, s := range st.SavedOrder() {
-		sto := &c.Storages[s]
-		name := c.Graph.Nodes[sto.Node].Name
-		if sto.Role != costmodel.Out {
-			name += ":" + sto.Role.String()
-		}
-		r.Saved = append(r.Saved, SavedTensor{Name: name, Bytes: mem.Bytes(sto.Bytes), Keep: st.Holds(k, s)})
+		r.Saved = append(r.Saved, SavedTensor{Name: c.StorageName(s), Bytes: mem.Bytes(c.Storages[s].Bytes), Keep: st.Holds(k, s)})
 	}
 	return r
 }
@@ -316,22 +311,34 @@ func keepSetRecord(st *stage.Stage, k *stage.KeepSet) KeepSet {
 // problem, resolving keep sets by name, or, for a plan whose keep sets
 // carry other names, by the tensors they keep.
 func (p *Problem) Schedule(plan *Plan) (solver.Schedule, error) {
+	sched, err := plan.ops(len(p.Stages), func(i int, name string) int {
+		j, _ := p.resolveKeepSet(plan, i, name)
+		return j
+	})
+	if err != nil {
+		return nil, fmt.Errorf("plan schedule, %w", err)
+	}
+	return sched, nil
+}
+
+// ops turns a plan's steps into solver ops for a chain of the given
+// stages; keepSet returns the option a named keep set of stage i is
+// (0: none of that name).
+func (p *Plan) ops(stages int, keepSet func(i int, name string) int) (solver.Schedule, error) {
 	var sched solver.Schedule
-	for k, s := range plan.Schedule {
+	for k, s := range p.Schedule {
 		kind, ok := solver.ParseKind(s.Op)
 		if !ok {
-			return nil, fmt.Errorf("plan schedule, step %d: unknown op %q", k, s.Op)
+			return nil, fmt.Errorf("step %d: unknown op %q", k, s.Op)
 		}
 		op := solver.Op{Kind: kind, Stage: s.Stage}
 		if s.Option != "" {
-			if kind != solver.FAll || s.Stage < 0 || s.Stage >= len(p.Stages) {
-				return nil, fmt.Errorf("plan schedule, step %d: %s(%d) has no keep set to choose", k, s.Op, s.Stage)
+			if kind != solver.FAll || s.Stage < 0 || s.Stage >= stages {
+				return nil, fmt.Errorf("step %d: %s(%d) has no keep set to choose", k, s.Op, s.Stage)
 			}
-			j, ok := p.resolveKeepSet(plan, s.Stage, s.Option)
-			if !ok || j == 0 {
-				return nil, fmt.Errorf("plan schedule, step %d: stage %d has no keep set %q", k, s.Stage, s.Option)
+			if op.Option = keepSet(s.Stage, s.Option); op.Option == 0 {
+				return nil, fmt.Errorf("step %d: stage %d records no keep set %q", k, s.Stage, s.Option)
 			}
-			op.Option = j
 		}
 		sched = append(sched, op)
 	}
@@ -405,24 +412,12 @@ func (p *Plan) checkSchedule() error {
 		}
 	}
 	ch.ActBytes = append(ch.ActBytes, 1)
-	var sched solver.Schedule
-	for k, s := range p.Schedule {
-		kind, ok := solver.ParseKind(s.Op)
-		if !ok {
-			return fmt.Errorf("step %d: unknown op %q", k, s.Op)
-		}
-		op := solver.Op{Kind: kind, Stage: s.Stage}
-		if s.Option != "" {
-			if kind != solver.FAll || s.Stage < 0 || s.Stage >= len(p.Stages) {
-				return fmt.Errorf("step %d: %s(%d) has no keep set to choose", k, s.Op, s.Stage)
-			}
-			op.Option = slices.IndexFunc(p.Stages[s.Stage].Options, func(o KeepSet) bool { return o.Name == s.Option }) + 1
-			if op.Option == 0 {
-				return fmt.Errorf("step %d: stage %d records no keep set %q", k, s.Stage, s.Option)
-			}
-		}
-		sched = append(sched, op)
+	sched, err := p.ops(len(p.Stages), func(i int, name string) int {
+		return slices.IndexFunc(p.Stages[i].Options, func(o KeepSet) bool { return o.Name == name }) + 1
+	})
+	if err != nil {
+		return err
 	}
-	_, err := solver.Simulate(ch, sched)
+	_, err = solver.Simulate(ch, sched)
 	return err
 }

@@ -108,7 +108,8 @@ func (c *Chain) checkTotals() error {
 		add(c.FAllTemp(i))
 		add(c.BackwardTempBytes[i])
 		worst := c.Backward[i]
-		for _, o := range c.optionsOf(i) {
+		for k := 1; k < c.NumOptions(i); k++ {
+			o := c.Option(i, k)
 			add(o.TapeBytes)
 			add(o.FAllTempBytes)
 			add(o.BackwardTempBytes)
@@ -125,13 +126,6 @@ func (c *Chain) checkTotals() error {
 		return fmt.Errorf("chain costs add up to %.3g, too large to compare (or not finite)", cost)
 	}
 	return nil
-}
-
-func (c *Chain) optionsOf(i int) []Option {
-	if c.Options == nil {
-		return nil
-	}
-	return c.Options[i]
 }
 
 // FAllTemp returns the transient bytes of F_all(i).

@@ -242,7 +242,7 @@ func TestKorthikantiSelective(t *testing.T) {
 // own punctuation are quoted, so that two keep sets of a stage never
 // share a name (p, q and "p,q" would otherwise both read drop(p,q)).
 func TestKeepSetNamesQuoteOddTensors(t *testing.T) {
-	src, err := graphio.Parse("odd.yaml", []byte(`graph:
+	stages := graphStages(t, `graph:
   name: odd
   dims: {b: 2, h: 8}
   inputs: [{name: x, shape: [b, h]}]
@@ -254,22 +254,7 @@ func TestKeepSetNamesQuoteOddTensors(t *testing.T) {
     - {name: "r)", op: mul, inputs: [p, q]}
     - {name: y, op: mul, inputs: ["r)", "p,q"]}
   output: y
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := src.Graph.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := costmodel.Analyze(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stages, err := Build(c, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	names := 0
 	for _, st := range stages {
 		seen := map[string]bool{}
@@ -303,7 +288,22 @@ func TestWideFrontIsBounded(t *testing.T) {
 		prev = fmt.Sprintf("s%d", i)
 	}
 	fmt.Fprintf(&b, "  output: %s\n", prev)
-	src, err := graphio.Parse("wide.yaml", []byte(b.String()))
+	stages := graphStages(t, b.String())
+	last := stages[len(stages)-1]
+	if !last.FrontTooWide || len(last.KeepSets) == 0 || last.KeepSets[0].Name != "keep-all" {
+		t.Errorf("front too wide %v, keep sets %d", last.FrontTooWide, len(last.KeepSets))
+	}
+	for _, k := range last.KeepSets {
+		if !slices.Contains(Policies, k.Name) {
+			t.Errorf("keep set %s is not a named policy", k.Name)
+		}
+	}
+}
+
+// graphStages cuts an explicit graph YAML into its stages.
+func graphStages(t *testing.T, text string) []*Stage {
+	t.Helper()
+	src, err := graphio.Parse("graph.yaml", []byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,13 +319,5 @@ func TestWideFrontIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := stages[len(stages)-1]
-	if !last.FrontTooWide || len(last.KeepSets) == 0 || last.KeepSets[0].Name != "keep-all" {
-		t.Errorf("front too wide %v, keep sets %d", last.FrontTooWide, len(last.KeepSets))
-	}
-	for _, k := range last.KeepSets {
-		if !slices.Contains(Policies, k.Name) {
-			t.Errorf("keep set %s is not a named policy", k.Name)
-		}
-	}
+	return stages
 }

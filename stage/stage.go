@@ -178,12 +178,7 @@ func (st *Stage) Tape() []int { return st.tape }
 // common prefix ("mlp.up_proj" in every layer), and ":role" unless it is
 // the node's output ("input_layernorm:rstd").
 func (st *Stage) TensorName(s int) string {
-	sto := &st.c.Storages[s]
-	name := strings.TrimPrefix(st.c.Graph.Nodes[sto.Node].Name, st.prefix)
-	if sto.Role != costmodel.Out {
-		name += ":" + sto.Role.String()
-	}
-	return name
+	return strings.TrimPrefix(st.c.StorageName(s), st.prefix)
 }
 
 // Holds reports whether a storing forward under keep set k keeps storage
@@ -193,8 +188,7 @@ func (st *Stage) Holds(k *KeepSet, s int) bool {
 	if j, ok := st.index[s]; ok {
 		return k.Keeps(j)
 	}
-	_, inTape := slices.BinarySearch(st.tape, s)
-	return inTape
+	return st.inTape(s)
 }
 
 // SavedOrder returns the activation storages the stage's own nodes

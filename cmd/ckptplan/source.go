@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
@@ -68,10 +69,10 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.batch < 0 || s.seq < 0 {
 		return nil, usagef("--batch and --seq must be positive")
 	}
-	if !oneOf(s.profile, "", "torch-eager", "megatron") {
+	if !slices.Contains([]string{"", "torch-eager", "megatron"}, s.profile) {
 		return nil, usagef("--profile: unknown value %q (valid: torch-eager, megatron)", s.profile)
 	}
-	if !oneOf(s.attention, "", "eager", "flash") {
+	if !slices.Contains([]string{"", "eager", "flash"}, s.attention) {
 		return nil, usagef("--attention: unknown value %q (valid: eager, flash)", s.attention)
 	}
 	if s.dtype != "" {
@@ -133,13 +134,4 @@ func buildGraph(src *graphio.Source) (*ir.Graph, error) {
 		return src.Graph.Build()
 	}
 	return nil, fmt.Errorf("%s is a profiled chain, not a graph", src.Name)
-}
-
-func oneOf(v string, valid ...string) bool {
-	for _, x := range valid {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
