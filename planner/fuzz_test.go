@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/google/go-cmp/cmp"
 )
@@ -17,14 +16,7 @@ import (
 // same plan. Seeded with real plans and the hostile corpus's plan files.
 func FuzzReadPlan(f *testing.F) {
 	for _, model := range []string{"tiny-llama", "tiny-gpt2"} {
-		src, err := graphio.Load(model)
-		if err != nil {
-			f.Fatal(err)
-		}
-		p, err := New(src)
-		if err != nil {
-			f.Fatal(err)
-		}
+		p := load(f, model)
 		plan, err := p.Plan(&Options{Budget: 5 * mem.MiB})
 		if err != nil {
 			f.Fatal(err)

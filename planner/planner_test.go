@@ -15,14 +15,7 @@ import (
 func TestModelsStoreAll(t *testing.T) {
 	for _, name := range models.Names() {
 		t.Run(name, func(t *testing.T) {
-			src, err := graphio.Load(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := New(src)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := load(t, name)
 			all, err := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
 			if err != nil {
 				t.Fatal(err)
@@ -73,14 +66,7 @@ func TestBudgetSweep(t *testing.T) {
 		names = []string{"tiny-gpt2", "tiny-llama"}
 	}
 	for _, name := range names {
-		src, err := graphio.Load(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := New(src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := load(t, name)
 		all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
 		checked := map[string]int{}
 		for k := 0; k <= 10; k++ {
@@ -145,4 +131,19 @@ func TestChainFile(t *testing.T) {
 	if plan.StaticBytes != 0 || plan.Unit != src.Chain.Unit {
 		t.Errorf("static %d unit %q", plan.StaticBytes, plan.Unit)
 	}
+}
+
+// load plans a bundled model or an input file, failing the test if it
+// cannot.
+func load(tb testing.TB, model string) *Problem {
+	tb.Helper()
+	src, err := graphio.Load(model)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := New(src)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
 }

@@ -2,22 +2,13 @@ package planner
 
 import (
 	"testing"
-
-	"github.com/ckptplan/ckptplan/graphio"
 )
 
 // TestSweep: the optimal curve never rises with the budget, ends at no
 // overhead, and lies on or below every fixed strategy's point; the
 // Megatron-selective point keeps less per layer than storing everything.
 func TestSweep(t *testing.T) {
-	src, err := graphio.Load("tiny-llama")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := load(t, "tiny-llama")
 	s, err := p.Sweep(40, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -58,14 +49,7 @@ func TestSweep(t *testing.T) {
 // that budget gives, on every small bundled model.
 func TestSweepMatchesPlan(t *testing.T) {
 	for _, model := range []string{"tiny-llama", "tiny-gpt2", "gpt2", "smollm-135m"} {
-		src, err := graphio.Load(model)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := New(src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := load(t, model)
 		s, err := p.Sweep(12, 0)
 		if err != nil {
 			t.Fatal(err)
