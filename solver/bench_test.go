@@ -1,6 +1,7 @@
 package solver
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -47,5 +48,24 @@ func BenchmarkTableOptions(b *testing.B) {
 		if n := len(t.opts[0]); n != 17 {
 			b.Fatalf("%d options left of 17", n)
 		}
+	}
+}
+
+// BenchmarkTableLong fills the table of long chains at 1000 slots over
+// the peak of storing everything, as planning does.
+func BenchmarkTableLong(b *testing.B) {
+	for _, l := range []int{200, 400, 600} {
+		b.Run(fmt.Sprint(l), func(b *testing.B) {
+			c := benchChain(rand.New(rand.NewSource(int64(l))), l, 1000)
+			all, err := Simulate(c, StoreAll(c))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := NewTable(c, all.Peak, 1000); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -24,11 +24,13 @@ package solver
 // budget, and the table's cost is the replayed cost.
 //
 // Sizes are measured in slots of u = ⌈M/S⌉ bytes, rounded up, so that the
-// table has S+1 columns; with u = 1 nothing is rounded. The table is filled
-// by increasing b − a; for each (a, b) and j the inner loop over m reads two
-// contiguous rows, so it runs without allocation or branches the compiler
-// cannot hoist. Time O(S·L³), space O(S·L²); one table answers every budget
-// up to M, which gives the whole memory/cost curve in one solve.
+// table has S+1 columns; with u = 1 nothing is rounded. Time O(S·L³),
+// space O(S·L²); one table answers every budget up to M, which gives the
+// whole memory/cost curve in one solve. The table holds costs only: a
+// schedule is read back by finding, at each visited entry, the choice
+// whose cost the entry holds (choose), which costs O(L) an entry visited
+// instead of a byte or two of every entry of the table. fill.go says how
+// the table is filled.
 //
 // A tiny example (ExampleNewTable): three stages costing 1 forward and 2
 // backward, 1-byte activations, 3-byte tapes. Storing every tape peaks at
@@ -61,11 +63,23 @@ type Table struct {
 	sumFw   []float64
 	lossTmp int
 	lossBw  float64
-	cost    []float64 // C, row (a, b) at rowOf(a, b)
-	// choice: j > 0 checkpoint a_j; −1−2q chain with option q; −2−2q a
-	// leaf with option q (the loss: −2).
-	choice  []int16
-	rowSize int
+	// cost holds D(a, b, m) = C(a, b, m) + S_a (fill.go) block by block:
+	// block k holds the blockCols columns k·blockCols … of the entries
+	// not yet flat there, (a, first_k(a)) … (a, L) for each a, side by
+	// side; columns past S hold +Inf.
+	cost   []float64
+	blocks int // blocks of columns 0 … S
+	// first[k·(L+1)+a] is first_k(a), and start[k·(L+1)+a] the offset in
+	// blocks of (a, first_k(a)) in cost.
+	first      []int32
+	start      []int
+	keptBlocks int
+	// floor[entry(a, b)] is the cost of storing every tape from a to b with
+	// each stage's cheapest backward, and flatAt the least m from which
+	// D(a, b, m) is known to be that floor (S+1 when unknown); flatAt grows
+	// with b.
+	floor  []float64
+	flatAt []int32
 }
 
 // slotOption is an option of a storing forward in slots; k is its index
@@ -80,20 +94,22 @@ type slotOption struct {
 // allocated.
 const MaxTableBytes = 4 * mem.GiB
 
-// TableBytes returns the memory of the table of l stages at the given
-// slots: a cost (8 bytes) and a choice (2 bytes) for every pair of stages
-// a ≤ b, the loss included, and every slot count 0…slots (MaxInt64 when
-// that overflows).
+// TableBytes returns the most memory the table of l stages at the given
+// slots takes: a cost (8 bytes) for every pair of stages a ≤ b, the loss
+// included, and every slot count 0…slots rounded up to a block, and 12
+// bytes of bounds per pair (MaxInt64 when that overflows). Where the
+// chain's costs are integers, the table keeps only the columns below each
+// pair's floor (fill.go), often a third of that.
 func TableBytes(l, slots int) mem.Bytes {
 	rows := mem.Bytes(l+1) * mem.Bytes(l+2) / 2
-	if mem.Bytes(slots+1) > math.MaxInt64/(10*rows) {
+	cols := (mem.Bytes(slots) + blockCols) / blockCols * blockCols
+	if cols+2 > math.MaxInt64/(8*rows) {
 		return math.MaxInt64 // saturated: far past any limit
 	}
-	return rows * mem.Bytes(slots+1) * 10
+	return rows * (cols*8 + 12)
 }
 
-// maxOptions bounds the options kept per stage, so that choices fit in
-// an int16.
+// maxOptions bounds the options kept per stage.
 const maxOptions = 4096
 
 // NewTable fills the table for budgets up to maxBudget bytes (the whole
@@ -112,13 +128,18 @@ func NewTable(c *Chain, maxBudget mem.Bytes, slots int) (*Table, error) {
 	if mem.Bytes(slots) > maxBudget {
 		slots = int(maxBudget)
 	}
-	if need := TableBytes(c.Len(), slots); need > MaxTableBytes {
-		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)
+	rows := mem.Bytes(c.Len()+1) * mem.Bytes(c.Len()+2) / 2
+	if rows*12 > MaxTableBytes || TableBytes(c.Len(), 0) > MaxTableBytes {
+		return nil, fmt.Errorf("the optimal table of %d stages would take more than the %v ckptplan allows", c.Len(), MaxTableBytes)
 	}
 	t := &Table{c: c, l: c.Len(), slots: slots, maxBud: maxBudget}
 	t.unit = (maxBudget + mem.Bytes(slots) - 1) / mem.Bytes(slots)
 	if err := t.prepare(); err != nil {
 		return nil, err
+	}
+	t.bounds()
+	if need := t.layout(); need > MaxTableBytes {
+		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)
 	}
 	t.fill()
 	return t, nil
@@ -150,10 +171,7 @@ func (t *Table) prepare() error {
 		}
 	}
 	t.lossTmp, t.lossBw = t.toSlots(c.LossTempBytes), c.LossBackward
-	t.rowSize = t.slots + 1
-	rows := (l + 1) * (l + 2) / 2
-	t.cost = make([]float64, rows*t.rowSize)
-	t.choice = make([]int16, rows*t.rowSize)
+	t.blocks = t.slots/blockCols + 1
 	return nil
 }
 
@@ -187,104 +205,94 @@ func (t *Table) stageOptions(i int) []slotOption {
 	return out
 }
 
-// rowOf returns the offset of row (a, b), a ≤ b ≤ L, in the triangular
-// layout.
-func (t *Table) rowOf(a, b int) int {
+// entry returns the index of the pair (a, b), a ≤ b ≤ L: pairs are
+// ordered by a, then b, so that (a, b) and (a, b+1) are neighbours.
+func (t *Table) entry(a, b int) int {
 	n := t.l + 1
-	return (a*(2*n-a+1)/2 + (b - a)) * t.rowSize
+	return a*(2*n-a+1)/2 + (b - a)
 }
 
-func (t *Table) fill() {
-	inf := math.Inf(1)
-	for d := 0; d <= t.l; d++ {
-		for a := 0; a+d <= t.l; a++ {
-			b := a + d
-			row := t.rowOf(a, b)
-			cost := t.cost[row : row+t.rowSize]
-			choice := t.choice[row : row+t.rowSize]
-			for m := range cost {
-				cost[m] = inf
+// layout places every block of every entry not yet flat in it and
+// returns the table's memory, without allocating it.
+func (t *Table) layout() mem.Bytes {
+	n := t.l + 1
+	t.first = make([]int32, t.blocks*n)
+	t.start = make([]int, t.blocks*n)
+	next := 0
+	for k := range t.blocks {
+		for a := range n {
+			b := a
+			for b < n && int(t.flatAt[t.entry(a, b)]) <= k*blockCols {
+				b++
 			}
-			if d == 0 {
-				t.fillLeaf(a, cost, choice)
-				continue
-			}
-			for q := range t.opts[a] {
-				t.fillChain(a, b, q, cost, choice)
-			}
-			t.fillCheckpoints(a, b, cost, choice)
+			t.first[k*n+a], t.start[k*n+a] = int32(b), next
+			next += n - b
 		}
 	}
+	t.keptBlocks = next
+	return mem.Bytes(next)*blockCols*8 + mem.Bytes(len(t.floor))*12
 }
 
-// fillLeaf: C(a, a, m) is F_all(a) then B(a) with δ_{a+1} live, under
-// the cheapest option that fits, or the loss alone.
-func (t *Table) fillLeaf(a int, cost []float64, choice []int16) {
-	if a == t.l {
-		for m := t.lossTmp; m <= t.slots; m++ {
-			cost[m], choice[m] = t.lossBw, -2
-		}
-		return
-	}
-	for q, o := range t.opts[a] {
-		v := t.fw[a] + o.bw
-		for m := t.act[a+1] + o.tape + max(o.fatmp, o.btmp); m <= t.slots; m++ {
-			if v < cost[m] {
-				cost[m], choice[m] = v, int16(-2-2*q)
-			}
-		}
-	}
+// kept reports whether block k of entry (a, b) is in the table.
+func (t *Table) kept(a, b, k int) bool { return b >= int(t.first[k*(t.l+1)+a]) }
+
+// seg returns block k of D(a, b, ·), which must be kept.
+func (t *Table) seg(a, b, k int) *[blockCols]float64 {
+	i := k*(t.l+1) + a
+	return (*[blockCols]float64)(t.cost[(t.start[i]+b-int(t.first[i]))*blockCols:])
 }
 
-// fillChain: F_all(a) under option q with δ_{b+1} live, the rest with
-// ā_{a+1} kept, then B(a) with δ_{a+1} live.
-func (t *Table) fillChain(a, b, q int, cost []float64, choice []int16) {
-	if a == t.l {
-		return
+// read returns block k of D(a, b, ·), in scratch when it is flat.
+func (t *Table) read(a, b, k int, scratch *[blockCols]float64) *[blockCols]float64 {
+	if t.kept(a, b, k) {
+		return t.seg(a, b, k)
 	}
-	o := t.opts[a][q]
-	tape := o.tape
-	lo := max(t.act[b+1]+tape+o.fatmp, t.act[a+1]+tape+o.btmp, tape)
-	if lo > t.slots {
-		return
+	v := t.floor[t.entry(a, b)]
+	for w := range scratch {
+		scratch[w] = v
 	}
-	n := t.slots + 1 - lo
-	sub := t.cost[t.rowOf(a+1, b)+lo-tape:][:n]
-	cs, ch := cost[lo:][:n], choice[lo:][:n]
-	base := t.fw[a] + o.bw
-	code := int16(-1 - 2*q)
-	for k, c := range sub {
-		if v := base + c; v < cs[k] {
-			cs[k], ch[k] = v, code
-		}
+	for w := t.slots + 1 - k*blockCols; w < blockCols; w++ {
+		scratch[w] = math.Inf(1)
 	}
+	return scratch
 }
 
-// fillCheckpoints: forward from a_a (kept) to a_j without tapes, then the
-// right part with a_j kept, then the left part.
-func (t *Table) fillCheckpoints(a, b int, cost []float64, choice []int16) {
-	need := t.act[b+1] + t.act[a+1] + t.ftmp[a] // F_ck(a)
-	for j := a + 1; j <= b; j++ {
-		if j > a+1 {
-			k := j - 1 // F_n(k) with a_k, a_{k+1} and δ_{b+1} live
-			need = max(need, t.act[b+1]+t.act[k]+t.act[k+1]+t.ftmp[k])
-		}
-		aj := t.act[j]
-		lo := max(need, aj)
-		if lo > t.slots {
-			continue
-		}
-		n := t.slots + 1 - lo
-		right := t.cost[t.rowOf(j, b)+lo-aj:][:n]
-		left := t.cost[t.rowOf(a, j-1)+lo:][:n]
-		cs, ch := cost[lo:][:n], choice[lo:][:n]
-		base := t.sumFw[j] - t.sumFw[a]
-		for k := range cs {
-			if v := base + right[k] + left[k]; v < cs[k] {
-				cs[k], ch[k] = v, int16(j)
-			}
-		}
+// at returns D(a, b, m) = C(a, b, m) + S_a (fill.go), 0 ≤ m ≤ S.
+func (t *Table) at(a, b, m int) float64 {
+	if e := t.entry(a, b); m >= int(t.flatAt[e]) {
+		return t.floor[e]
 	}
+	return t.seg(a, b, m/blockCols)[m%blockCols]
+}
+
+// leafNeed returns the slots C(a, a, ·) needs besides a_a under option o:
+// F_all(a) then B(a), with δ_{a+1} live.
+func (t *Table) leafNeed(a int, o slotOption) int {
+	return t.act[a+1] + o.tape + max(o.fatmp, o.btmp)
+}
+
+// chainNeed returns the slots the chain choice at (a, b) needs under
+// option o: F_all(a) with δ_{b+1} live, the rest with ā_{a+1} kept, then
+// B(a) with δ_{a+1} live.
+func (t *Table) chainNeed(a, b int, o slotOption) int {
+	return max(t.act[b+1]+o.tape+o.fatmp, t.act[a+1]+o.tape+o.btmp, o.tape)
+}
+
+// checkpointNeed returns the slots the checkpoint choice j needs at (a, b)
+// given span, the peak of F_ck(a), F_n(a+1) … F_n(j−1) without δ_{b+1}
+// (spanNeed): those forwards with δ_{b+1} live, and a_j kept.
+func (t *Table) checkpointNeed(b, j, span int) int {
+	return max(t.act[b+1]+span, t.act[j])
+}
+
+// spanNeed returns the peak of F_ck(a), F_n(a+1) … F_n(j−1) besides a_a
+// and δ_{b+1}, given spanNeed(a, j−1) (ignored when j = a+1).
+func (t *Table) spanNeed(a, j, prev int) int {
+	if j == a+1 {
+		return t.act[a+1] + t.ftmp[a]
+	}
+	k := j - 1
+	return max(prev, t.act[k]+t.act[k+1]+t.ftmp[k])
 }
 
 // budgetSlots returns the slots left besides a_0 for a budget in bytes.
@@ -302,15 +310,14 @@ func (t *Table) Cost(budget mem.Bytes) float64 {
 	if m < 0 {
 		return math.Inf(1)
 	}
-	return t.cost[t.rowOf(0, t.l)+m]
+	return t.at(0, t.l, m)
 }
 
 // MinBudget returns the least budget at which the table finds a schedule,
 // or MaxInt64 when it finds none. O(slots).
 func (t *Table) MinBudget() mem.Bytes {
-	row := t.cost[t.rowOf(0, t.l):][:t.rowSize]
-	for m, c := range row {
-		if !math.IsInf(c, 1) {
+	for m := 0; m <= t.slots; m++ {
+		if !math.IsInf(t.at(0, t.l, m), 1) {
 			return mem.Bytes(m+t.act[0]) * t.unit
 		}
 	}
@@ -324,7 +331,7 @@ func (t *Table) Unit() mem.Bytes { return t.unit }
 // maximum, or an *ErrInfeasible. O(length of the schedule).
 func (t *Table) Schedule(budget mem.Bytes) (Schedule, error) {
 	m := t.budgetSlots(budget)
-	if m < 0 || math.IsInf(t.cost[t.rowOf(0, t.l)+m], 1) {
+	if m < 0 || math.IsInf(t.at(0, t.l, m), 1) {
 		return nil, &ErrInfeasible{Budget: budget}
 	}
 	var s Schedule
@@ -333,25 +340,72 @@ func (t *Table) Schedule(budget mem.Bytes) (Schedule, error) {
 }
 
 func (t *Table) emit(s *Schedule, a, b, m int) {
-	j := int(t.choice[t.rowOf(a, b)+m])
-	if j > 0 {
+	kind, x := t.choose(a, b, m)
+	switch kind {
+	case choseLoss:
+		*s = append(*s, Op{Kind: Loss, Stage: t.l})
+	case choseCheckpoint:
 		*s = append(*s, Op{Kind: FCk, Stage: a})
-		for k := a + 1; k < j; k++ {
+		for k := a + 1; k < x; k++ {
 			*s = append(*s, Op{Kind: FN, Stage: k})
 		}
-		t.emit(s, j, b, m-t.act[j])
-		t.emit(s, a, j-1, m)
-		return
+		t.emit(s, x, b, m-t.act[x])
+		t.emit(s, a, x-1, m)
+	default:
+		o := t.opts[a][x]
+		*s = append(*s, Op{Kind: FAll, Stage: a, Option: o.k})
+		if kind == choseChain {
+			t.emit(s, a+1, b, m-o.tape)
+		}
+		*s = append(*s, Op{Kind: B, Stage: a})
 	}
-	x := -j - 1
+}
+
+// The choices at an entry of the table.
+const (
+	choseLoss       = iota // the loss op (a = b = L)
+	choseLeaf              // F_all(a) with option x, then B(a) (a = b)
+	choseChain             // F_all(a) with option x, C(a+1, b), B(a)
+	choseCheckpoint        // keep a_x: F_ck(a) … F_n(x−1), C(x, b), C(a, x−1)
+)
+
+// choose returns the cheapest choice at the finite entry (a, b, m), by the
+// recurrence on the filled table, in the arithmetic of the fill (fill.go),
+// so that its value is the entry's; the first of equal ones, in the order
+// leaf or chain options, then checkpoints. O(b − a + V).
+func (t *Table) choose(a, b, m int) (kind, x int) {
 	if a == t.l {
-		*s = append(*s, Op{Kind: Loss, Stage: t.l})
-		return
+		return choseLoss, 0
 	}
-	o := t.opts[a][x/2]
-	*s = append(*s, Op{Kind: FAll, Stage: a, Option: o.k})
-	if x%2 == 0 { // chain
-		t.emit(s, a+1, b, m-o.tape)
+	best := math.Inf(1)
+	if a == b {
+		for q, o := range t.opts[a] {
+			if v := t.sumFw[a+1] + o.bw; m >= t.leafNeed(a, o) && v < best {
+				best, kind, x = v, choseLeaf, q
+			}
+		}
+		return kind, x
 	}
-	*s = append(*s, Op{Kind: B, Stage: a})
+	for q, o := range t.opts[a] {
+		if m < t.chainNeed(a, b, o) {
+			continue
+		}
+		if v := o.bw + t.at(a+1, b, m-o.tape); v < best {
+			best, kind, x = v, choseChain, q
+		}
+	}
+	span := 0
+	for j := a + 1; j <= b; j++ {
+		span = t.spanNeed(a, j, span)
+		if m < t.checkpointNeed(b, j, span) {
+			continue
+		}
+		if v := t.at(a, j-1, m) + t.at(j, b, m-t.act[j]) - t.sumFw[a]; v < best {
+			best, kind, x = v, choseCheckpoint, j
+		}
+	}
+	if math.IsInf(best, 1) {
+		panic(fmt.Sprintf("solver: no choice at D(%d, %d, %d) = %v", a, b, m, t.at(a, b, m)))
+	}
+	return kind, x
 }

@@ -34,6 +34,7 @@ type state struct {
 	opt   []int  // the option of stage i-1 that produced ā_i
 	delta []bool
 	live  mem.Bytes
+	u     Usage // live bytes by kind, Transient unused
 }
 
 func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
@@ -58,14 +59,14 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 	}
 	l := c.Len()
 	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), delta: make([]bool, l+2)}
-	s.act[0] = true
+	s.setAct(0, true)
 	s.live = c.ActBytes[0]
 	var r Result
 	r.Timeline = make([]mem.Bytes, len(sched))
 	r.Usage = make([]Usage, len(sched))
 	r.Peak = s.live
 	for k, op := range sched {
-		before := s.usage()
+		before := s.u
 		peak, cost, err := s.step(op)
 		if err != nil {
 			return Result{}, fmt.Errorf("op %d, %v: %w", k, op, err)
@@ -73,7 +74,7 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 		r.Timeline[k] = max(peak, s.live)
 		r.Peak = max(r.Peak, r.Timeline[k])
 		u := before
-		if after := s.usage(); s.live > peak {
+		if after := s.u; s.live > peak {
 			u = after
 		}
 		u.Transient = r.Timeline[k] - u.Activations - u.Tapes - u.Gradients
@@ -116,12 +117,12 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		peak = s.live + out + tmp
 		s.live += out
 		if op.Kind == FAll {
-			s.tape[i+1], s.opt[i+1] = true, op.Option
+			s.setTape(i+1, true, op.Option)
 		} else {
-			s.act[i+1] = true
+			s.setAct(i+1, true)
 		}
 		if op.Kind == FN && s.act[i] {
-			s.act[i] = false
+			s.setAct(i, false)
 			s.live -= c.ActBytes[i]
 		}
 		return peak, c.Forward[i], nil
@@ -149,7 +150,8 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		}
 		o := c.Option(i, s.opt[i+1])
 		peak = s.live + o.BackwardTempBytes
-		s.delta[i+1], s.tape[i+1] = false, false
+		s.setDelta(i+1, false)
+		s.setTape(i+1, false, s.opt[i+1])
 		s.live -= o.TapeBytes + c.ActBytes[i+1]
 		s.gradient(i)
 		return peak, o.Backward, nil
@@ -157,32 +159,40 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
 }
 
-// usage splits the live bytes by kind.
-func (s *state) usage() Usage {
-	var u Usage
-	for i, live := range s.act {
-		if live {
-			u.Activations += s.c.ActBytes[i]
-		}
+// sign returns +1 when a value becomes live, −1 when it is freed.
+func sign(live bool) mem.Bytes {
+	if live {
+		return 1
 	}
-	for i := 1; i < len(s.tape); i++ {
-		if s.tape[i] {
-			u.Tapes += s.c.Option(i-1, s.opt[i]).TapeBytes
-		}
+	return -1
+}
+
+// setAct makes a standalone a_i live or frees it, keeping s.u.
+func (s *state) setAct(i int, live bool) {
+	s.act[i] = live
+	s.u.Activations += sign(live) * s.c.ActBytes[i]
+}
+
+// setTape makes the tape ā_i of option opt live or frees it, keeping s.u.
+func (s *state) setTape(i int, live bool, opt int) {
+	s.tape[i], s.opt[i] = live, opt
+	s.u.Tapes += sign(live) * s.c.Option(i-1, opt).TapeBytes
+}
+
+// setDelta makes δ_i live or frees it, keeping s.u.
+func (s *state) setDelta(i int, live bool) {
+	s.delta[i] = live
+	if i < len(s.c.ActBytes) {
+		s.u.Gradients += sign(live) * s.c.ActBytes[i]
 	}
-	for i, live := range s.delta {
-		if live && i < len(s.c.ActBytes) {
-			u.Gradients += s.c.ActBytes[i]
-		}
-	}
-	return u
 }
 
 // gradient makes δ_i live, taking over a standalone a_i's bytes.
 func (s *state) gradient(i int) {
-	s.delta[i] = true
+	s.setDelta(i, true)
 	if s.act[i] {
-		s.act[i], s.ckpt[i] = false, false
+		s.setAct(i, false)
+		s.ckpt[i] = false
 		return
 	}
 	s.live += s.c.ActBytes[i]

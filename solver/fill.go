@@ -1,0 +1,579 @@
+package solver
+
+// Filling the table in tiles.
+//
+// The table holds D(a, b, m) = C(a, b, m) + S_a, where S_a is the forward
+// cost of stages 0 … a−1; D(0, L, m) = C(0, L, m). In those terms the
+// recurrence's three choices read
+//
+//	leaf:       D(a, a, m) = S_{a+1} + bw_a
+//	chain:      D(a, b, m) = bw_a + D(a+1, b, m − |ā_{a+1}|)
+//	checkpoint: D(a, b, m) = min_j ( D(a, j−1, m) + D(j, b, m − |a_j|) ) − S_a
+//
+// and the checkpoint term, the bulk of the work, is a min-plus product:
+// row a's entries times column b's, column by column in m, with nothing
+// added per split. Computed entry by entry, as the recurrence reads, each
+// entry streams 2(b−a) rows of S+1 numbers and uses each number once; past
+// a few hundred stages the table no longer fits in cache and the fill
+// runs at the speed of memory. So it is computed as a matrix product is:
+//
+//   - The table is stored by blocks of blockCols columns: block k of every
+//     entry, then block k+1, the entries (a, b), (a, b+1), … side by side.
+//   - Entries are grouped in tiles of tileSize × tileSize, filled in an
+//     order the recurrence allows (starting stage a descending, ending
+//     stage b ascending: a tile needs the tiles left of it in its row and
+//     those below it in its column), block by block.
+//   - The splits j strictly between a tile's rows and its columns read
+//     only finished tiles (outer). For a chunk of them, the operands'
+//     blocks are copied into two small panels that stay in the L2 cache,
+//     and a kernel (minPlusTile) updates 4 × 4 entries and 8 columns at a
+//     time, held in registers, so that each number loaded serves four
+//     entries.
+//   - The splits inside the tile (inner) are taken group of 4 × 4 entries
+//     by group, with the same kernel for the splits that fall in other
+//     groups, and entry by entry for the few left (fewer than 4 on each
+//     side), in dependency order.
+//
+// A split j is allowed at (a, b, m) when m ≥ |a_j| and m ≥ |δ_{b+1}| +
+// span(a, j), the peak of F_ck(a), F_n(a+1) … F_n(j−1) besides δ_{b+1}
+// (spanNeed), which grows with j and shrinks as a grows. The first
+// condition is packed into the operands (+Inf where m < |a_j|); for the
+// second, the kernel runs over the splits allowed on all of its 4 × 4 × 8
+// entries, a prefix of the chunk, and the rest of the chunk is added entry
+// by entry with the condition checked.
+//
+// Most of a table is flat: once m holds the schedule that stores every
+// tape (with each stage's cheapest backward), no schedule costs less, and
+// D(a, b, m) is that schedule's cost for every larger m. When every cost is
+// an integer and every sum stays below 2⁵³ (FLOPs do), the fill computes
+// that floor and the least m at which it fits for every entry (bounds) and
+// writes the floor there instead of computing it; then every sum is exact
+// and the table is the recurrence's to the last bit, whatever the order of
+// the additions. Otherwise it computes every column, and may differ from
+// the recurrence taken in another order by rounding.
+
+import "math"
+
+const (
+	tileSize  = 32 // entries a (and b) of a tile
+	blockCols = 32 // columns of a block
+	chunkLen  = 32 // splits of a chunk
+	group     = 4  // entries a (and b) in the kernel's registers
+	lanes     = 8  // columns in the kernel's registers
+
+	laneGroups = blockCols / lanes
+	panelLen   = chunkLen * group * lanes // one lane group of a panel
+	accLen     = laneGroups * group * group * lanes
+)
+
+// fill fills the table tile by tile.
+func (t *Table) fill() {
+	t.cost = make([]float64, t.keptBlocks*blockCols)
+	tiles := (t.l + tileSize) / tileSize // entries 0 … L
+	f := &filler{t: t}
+	for ti := tiles - 1; ti >= 0; ti-- {
+		f.spans(ti * tileSize)
+		for tk := ti; tk < tiles; tk++ {
+			f.tile(ti*tileSize, tk*tileSize)
+		}
+	}
+}
+
+// bounds computes every entry's floor, the cost of storing every tape
+// with each stage's cheapest backward, and flatAt, the least m from which
+// the entry is known to be at its floor: where that schedule fits, and
+// where it fits for every shorter entry of the row, so that flatAt grows
+// with b. Only when the costs allow exact sums; otherwise flatAt is S+1.
+func (t *Table) bounds() {
+	t.floor = make([]float64, (t.l+1)*(t.l+2)/2)
+	t.flatAt = make([]int32, len(t.floor))
+	if !t.exactCosts() {
+		for e := range t.flatAt {
+			t.flatAt[e] = int32(t.slots + 1)
+		}
+		return
+	}
+	cheapest := make([]slotOption, t.l)
+	for a, opts := range t.opts {
+		cheapest[a] = opts[0]
+		for _, o := range opts[1:] {
+			if c := cheapest[a]; o.bw < c.bw || o.bw == c.bw && o.tape < c.tape {
+				cheapest[a] = o
+			}
+		}
+	}
+	for b := 0; b <= t.l; b++ {
+		for a := b; a >= 0; a-- {
+			e := t.entry(a, b)
+			var need int
+			switch {
+			case a == t.l:
+				t.floor[e], need = t.sumFw[a]+t.lossBw, t.lossTmp
+			case a == b:
+				o := cheapest[a]
+				t.floor[e], need = t.sumFw[a+1]+o.bw, t.leafNeed(a, o)
+			default:
+				o, next := cheapest[a], t.entry(a+1, b)
+				t.floor[e] = o.bw + t.floor[next]
+				need = max(t.chainNeed(a, b, o), o.tape+int(t.flatAt[next]), int(t.flatAt[t.entry(a, b-1)]))
+			}
+			t.flatAt[e] = int32(min(need, t.slots+1))
+		}
+	}
+}
+
+// exactCosts reports whether every cost is an integer and every sum the
+// table makes stays below 2⁵³: a schedule runs each forward at most L+1
+// times and each backward once.
+func (t *Table) exactCosts() bool {
+	whole := func(x float64) bool { return x == math.Trunc(x) }
+	total := t.lossBw + t.sumFw[t.l]*float64(t.l+2)
+	if !whole(t.lossBw) {
+		return false
+	}
+	for a, opts := range t.opts {
+		worst := 0.0
+		for _, o := range opts {
+			if !whole(o.bw) {
+				return false
+			}
+			worst = max(worst, o.bw)
+		}
+		if !whole(t.fw[a]) {
+			return false
+		}
+		total += worst
+	}
+	return total < 1<<53
+}
+
+// filler holds the fill's working memory.
+type filler struct {
+	t *Table
+	// span[a−a0][j] is spanNeed(a, j) for the tile row starting at a0.
+	span [tileSize][]int
+	a0   int
+	// Panels: [group][lane group][split][entry][lane].
+	left, right []float64
+	// Accumulators: of one group (acc) and of a tile (accs), accLen
+	// numbers a group.
+	acc  [accLen]float64
+	accs []float64
+	// Blocks of flat entries, for reading (Table.read).
+	flatL, flatR [blockCols]float64
+}
+
+// spans computes spanNeed for the tile row starting at a0.
+func (f *filler) spans(a0 int) {
+	t := f.t
+	f.a0 = a0
+	for i := range tileSize {
+		a := a0 + i
+		if a >= t.l { // the loss row and beyond: no splits
+			continue
+		}
+		s := append(f.span[i][:0], make([]int, t.l+1)...)
+		for j := a + 1; j <= t.l; j++ {
+			s[j] = t.spanNeed(a, j, s[j-1])
+		}
+		f.span[i] = s
+	}
+}
+
+// tile fills the entries of the tile with rows a0 … and columns b0 …,
+// block by block, up to the block from which all of them are flat.
+func (f *filler) tile(a0, b0 int) {
+	t := f.t
+	a1 := min(a0+tileSize, t.l+1) // rows a0 ≤ a < a1
+	b1 := min(b0+tileSize, t.l+1) // columns b0 ≤ b < b1
+	flat := 0
+	for a := a0; a < a1; a++ {
+		for b := max(a, b0); b < b1; b++ {
+			flat = max(flat, int(t.flatAt[t.entry(a, b)]))
+		}
+	}
+	for k := 0; k*blockCols < flat; k++ {
+		for a := a0; a < a1; a++ {
+			for b := max(a, b0); b < b1; b++ {
+				if t.kept(a, b, k) {
+					*t.seg(a, b, k) = infBlock // columns past S stay +Inf
+				}
+			}
+		}
+		if a0 == b0 {
+			f.diagonal(a0, a1, k)
+			continue
+		}
+		f.outer(a0, a1, b0, b1, k)
+		for rg := (a1-a0-1)/group*group + a0; rg >= a0; rg -= group {
+			for cg := b0; cg < b1; cg += group {
+				f.inner(a1, b0, rg, min(rg+group, a1), cg, min(cg+group, b1), k)
+			}
+		}
+	}
+}
+
+// limit returns the end of the columns of block k that entry (a, b) must
+// compute: the block's last column, or the first flat one.
+func (t *Table) limit(a, b, k int) int {
+	m1 := min((k+1)*blockCols, t.slots+1)
+	return min(m1, max(int(t.flatAt[t.entry(a, b)]), k*blockCols))
+}
+
+// diagonal fills block k of a tile on the diagonal (rows and columns
+// a0 … a1−1) entry by entry.
+func (f *filler) diagonal(a0, a1, k int) {
+	t := f.t
+	for a := a1 - 1; a >= a0; a-- {
+		if t.kept(a, a, k) {
+			t.leaf(a, k, t.seg(a, a, k))
+		}
+		for b := a + 1; b < a1; b++ {
+			if !t.kept(a, b, k) {
+				continue
+			}
+			seg, hi := t.seg(a, b, k), t.limit(a, b, k)
+			f.splits(a, b, a+1, b, k, hi, seg)
+			t.finish(a, b, k, hi, seg)
+		}
+	}
+}
+
+// splits adds min(D(a, j−1, m) + D(j, b, m − |a_j|)) over j0 ≤ j ≤ j1 to
+// the columns of block k below hi, entry by entry.
+func (f *filler) splits(a, b, j0, j1, k, hi int, seg *[blockCols]float64) {
+	t := f.t
+	span := f.span[a-f.a0]
+	m0 := k * blockCols
+	for j := j0; j <= j1; j++ {
+		aj := t.act[j]
+		lo := max(t.checkpointNeed(b, j, span[j]), m0)
+		if lo >= hi {
+			continue
+		}
+		left := t.read(a, j-1, k, &f.flatL)
+		for lo < hi { // the right operand's columns span one block or two
+			x := lo - aj
+			n := min(hi-lo, blockCols-x%blockCols)
+			right := t.read(j, b, x/blockCols, &f.flatR)
+			minPlusRow(seg[lo-m0:][:n], right[x%blockCols:][:n], left[lo-m0:][:n])
+			lo += n
+		}
+	}
+}
+
+// finish completes block k of D(a, b, ·), a < b, once every split is in:
+// below hi, it takes S_a off the splits' minimum and adds the chain choices
+// (F_all(a) under each option with δ_{b+1} live, the rest with ā_{a+1}
+// kept, then B(a) with δ_{a+1} live); from hi on, it writes the floor.
+func (t *Table) finish(a, b, k, hi int, seg *[blockCols]float64) {
+	m0, m1 := k*blockCols, min((k+1)*blockCols, t.slots+1)
+	s := t.sumFw[a]
+	for m := m0; m < hi; m++ {
+		seg[m-m0] -= s
+	}
+	for _, o := range t.opts[a] {
+		for m := max(t.chainNeed(a, b, o), m0); m < hi; m++ {
+			seg[m-m0] = min(seg[m-m0], o.bw+t.at(a+1, b, m-o.tape))
+		}
+	}
+	v := t.floor[t.entry(a, b)]
+	for m := max(hi, m0); m < m1; m++ {
+		seg[m-m0] = v
+	}
+}
+
+// leaf fills block k of D(a, a, ·): F_all(a) then B(a) with δ_{a+1} live,
+// under the cheapest option that fits, or the loss alone.
+func (t *Table) leaf(a, k int, seg *[blockCols]float64) {
+	m0, m1 := k*blockCols, min((k+1)*blockCols, t.slots+1)
+	if a == t.l {
+		for m := max(t.lossTmp, m0); m < m1; m++ {
+			seg[m-m0] = t.sumFw[a] + t.lossBw
+		}
+		return
+	}
+	for _, o := range t.opts[a] {
+		v := t.sumFw[a+1] + o.bw
+		for m := max(t.leafNeed(a, o), m0); m < m1; m++ {
+			seg[m-m0] = min(seg[m-m0], v)
+		}
+	}
+}
+
+// outer adds the splits a1 ≤ j ≤ b0, between the tile's rows (a0 ≤ a <
+// a1) and its columns (b0 ≤ b < b1), to block k of all of its entries, a
+// chunk of splits at a time.
+func (f *filler) outer(a0, a1, b0, b1, k int) {
+	rowGroups, colGroups := (a1-a0+group-1)/group, (b1-b0+group-1)/group
+	f.left = grow(f.left, rowGroups*laneGroups*panelLen)
+	f.right = grow(f.right, colGroups*laneGroups*panelLen)
+	f.accs = grow(f.accs, rowGroups*colGroups*accLen)
+	accs := f.accs[:rowGroups*colGroups*accLen]
+	for i := range accs {
+		accs[i] = math.Inf(1) // the entries' blocks start at +Inf
+	}
+	for c0 := a1; c0 <= b0; c0 += chunkLen {
+		c1 := min(c0+chunkLen, b0+1)
+		for g := range rowGroups {
+			ga := a0 + g*group
+			f.packLeft(f.left[g*laneGroups*panelLen:], ga, min(ga+group, a1), c0, c1, k)
+		}
+		for g := range colGroups {
+			gb := b0 + g*group
+			f.packRight(f.right[g*laneGroups*panelLen:], gb, min(gb+group, b1), c0, c1, k)
+		}
+		for rg := range rowGroups {
+			for cg := range colGroups {
+				ga, gb := a0+rg*group, b0+cg*group
+				f.product(ga, min(ga+group, a1), gb, min(gb+group, b1), c0, c1, k,
+					f.left[rg*laneGroups*panelLen:], f.right[cg*laneGroups*panelLen:], accs[(rg*colGroups+cg)*accLen:])
+			}
+		}
+	}
+	for rg := range rowGroups {
+		for cg := range colGroups {
+			ga, gb := a0+rg*group, b0+cg*group
+			f.t.storeGroup(accs[(rg*colGroups+cg)*accLen:], ga, min(ga+group, a1), gb, min(gb+group, b1), k)
+		}
+	}
+}
+
+// loadGroup copies block k of the entries a0 ≤ a < a1, b0 ≤ b < b1 (a group
+// at most each) into accumulators, +Inf for missing or flat entries.
+func (t *Table) loadGroup(acc []float64, a0, a1, b0, b1, k int) {
+	for lg := range laneGroups {
+		for i := range group {
+			for kk := range group {
+				d := (*[lanes]float64)(acc[((lg*group+i)*group+kk)*lanes:])
+				if a0+i >= a1 || b0+kk >= b1 || !t.kept(a0+i, b0+kk, k) {
+					*d = [lanes]float64(infBlock[:lanes])
+					continue
+				}
+				load8(d, t.seg(a0+i, b0+kk, k)[lg*lanes:])
+			}
+		}
+	}
+}
+
+// storeGroup is loadGroup's converse, for the kept entries.
+func (t *Table) storeGroup(acc []float64, a0, a1, b0, b1, k int) {
+	for a := a0; a < a1; a++ {
+		for b := b0; b < b1; b++ {
+			if !t.kept(a, b, k) {
+				continue
+			}
+			seg := t.seg(a, b, k)
+			for lg := range laneGroups {
+				load8((*[lanes]float64)(seg[lg*lanes:]), acc[((lg*group+a-a0)*group+b-b0)*lanes:])
+			}
+		}
+	}
+}
+
+// inner finishes block k of the group of entries a0 ≤ a < a1, b0 ≤ b < b1
+// of the tile whose rows end before ta1 and whose columns start at tb0:
+// the splits in the tile's other groups with the kernel, then those in the
+// group and the rest entry by entry, in dependency order.
+func (f *filler) inner(ta1, tb0, a0, a1, b0, b1, k int) {
+	t := f.t
+	f.left = grow(f.left, laneGroups*panelLen)
+	f.right = grow(f.right, laneGroups*panelLen)
+	// Splits ending in a lower group of rows, D(j, b) in this tile, and
+	// splits starting in an earlier group of columns, D(a, j−1) in it.
+	for _, c := range [][2]int{{a0 + group, ta1}, {tb0 + 1, b0 + 1}} {
+		for c0 := c[0]; c0 < c[1]; c0 += chunkLen {
+			c1 := min(c0+chunkLen, c[1])
+			f.packLeft(f.left, a0, a1, c0, c1, k)
+			f.packRight(f.right, b0, b1, c0, c1, k)
+			t.loadGroup(f.acc[:], a0, a1, b0, b1, k)
+			f.product(a0, a1, b0, b1, c0, c1, k, f.left, f.right, f.acc[:])
+			t.storeGroup(f.acc[:], a0, a1, b0, b1, k)
+		}
+	}
+	for a := a1 - 1; a >= a0; a-- {
+		for b := b0; b < b1; b++ {
+			if !t.kept(a, b, k) {
+				continue
+			}
+			seg, hi := t.seg(a, b, k), t.limit(a, b, k)
+			f.splits(a, b, a+1, min(a0+group, ta1)-1, k, hi, seg)
+			f.splits(a, b, b0+1, b, k, hi, seg)
+			t.finish(a, b, k, hi, seg)
+		}
+	}
+}
+
+// product adds the splits c0 ≤ j < c1 to block k of the entries a0 ≤ a <
+// a1, b0 ≤ b < b1 (a group at most each), from packed panels to their
+// accumulators (accLen numbers: [lane group][a][b][lane]).
+func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []float64) {
+	t := f.t
+	// The kernel's splits: a prefix, since span grows with j; it is largest
+	// for the first row and the largest δ_{b+1}.
+	d, flat := 0, 0
+	for b := b0; b < b1; b++ {
+		d = max(d, t.act[b+1])
+		for a := a0; a < a1; a++ {
+			flat = max(flat, int(t.flatAt[t.entry(a, b)]))
+		}
+	}
+	span := f.span[a0-f.a0]
+	for lg := range laneGroups {
+		m := k*blockCols + lg*lanes
+		if m >= flat { // every entry is at its floor: finish writes it
+			break
+		}
+		l, r := left[lg*panelLen:][:panelLen], right[lg*panelLen:][:panelLen]
+		acc := (*[group * group * lanes]float64)(accs[lg*group*group*lanes:])
+		end := c0
+		for end < c1 && d+span[end] <= m {
+			end++
+		}
+		if end > c0 {
+			minPlusTile(end-c0, l, r, acc)
+		}
+		for i := range a1 - a0 {
+			span := f.span[a0+i-f.a0]
+			for kk := range b1 - b0 {
+				acc := acc[(i*group+kk)*lanes:][:lanes]
+				for j := end; j < c1; j++ {
+					lo := t.checkpointNeed(b0+kk, j, span[j])
+					lj := l[((j-c0)*group+i)*lanes:][:lanes]
+					rj := r[((j-c0)*group+kk)*lanes:][:lanes]
+					for w := max(lo-m, 0); w < lanes; w++ {
+						acc[w] = min(acc[w], lj[w]+rj[w])
+					}
+				}
+			}
+		}
+	}
+}
+
+// packLeft copies block k of D(a, j−1, ·) for the rows a0 ≤ a < a1 (a
+// group at most) and the splits c0 ≤ j < c1 into a panel, +Inf for
+// missing rows.
+func (f *filler) packLeft(dst []float64, a0, a1, c0, c1, k int) {
+	t := f.t
+	for i := range group {
+		a := a0 + i
+		for j := c0; j < c1; j++ {
+			switch {
+			case a >= a1:
+				spread(dst[((j-c0)*group+i)*lanes:], &infBlock)
+			case t.kept(a, j-1, k):
+				spread(dst[((j-c0)*group+i)*lanes:], t.seg(a, j-1, k))
+			default:
+				t.spreadFlat(dst[((j-c0)*group+i)*lanes:], a, j-1, k)
+			}
+		}
+	}
+}
+
+// packRight copies D(j, b, m − |a_j|) for the columns m of block k, the
+// entries b0 ≤ b < b1 (a group at most) and the splits c0 ≤ j < c1 into a
+// panel, +Inf where m < |a_j| and for missing entries.
+func (f *filler) packRight(dst []float64, b0, b1, c0, c1, k int) {
+	t := f.t
+	for j := c0; j < c1; j++ {
+		x := k*blockCols - t.act[j] // the first column read
+		for i := range group {
+			b := b0 + i
+			src := infBlock
+			switch {
+			case b >= b1:
+			case x >= 0 && !t.kept(j, b, x/blockCols):
+				// Flat from column x on; the columns past S meet +Inf on the
+				// left, so their values do not matter.
+				spreadValue(dst[((j-c0)*group+i)*lanes:], t.floor[t.entry(j, b)])
+				continue
+			case x%blockCols == 0 && x >= 0:
+				src = *t.read(j, b, x/blockCols, &f.flatR)
+			case x >= 0:
+				off := x % blockCols
+				copy(src[:], t.read(j, b, x/blockCols, &f.flatR)[off:])
+				copy(src[blockCols-off:], t.read(j, b, x/blockCols+1, &f.flatR)[:off])
+			case x > -blockCols:
+				copy(src[-x:], t.read(j, b, 0, &f.flatR)[:blockCols+x])
+			}
+			spread(dst[((j-c0)*group+i)*lanes:], &src)
+		}
+	}
+}
+
+// spread copies a block's lane groups to their places in a panel.
+func spread(dst []float64, src *[blockCols]float64) {
+	_ = dst[(laneGroups-1)*panelLen+lanes-1]
+	for lg := range laneGroups {
+		d := dst[lg*panelLen:][:lanes]
+		s := src[lg*lanes:][:lanes]
+		d[0], d[1], d[2], d[3] = s[0], s[1], s[2], s[3]
+		d[4], d[5], d[6], d[7] = s[4], s[5], s[6], s[7]
+	}
+}
+
+// spreadFlat is spread of block k of the flat entry (a, b).
+func (t *Table) spreadFlat(dst []float64, a, b, k int) {
+	if (k+1)*blockCols > t.slots+1 {
+		spread(dst, t.read(a, b, k, new([blockCols]float64)))
+		return
+	}
+	spreadValue(dst, t.floor[t.entry(a, b)])
+}
+
+// spreadValue is spread of a block of v.
+func spreadValue(dst []float64, v float64) {
+	_ = dst[(laneGroups-1)*panelLen+lanes-1]
+	for lg := range laneGroups {
+		d := dst[lg*panelLen:][:lanes]
+		d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7] = v, v, v, v, v, v, v, v
+	}
+}
+
+// load8 and store8 copy 8 columns.
+func load8(dst *[lanes]float64, src []float64) {
+	s := src[:lanes]
+	dst[0], dst[1], dst[2], dst[3], dst[4], dst[5], dst[6], dst[7] = s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]
+}
+
+var infBlock = func() (b [blockCols]float64) {
+	for w := range b {
+		b[w] = math.Inf(1)
+	}
+	return b
+}()
+
+// grow returns s with at least n elements.
+func grow(s []float64, n int) []float64 {
+	if len(s) < n {
+		return make([]float64, n)
+	}
+	return s
+}
+
+// minPlusRowGo sets dst[k] = min(dst[k], x[k] + y[k]).
+func minPlusRowGo(dst, x, y []float64) {
+	x, y = x[:len(dst)], y[:len(dst)]
+	for k, v := range x {
+		dst[k] = min(dst[k], v+y[k])
+	}
+}
+
+// minPlusTileGo is the kernel: for each of n splits j, acc[i][k][w] =
+// min(acc[i][k][w], left[j][i][w] + right[j][k][w]).
+func minPlusTileGo(n int, left, right []float64, acc *[group * group * lanes]float64) {
+	left, right = left[:n*group*lanes], right[:n*group*lanes]
+	for j := range n {
+		l := left[j*group*lanes:][:group*lanes]
+		r := right[j*group*lanes:][:group*lanes]
+		for i := range group {
+			for k := range group {
+				a := acc[(i*group+k)*lanes:][:lanes]
+				li, rk := l[i*lanes:][:lanes], r[k*lanes:][:lanes]
+				for w := range lanes {
+					a[w] = min(a[w], li[w]+rk[w])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,34 @@
+//go:build amd64 && !purego
+
+package solver
+
+import "golang.org/x/sys/cpu"
+
+//go:noescape
+func minPlusTileAVX512(n int, left, right, acc *float64)
+
+//go:noescape
+func minPlusRowAVX512(n int, dst, x, y *float64)
+
+// The AVX-512 kernels, where the CPU has them; the portable ones give the
+// same bits (TestKernelsAgree).
+var haveAVX512 = cpu.X86.HasAVX512F
+
+func minPlusTile(n int, left, right []float64, acc *[group * group * lanes]float64) {
+	if !haveAVX512 || n == 0 {
+		minPlusTileGo(n, left, right, acc)
+		return
+	}
+	_, _ = left[n*group*lanes-1], right[n*group*lanes-1]
+	minPlusTileAVX512(n, &left[0], &right[0], &acc[0])
+}
+
+func minPlusRow(dst, x, y []float64) {
+	n := len(dst)
+	if !haveAVX512 || n == 0 {
+		minPlusRowGo(dst, x, y)
+		return
+	}
+	_, _ = x[n-1], y[n-1]
+	minPlusRowAVX512(n, &dst[0], &x[0], &y[0])
+}
