@@ -128,25 +128,28 @@ func benchChain(r *rand.Rand, l, maxM int) *Chain {
 	return c
 }
 
-// TestTableMatchesRotorReference: on random chains, the table's C(0, L, m)
-// equals the plain recurrence's at every m when both count memory as
-// Simulate does, and is never above the paper's, which holds δ_i on top
-// during B(i).
+// TestTableMatchesRotorReference: on random chains, every entry C(a, b, m)
+// of the table equals the plain recurrence's when both count memory as
+// Simulate does, and C(0, L, m) is never above the paper's, which holds
+// δ_i on top during B(i). The chains are long enough for the fill's tiles
+// (32 stages) and blocks (32 columns), some with transients large enough
+// to rule out many splits at many budgets, some with costs in halves
+// (exact sums, but not integers: no floors).
 func TestTableMatchesRotorReference(t *testing.T) {
 	r := rand.New(rand.NewSource(13))
-	for k := 0; k < 300; k++ {
-		l := 1 + r.Intn(70)
-		maxM := 1 + r.Intn(200)
+	for k := 0; k < 200; k++ {
+		l := 1 + r.Intn(90)
+		maxM := 1 + r.Intn(150)
 		c := benchChain(r, l, maxM)
-		if k%4 == 1 { // costs in halves: sums stay exact, but no floors
+		if k%4 == 1 {
 			for i := range c.Forward {
 				c.Forward[i] += 0.5
 			}
 		}
-		if k%3 == 0 { // a few forwards whose transients rule out most splits
+		if k%3 == 0 {
 			for i := range c.ForwardTempBytes {
-				if r.Intn(8) == 0 {
-					c.ForwardTempBytes[i] += mem.Bytes(r.Intn(maxM))
+				if r.Intn(4) == 0 {
+					c.ForwardTempBytes[i] += mem.Bytes(r.Intn(maxM/2 + 1))
 				}
 			}
 		}
@@ -156,12 +159,18 @@ func TestTableMatchesRotorReference(t *testing.T) {
 		}
 		same := newRotorReference(c, maxM, false)
 		paper := newRotorReference(c, maxM, true)
-		for m := 0; m <= maxM; m++ {
-			got := tab.at(0, l, m)
-			if want := same.at(0, l, m); got != want {
-				t.Fatalf("chain %d (%d stages), m = %d: table %v, reference %v", k, l, m, got, want)
+		for a := 0; a <= l; a++ {
+			for b := a; b <= l; b++ {
+				for m := 0; m <= maxM; m++ {
+					got := tab.at(a, b, m) - tab.sumFw[a]
+					if want := same.at(a, b, m); got != want {
+						t.Fatalf("chain %d (%d stages), C(%d, %d, %d): table %v, reference %v", k, l, a, b, m, got, want)
+					}
+				}
 			}
-			if p := paper.at(0, l, m); got > p {
+		}
+		for m := 0; m <= maxM; m++ {
+			if got, p := tab.at(0, l, m), paper.at(0, l, m); got > p {
 				t.Fatalf("chain %d (%d stages), m = %d: table %v above the paper's %v", k, l, m, got, p)
 			}
 		}
