@@ -67,6 +67,7 @@ func tinyLlama(t *testing.T) *planner.Problem {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.SearchKeepSets()
 	return p
 }
 

@@ -348,6 +348,7 @@ func (p *Plan) ops(stages int, keepSet func(i int, name string) int) (solver.Sch
 // resolveKeepSet finds the keep set a plan names for stage i: by name, or
 // by content when the plan records one under that name.
 func (p *Problem) resolveKeepSet(plan *Plan, i int, name string) (int, bool) {
+	p.SearchKeepSets()
 	st := p.Stages[i]
 	if j, ok := st.KeepSet(name); ok {
 		return j, true

@@ -147,3 +147,18 @@ func load(tb testing.TB, model string) *Problem {
 	}
 	return p
 }
+
+// TestKeepSetsOnlyWhenNeeded: strategies that store or recompute whole
+// stages plan without searching keep sets; selective searches them.
+func TestKeepSetsOnlyWhenNeeded(t *testing.T) {
+	for _, s := range Strategies {
+		p := load(t, "tiny-llama")
+		if _, err := p.Plan(&Options{Budget: 1 << 40, Strategy: s, K: 1}); err != nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		wants := s.Name == Selective.Name || s.Name == MegatronSelective.Name
+		if p.searched != wants || p.Chain.Options != nil != wants || len(p.Stages[1].KeepSets) > 1 != wants {
+			t.Errorf("%s: keep sets searched %v, %d for layer 1; want searched %v", s.Name, p.searched, len(p.Stages[1].KeepSets), wants)
+		}
+	}
+}

@@ -26,11 +26,16 @@ type Problem struct {
 	// cut point and is planned as one stage.
 	Notes []string
 	names []string // of the stages
+	// searched says the stages' keep sets have been searched and are the
+	// chain's options (SearchKeepSets).
+	searched bool
 }
 
 // New computes the costs of a source and cuts it into a chain: models at
 // their blocks, graphs at their cut points, profiled chains as given.
-// O(nodes) plus the cost model's and the keep-set searches' work.
+// O(nodes) plus the cost model's work. The stages' keep sets are searched
+// when a strategy that recomputes inside stages first needs them, so a
+// Problem is not safe for concurrent use.
 func New(src *graphio.Source) (*Problem, error) {
 	p, err := newProblem(src)
 	if err != nil {
@@ -72,15 +77,6 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	for _, st := range stages {
 		p.names = append(p.names, st.Name)
 	}
-	var wide []string
-	for _, st := range stages {
-		if st.FrontTooWide {
-			wide = append(wide, st.Name)
-		}
-	}
-	if len(wide) > 0 {
-		p.Notes = append(p.Notes, fmt.Sprintf("%s read too many tensors made early for every keep set to be searched: only the named keep sets are offered there", strings.Join(wide, ", ")))
-	}
 	if src.Kind == graphio.KindGraph && len(stages) == 1 {
 		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
 	}
@@ -102,9 +98,42 @@ func chainProblem(c *graphio.Chain) *Problem {
 	return p
 }
 
+// SearchKeepSets searches the stages' keep sets, once, and makes keep set
+// k ≥ 1 of a stage its option k in the chain; the strategies that
+// recompute inside stages call it, and so must a caller who builds a
+// schedule with options. A profiled chain has none.
+func (p *Problem) SearchKeepSets() {
+	if p.searched || p.Costs == nil {
+		return
+	}
+	p.searched = true
+	stage.SearchKeepSets(p.Costs, p.Stages)
+	p.Chain.Options = chainOptions(p.Stages)
+	var wide []string
+	for _, st := range p.Stages {
+		if st.FrontTooWide {
+			wide = append(wide, st.Name)
+		}
+	}
+	if len(wide) > 0 {
+		p.Notes = append(p.Notes, fmt.Sprintf("%s read too many tensors made early for every keep set to be searched: only the named keep sets are offered there", strings.Join(wide, ", ")))
+	}
+}
+
+// chainOptions returns keep set k ≥ 1 of each stage as its option k.
+func chainOptions(stages []*stage.Stage) [][]solver.Option {
+	out := make([][]solver.Option, len(stages))
+	for i, st := range stages {
+		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
+			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
+		}
+	}
+	return out
+}
+
 // toChain turns stages into a solver chain: costs in FLOPs, the last
-// stage's output a_L as the loss input, and keep set k ≥ 1 of a stage as
-// its option k.
+// stage's output a_L as the loss input; keep sets come with SearchKeepSets.
 func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 	ch := &solver.Chain{}
 	for _, st := range stages {
@@ -115,12 +144,6 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 		ch.ForwardTempBytes = append(ch.ForwardTempBytes, st.ForwardTempBytes)
 		ch.FAllTempBytes = append(ch.FAllTempBytes, st.FAllTempBytes)
 		ch.BackwardTempBytes = append(ch.BackwardTempBytes, st.BackwardTempBytes)
-		var opts []solver.Option
-		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
-			opts = append(opts, solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
-		}
-		ch.Options = append(ch.Options, opts)
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)
 	return ch

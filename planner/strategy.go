@@ -90,6 +90,7 @@ func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, e
 // solveSelective also weighs megatron-selective everywhere, so that slot
 // rounding never makes it worse than that policy.
 func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+	p.SearchKeepSets()
 	var alt []solver.Schedule
 	if opts, ok := p.policyEverywhere("megatron-selective"); ok {
 		alt = append(alt, solver.StoreAllWith(p.Chain, opts))
@@ -101,6 +102,7 @@ func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution,
 // where the stage has one (else 0, keep-all), and whether any stage has
 // it.
 func (p *Problem) policyEverywhere(name string) ([]int, bool) {
+	p.SearchKeepSets()
 	opts := make([]int, p.Chain.Len())
 	any := false
 	for i, st := range p.Stages {

@@ -272,9 +272,16 @@ func (t *Table) finish(a, b, k, hi int, seg *[blockCols]float64) {
 	for m := m0; m < hi; m++ {
 		seg[m-m0] -= s
 	}
+	var flat [blockCols]float64
 	for _, o := range t.opts[a] {
-		for m := max(t.chainNeed(a, b, o), m0); m < hi; m++ {
-			seg[m-m0] = min(seg[m-m0], o.bw+t.at(a+1, b, m-o.tape))
+		for lo := max(t.chainNeed(a, b, o), m0); lo < hi; { // one block or two
+			x := lo - o.tape
+			n := min(hi-lo, blockCols-x%blockCols)
+			d, src := seg[lo-m0:][:n], t.read(a+1, b, x/blockCols, &flat)[x%blockCols:][:n]
+			for w, v := range src {
+				d[w] = min(d[w], o.bw+v)
+			}
+			lo += n
 		}
 	}
 	v := t.floor[t.entry(a, b)]

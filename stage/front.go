@@ -328,19 +328,28 @@ type namedBits struct {
 	kept   bitset
 }
 
+// searched is what the search found for a stage signature: the keep
+// sets' bits, and the keep sets of the first stage with the signature, whose
+// sizes, costs and transients every other such stage shares.
+type searched struct {
+	found []namedBits
+	sets  []KeepSet
+}
+
 // keepSets returns the keep sets of a stage: the policies, then the points
 // of the front no policy already is. cache maps stage signatures to what
 // the search found.
-func (st *Stage) keepSets(core []bool, cache map[string][]namedBits) []KeepSet {
+func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 	k := newSearch(st)
-	sig := k.signature()
+	sig := fmt.Sprintf("%s\ninput %d", k.signature(), st.InputBytes)
 	found, ok := cache[sig]
 	if !ok {
+		found = &searched{}
 		seen := map[string]bool{}
 		add := func(policy string, b bitset) {
 			if !seen[b.key()] {
 				seen[b.key()] = true
-				found = append(found, namedBits{policy, b})
+				found.found = append(found.found, namedBits{policy, b})
 			}
 		}
 		for _, name := range Policies {
@@ -351,17 +360,28 @@ func (st *Stage) keepSets(core []bool, cache map[string][]namedBits) []KeepSet {
 			add("", b)
 		}
 		if !complete {
-			found = append(found, namedBits{policy: frontTooWide})
+			found.found = append(found.found, namedBits{policy: frontTooWide})
 		}
 		cache[sig] = found
 	}
-	out := make([]KeepSet, 0, len(found))
-	for _, nb := range found {
+	out := make([]KeepSet, 0, len(found.found))
+	for _, nb := range found.found {
 		if nb.policy == frontTooWide {
 			st.FrontTooWide = true
 			continue
 		}
+		if i := len(out); i < len(found.sets) {
+			// The same stage but for its nodes' names: the same sizes and
+			// transients, its own nodes to rerun.
+			ks := found.sets[i]
+			ks.Recompute = k.recompute(nb.kept)
+			out = append(out, ks)
+			continue
+		}
 		out = append(out, k.keepSet(nb))
+	}
+	if len(found.sets) == 0 {
+		found.sets = out
 	}
 	return out
 }

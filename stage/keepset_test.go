@@ -36,6 +36,7 @@ func build(t *testing.T, model string, edit func(*ir.Setup)) []*Stage {
 	if err != nil {
 		t.Fatal(err)
 	}
+	SearchKeepSets(c, stages)
 	return stages
 }
 
@@ -319,5 +320,6 @@ func graphStages(t *testing.T, text string) []*Stage {
 	if err != nil {
 		t.Fatal(err)
 	}
+	SearchKeepSets(c, stages)
 	return stages
 }

@@ -37,7 +37,8 @@ type Stage struct {
 	FAllTempBytes     mem.Bytes // beyond the tape, during a storing forward that keeps everything
 	BackwardTempBytes mem.Bytes // during the backward after keeping everything, δ_i included
 	// KeepSets are the ways the storing forward may run; KeepSets[0]
-	// keeps everything (TapeBytes and the transients above).
+	// keeps everything (TapeBytes and the transients above). Build gives
+	// only that one; SearchKeepSets gives them all.
 	KeepSets []KeepSet
 	// FrontTooWide says that the stage has too many ways to recompute for
 	// its Pareto front to be searched: its keep sets are the named
@@ -51,9 +52,9 @@ type Stage struct {
 }
 
 // Build cuts a costed graph into stages, at its blocks when byBlock (a
-// model) and at its cut points otherwise, and computes each stage's costs,
-// transients and keep sets. Identical stages (every layer of a model)
-// share one keep-set search. O(nodes) plus the keep-set searches.
+// model) and at its cut points otherwise, and computes each stage's costs
+// and transients; each stage's only keep set is keep-all until
+// SearchKeepSets. O(nodes).
 func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 	g := c.Graph
 	var spans []span
@@ -83,15 +84,24 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 			inputs += mem.Bytes(g.Nodes[i].Bytes())
 		}
 	}
-	core := costmodel.AttentionCore(g)
-	cache := map[string][]namedBits{}
 	out := make([]*Stage, len(spans))
 	for k, sp := range spans {
 		st := newStage(c, k, sp, stageInput(c, stageOf, k, sp), inputs)
-		st.KeepSets = st.keepSets(core, cache)
+		st.KeepSets = []KeepSet{st.keepAll()}
 		out[k] = st
 	}
 	return out, nil
+}
+
+// SearchKeepSets gives every stage all its keep sets (KeepSets), the named
+// policies and the exact front; Build gives only keep-all. Identical
+// stages (every layer of a model) share one search.
+func SearchKeepSets(c *costmodel.Costs, stages []*Stage) {
+	core := costmodel.AttentionCore(c.Graph)
+	cache := map[string]*searched{}
+	for _, st := range stages {
+		st.KeepSets = st.keepSets(core, cache)
+	}
 }
 
 // newStage computes a stage's tape, costs and keep-everything transients;
