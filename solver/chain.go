@@ -42,9 +42,9 @@ type Option struct {
 // MaxStages is the most stages ckptplan plans from its inputs (a chain
 // file, a graph's cut points, a model's layers): beyond it, the optimal
 // table's O(S·L³) work and the baselines' O(L³) take longer than anyone
-// waits (500 stages at the default slots: about 40 s). The solver itself
+// waits (800 stages at the default slots: 20–40 s). The solver itself
 // takes chains of any length.
-const MaxStages = 500
+const MaxStages = 800
 
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }
