@@ -43,14 +43,16 @@ package solver
 // by entry with the condition checked.
 //
 // Most of a table is flat: once m holds the schedule that stores every
-// tape (with each stage's cheapest backward), no schedule costs less, and
-// D(a, b, m) is that schedule's cost for every larger m. When every cost is
-// an integer and every sum stays below 2⁵³ (FLOPs do), the fill computes
-// that floor and the least m at which it fits for every entry (bounds) and
-// writes the floor there instead of computing it; then every sum is exact
-// and the table is the recurrence's to the last bit, whatever the order of
-// the additions. Otherwise it computes every column, and may differ from
-// the recurrence taken in another order by rounding.
+// tape with each stage's cheapest backward, no schedule costs less, and
+// D(a, b, m) is that schedule's cost for every larger m. The fill computes
+// that floor and the least m at which it fits for every entry (bounds),
+// and neither computes nor stores the columns from there on.
+//
+// Every value is a sum of the chain's costs. When they are integers below
+// 2⁵³ in total (FLOPs are), every sum is exact and the table is the
+// recurrence's to the last bit, whatever the order of the additions;
+// otherwise it may differ from the recurrence taken in another order by
+// rounding, never by more.
 
 import "math"
 
@@ -83,16 +85,10 @@ func (t *Table) fill() {
 // with each stage's cheapest backward, and flatAt, the least m from which
 // the entry is known to be at its floor: where that schedule fits, and
 // where it fits for every shorter entry of the row, so that flatAt grows
-// with b. Only when the costs allow exact sums; otherwise flatAt is S+1.
+// with b.
 func (t *Table) bounds() {
 	t.floor = make([]float64, (t.l+1)*(t.l+2)/2)
 	t.flatAt = make([]int32, len(t.floor))
-	if !t.exactCosts() {
-		for e := range t.flatAt {
-			t.flatAt[e] = int32(t.slots + 1)
-		}
-		return
-	}
 	cheapest := make([]slotOption, t.l)
 	for a, opts := range t.opts {
 		cheapest[a] = opts[0]
@@ -120,31 +116,6 @@ func (t *Table) bounds() {
 			t.flatAt[e] = int32(min(need, t.slots+1))
 		}
 	}
-}
-
-// exactCosts reports whether every cost is an integer and every sum the
-// table makes stays below 2⁵³: a schedule runs each forward at most L+1
-// times and each backward once.
-func (t *Table) exactCosts() bool {
-	whole := func(x float64) bool { return x == math.Trunc(x) }
-	total := t.lossBw + t.sumFw[t.l]*float64(t.l+2)
-	if !whole(t.lossBw) {
-		return false
-	}
-	for a, opts := range t.opts {
-		worst := 0.0
-		for _, o := range opts {
-			if !whole(o.bw) {
-				return false
-			}
-			worst = max(worst, o.bw)
-		}
-		if !whole(t.fw[a]) {
-			return false
-		}
-		total += worst
-	}
-	return total < 1<<53
 }
 
 // filler holds the fill's working memory.

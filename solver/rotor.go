@@ -76,8 +76,7 @@ type Table struct {
 	keptBlocks int
 	// floor[entry(a, b)] is the cost of storing every tape from a to b with
 	// each stage's cheapest backward, and flatAt the least m from which
-	// D(a, b, m) is known to be that floor (S+1 when unknown); flatAt grows
-	// with b.
+	// D(a, b, m) is that floor (S+1: nowhere); flatAt grows with b.
 	floor  []float64
 	flatAt []int32
 }
@@ -97,9 +96,9 @@ const MaxTableBytes = 4 * mem.GiB
 // TableBytes returns the most memory the table of l stages at the given
 // slots takes: a cost (8 bytes) for every pair of stages a ≤ b, the loss
 // included, and every slot count 0…slots rounded up to a block, and 12
-// bytes of bounds per pair (MaxInt64 when that overflows). Where the
-// chain's costs are integers, the table keeps only the columns below each
-// pair's floor (fill.go), often a third of that.
+// bytes of bounds per pair (MaxInt64 when that overflows). The table
+// keeps only the columns below each pair's floor (fill.go), often a third
+// of that.
 func TableBytes(l, slots int) mem.Bytes {
 	rows := mem.Bytes(l+1) * mem.Bytes(l+2) / 2
 	cols := (mem.Bytes(slots) + blockCols) / blockCols * blockCols
