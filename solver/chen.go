@@ -46,7 +46,7 @@ func ChenGreedy(c *Chain, budget mem.Bytes) (Schedule, bool) {
 	var best, smallest Schedule
 	bestCost, smallestPeak := 0.0, mem.Bytes(-1)
 	for _, s := range chenSchedules(c) {
-		r, err := Simulate(c, s)
+		r, err := replay(c, s, false)
 		if err != nil {
 			panic(err) // Segments always builds valid schedules
 		}

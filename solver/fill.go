@@ -68,15 +68,36 @@ const (
 	accLen     = laneGroups * group * group * lanes
 )
 
-// fill fills the table tile by tile.
+// fill fills the table tile by tile: the tile columns (ending stages b) in
+// ascending order, each block by block, and in each block the tiles from
+// the diagonal up (starting stages a descending). So the column's operands
+// of the splits between tiles are packed once a block, as each tile row of
+// the column is finished, for all the tiles above it.
 func (t *Table) fill() {
 	t.cost = make([]float64, t.keptBlocks*blockCols)
-	tiles := (t.l + tileSize) / tileSize // entries 0 … L
 	f := &filler{t: t}
-	for ti := tiles - 1; ti >= 0; ti-- {
-		f.spans(ti * tileSize)
-		for tk := ti; tk < tiles; tk++ {
-			f.tile(ti*tileSize, tk*tileSize)
+	f.spans()
+	tiles := (t.l + tileSize) / tileSize // entries 0 … L
+	flat := make([]int, tiles)           // of each tile of the column
+	for tk := range tiles {
+		b0, b1 := tk*tileSize, min(tk*tileSize+tileSize, t.l+1)
+		top := 0
+		for ti := range tk + 1 {
+			flat[ti] = 0
+			for a := ti * tileSize; a < min(ti*tileSize+tileSize, b1); a++ {
+				for b := max(a, b0); b < b1; b++ {
+					flat[ti] = max(flat[ti], int(t.flatAt[t.entry(a, b)]))
+				}
+			}
+			top = max(top, flat[ti])
+		}
+		for k := 0; k*blockCols < top && k < t.blocks; k++ {
+			for ti := tk; ti >= 0; ti-- {
+				if k*blockCols < flat[ti] {
+					f.tile(ti*tileSize, b0, k)
+				}
+				f.packColumn(b0, b1, ti*tileSize, min(ti*tileSize+tileSize, b0+1), k)
+			}
 		}
 	}
 }
@@ -121,67 +142,79 @@ func (t *Table) bounds() {
 // filler holds the fill's working memory.
 type filler struct {
 	t *Table
-	// span[a−a0][j] is spanNeed(a, j) for the tile row starting at a0.
-	span [tileSize][]int
-	a0   int
-	// Panels: [group][lane group][split][entry][lane].
-	left, right []float64
+	// span[a][j] is spanNeed(a, j).
+	span [][]int
+	// Panels, [group][lane group][split][entry][lane]: of the splits
+	// between a tile's rows and columns (left, right), and inside a tile
+	// (inner).
+	left                     []float64
+	column                   [][]float64 // by chunk of splits
+	lowerLeft, earlierLeft   []float64
+	lowerRight, earlierRight [][]float64
 	// Accumulators: of one group (acc) and of a tile (accs), accLen
 	// numbers a group.
-	acc  [accLen]float64
-	accs []float64
+	acc    [accLen]float64
+	accs   []float64
+	groups []groupBounds // of the tile's groups, for outer
 	// Blocks of flat entries, for reading (Table.read).
 	flatL, flatR [blockCols]float64
 }
 
-// spans computes spanNeed for the tile row starting at a0.
-func (f *filler) spans(a0 int) {
+// The column's panels are packed by chunks that start at multiples of
+// chunkLen, and a tile's splits start at a multiple of tileSize.
+const _ uint = -(tileSize % chunkLen) // compiles only when chunkLen divides tileSize
+
+// spans computes spanNeed for every row.
+func (f *filler) spans() {
 	t := f.t
-	f.a0 = a0
-	for i := range tileSize {
-		a := a0 + i
-		if a >= t.l { // the loss row and beyond: no splits
-			continue
-		}
-		s := append(f.span[i][:0], make([]int, t.l+1)...)
+	f.span = make([][]int, t.l)
+	for a := range t.l {
+		s := make([]int, t.l+1)
 		for j := a + 1; j <= t.l; j++ {
 			s[j] = t.spanNeed(a, j, s[j-1])
 		}
-		f.span[i] = s
+		f.span[a] = s
 	}
 }
 
-// tile fills the entries of the tile with rows a0 … and columns b0 …,
-// block by block, up to the block from which all of them are flat.
-func (f *filler) tile(a0, b0 int) {
+// packColumn packs block k of the column's operands of the splits between
+// tiles, D(j, b, m − |a_j|) for the columns b0 ≤ b < b1, for the splits
+// j0 ≤ j < j1 of one tile row once its tile in the column is filled, by
+// chunks.
+func (f *filler) packColumn(b0, b1, j0, j1, k int) {
+	colGroups := (b1 - b0 + group - 1) / group
+	for c0 := max(j0, tileSize); c0 < j1; c0 += chunkLen {
+		c := c0 / chunkLen
+		for len(f.column) <= c {
+			f.column = append(f.column, nil)
+		}
+		f.column[c] = grow(f.column[c], colGroups*laneGroups*panelLen)
+		for g := range colGroups {
+			gb := b0 + g*group
+			f.packRight(f.column[c][g*laneGroups*panelLen:], gb, min(gb+group, b1), c0, min(c0+chunkLen, j1), k)
+		}
+	}
+}
+
+// tile fills block k of the entries of the tile with rows a0 … and
+// columns b0 …; the column's panels are packed.
+func (f *filler) tile(a0, b0, k int) {
 	t := f.t
 	a1 := min(a0+tileSize, t.l+1) // rows a0 ≤ a < a1
 	b1 := min(b0+tileSize, t.l+1) // columns b0 ≤ b < b1
-	flat := 0
 	for a := a0; a < a1; a++ {
 		for b := max(a, b0); b < b1; b++ {
-			flat = max(flat, int(t.flatAt[t.entry(a, b)]))
-		}
-	}
-	for k := 0; k*blockCols < flat; k++ {
-		for a := a0; a < a1; a++ {
-			for b := max(a, b0); b < b1; b++ {
-				if t.kept(a, b, k) {
-					*t.seg(a, b, k) = infBlock // columns past S stay +Inf
-				}
-			}
-		}
-		if a0 == b0 {
-			f.diagonal(a0, a1, k)
-			continue
-		}
-		f.outer(a0, a1, b0, b1, k)
-		for rg := (a1-a0-1)/group*group + a0; rg >= a0; rg -= group {
-			for cg := b0; cg < b1; cg += group {
-				f.inner(a1, b0, rg, min(rg+group, a1), cg, min(cg+group, b1), k)
+			if t.kept(a, b, k) {
+				*t.seg(a, b, k) = infBlock // columns past S stay +Inf
 			}
 		}
 	}
+	if a0 == b0 {
+		f.diagonal(a0, a1, k)
+		return
+	}
+	f.outer(a0, a1, b0, b1, k)
+	f.inner(a0, a1, b0, b1, k)
 }
 
 // limit returns the end of the columns of block k that entry (a, b) must
@@ -214,7 +247,7 @@ func (f *filler) diagonal(a0, a1, k int) {
 // the columns of block k below hi, entry by entry.
 func (f *filler) splits(a, b, j0, j1, k, hi int, seg *[blockCols]float64) {
 	t := f.t
-	span := f.span[a-f.a0]
+	span := f.span[a]
 	m0 := k * blockCols
 	for j := j0; j <= j1; j++ {
 		aj := t.act[j]
@@ -285,11 +318,17 @@ func (t *Table) leaf(a, k int, seg *[blockCols]float64) {
 func (f *filler) outer(a0, a1, b0, b1, k int) {
 	rowGroups, colGroups := (a1-a0+group-1)/group, (b1-b0+group-1)/group
 	f.left = grow(f.left, rowGroups*laneGroups*panelLen)
-	f.right = grow(f.right, colGroups*laneGroups*panelLen)
 	f.accs = grow(f.accs, rowGroups*colGroups*accLen)
 	accs := f.accs[:rowGroups*colGroups*accLen]
 	for i := range accs {
 		accs[i] = math.Inf(1) // the entries' blocks start at +Inf
+	}
+	f.groups = f.groups[:0]
+	for rg := range rowGroups {
+		for cg := range colGroups {
+			ga, gb := a0+rg*group, b0+cg*group
+			f.groups = append(f.groups, f.t.bounds4(ga, min(ga+group, a1), gb, min(gb+group, b1)))
+		}
 	}
 	for c0 := a1; c0 <= b0; c0 += chunkLen {
 		c1 := min(c0+chunkLen, b0+1)
@@ -297,15 +336,12 @@ func (f *filler) outer(a0, a1, b0, b1, k int) {
 			ga := a0 + g*group
 			f.packLeft(f.left[g*laneGroups*panelLen:], ga, min(ga+group, a1), c0, c1, k)
 		}
-		for g := range colGroups {
-			gb := b0 + g*group
-			f.packRight(f.right[g*laneGroups*panelLen:], gb, min(gb+group, b1), c0, c1, k)
-		}
+		right := f.column[c0/chunkLen]
 		for rg := range rowGroups {
 			for cg := range colGroups {
 				ga, gb := a0+rg*group, b0+cg*group
 				f.product(ga, min(ga+group, a1), gb, min(gb+group, b1), c0, c1, k,
-					f.left[rg*laneGroups*panelLen:], f.right[cg*laneGroups*panelLen:], accs[(rg*colGroups+cg)*accLen:])
+					f.left[rg*laneGroups*panelLen:], right[cg*laneGroups*panelLen:], accs[(rg*colGroups+cg)*accLen:], f.groups[rg*colGroups+cg])
 			}
 		}
 	}
@@ -349,54 +385,101 @@ func (t *Table) storeGroup(acc []float64, a0, a1, b0, b1, k int) {
 	}
 }
 
-// inner finishes block k of the group of entries a0 ≤ a < a1, b0 ≤ b < b1
-// of the tile whose rows end before ta1 and whose columns start at tb0:
-// the splits in the tile's other groups with the kernel, then those in the
-// group and the rest entry by entry, in dependency order.
-func (f *filler) inner(ta1, tb0, a0, a1, b0, b1, k int) {
+// inner finishes block k of a tile off the diagonal (rows a0 ≤ a < a1,
+// columns b0 ≤ b < b1), group of entries by group: rows descending,
+// columns ascending. The splits that fall in other groups of the tile are
+// taken with the kernel, from panels packed as their operands are
+// finished:
+//
+//   - a split j in a lower group of rows, a1 > j ≥ the group's rows + 4:
+//     D(a, j−1) is in the diagonal tile (lowerLeft, packed for each group
+//     of rows), D(j, b) in this tile (lowerRight, packed for each group of
+//     columns once a group of rows is done);
+//   - a split j after the tile's first column, b0 < j ≤ the group's first
+//     column: D(a, j−1) is in this tile (earlierLeft, packed once a group
+//     is done), D(j, b) in the diagonal tile (earlierRight, packed once).
+//
+// The few splits within the group (fewer than 4 on each side), S_a, the
+// chain choices and the floors are then added entry by entry, in
+// dependency order.
+func (f *filler) inner(a0, a1, b0, b1, k int) {
 	t := f.t
-	f.left = grow(f.left, laneGroups*panelLen)
-	f.right = grow(f.right, laneGroups*panelLen)
-	// Splits ending in a lower group of rows, D(j, b) in this tile, and
-	// splits starting in an earlier group of columns, D(a, j−1) in it.
-	for _, c := range [][2]int{{a0 + group, ta1}, {tb0 + 1, b0 + 1}} {
-		for c0 := c[0]; c0 < c[1]; c0 += chunkLen {
-			c1 := min(c0+chunkLen, c[1])
-			f.packLeft(f.left, a0, a1, c0, c1, k)
-			f.packRight(f.right, b0, b1, c0, c1, k)
-			t.loadGroup(f.acc[:], a0, a1, b0, b1, k)
-			f.product(a0, a1, b0, b1, c0, c1, k, f.left, f.right, f.acc[:])
-			t.storeGroup(f.acc[:], a0, a1, b0, b1, k)
-		}
+	colGroups := (b1 - b0 + group - 1) / group
+	panel := func(p *[]float64) []float64 {
+		*p = grow(*p, (laneGroups+1)*panelLen) // a slice from any split has laneGroups·panelLen
+		return *p
 	}
-	for a := a1 - 1; a >= a0; a-- {
-		for b := b0; b < b1; b++ {
-			if !t.kept(a, b, k) {
-				continue
+	at := func(p []float64, j, j0 int) []float64 { return p[(j-j0)*group*lanes:] }
+	for len(f.lowerRight) < colGroups {
+		f.lowerRight = append(f.lowerRight, nil)
+		f.earlierRight = append(f.earlierRight, nil)
+	}
+	for g := range colGroups {
+		gb := b0 + g*group
+		f.packRight(panel(&f.earlierRight[g]), gb, min(gb+group, b1), b0+1, b1, k)
+	}
+	lowerLeft, earlierLeft := panel(&f.lowerLeft), panel(&f.earlierLeft)
+	for ga := (a1-a0-1)/group*group + a0; ga >= a0; ga -= group {
+		ga1 := min(ga+group, a1)
+		if ga1 < a1 {
+			f.packLeft(lowerLeft, ga, ga1, ga1, a1, k)
+		}
+		for g := range colGroups {
+			gb := b0 + g*group
+			gb1 := min(gb+group, b1)
+			t.loadGroup(f.acc[:], ga, ga1, gb, gb1, k)
+			bounds := t.bounds4(ga, ga1, gb, gb1)
+			if ga1 < a1 {
+				f.product(ga, ga1, gb, gb1, ga1, a1, k, lowerLeft, at(f.lowerRight[g], ga1, a0), f.acc[:], bounds)
 			}
-			seg, hi := t.seg(a, b, k), t.limit(a, b, k)
-			f.splits(a, b, a+1, min(a0+group, ta1)-1, k, hi, seg)
-			f.splits(a, b, b0+1, b, k, hi, seg)
-			t.finish(a, b, k, hi, seg)
+			if gb > b0 {
+				f.product(ga, ga1, gb, gb1, b0+1, gb+1, k, earlierLeft, f.earlierRight[g], f.acc[:], bounds)
+			}
+			t.storeGroup(f.acc[:], ga, ga1, gb, gb1, k)
+			for a := ga1 - 1; a >= ga; a-- {
+				for b := gb; b < gb1; b++ {
+					if !t.kept(a, b, k) {
+						continue
+					}
+					seg, hi := t.seg(a, b, k), t.limit(a, b, k)
+					f.splits(a, b, a+1, ga1-1, k, hi, seg)
+					f.splits(a, b, gb+1, b, k, hi, seg)
+					t.finish(a, b, k, hi, seg)
+				}
+			}
+			f.packLeft(at(earlierLeft, gb+1, b0+1), ga, ga1, gb+1, gb1+1, k)
+		}
+		for g := range colGroups {
+			gb := b0 + g*group
+			f.packRight(at(panel(&f.lowerRight[g]), ga, a0), gb, min(gb+group, b1), ga, ga1, k)
 		}
 	}
+}
+
+// groupBounds are what product needs to know of a group of entries: the
+// largest δ_{b+1}, which with the first row's span bounds the splits the
+// kernel may take (span grows with j and shrinks as a grows), and the
+// column from which every entry is flat.
+type groupBounds struct{ delta, flat int }
+
+func (t *Table) bounds4(a0, a1, b0, b1 int) groupBounds {
+	var g groupBounds
+	for b := b0; b < b1; b++ {
+		g.delta = max(g.delta, t.act[b+1])
+		for a := a0; a < a1; a++ {
+			g.flat = max(g.flat, int(t.flatAt[t.entry(a, b)]))
+		}
+	}
+	return g
 }
 
 // product adds the splits c0 ≤ j < c1 to block k of the entries a0 ≤ a <
 // a1, b0 ≤ b < b1 (a group at most each), from packed panels to their
 // accumulators (accLen numbers: [lane group][a][b][lane]).
-func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []float64) {
+func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []float64, g groupBounds) {
 	t := f.t
-	// The kernel's splits: a prefix, since span grows with j; it is largest
-	// for the first row and the largest δ_{b+1}.
-	d, flat := 0, 0
-	for b := b0; b < b1; b++ {
-		d = max(d, t.act[b+1])
-		for a := a0; a < a1; a++ {
-			flat = max(flat, int(t.flatAt[t.entry(a, b)]))
-		}
-	}
-	span := f.span[a0-f.a0]
+	d, flat := g.delta, g.flat
+	span := f.span[a0]
 	for lg := range laneGroups {
 		m := k*blockCols + lg*lanes
 		if m >= flat { // every entry is at its floor: finish writes it
@@ -412,7 +495,7 @@ func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []floa
 			minPlusTile(end-c0, l, r, acc)
 		}
 		for i := range a1 - a0 {
-			span := f.span[a0+i-f.a0]
+			span := f.span[a0+i]
 			for kk := range b1 - b0 {
 				acc := acc[(i*group+kk)*lanes:][:lanes]
 				for j := end; j < c1; j++ {

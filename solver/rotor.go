@@ -67,8 +67,9 @@ type Table struct {
 	// block k holds the blockCols columns k·blockCols … of the entries
 	// not yet flat there, (a, first_k(a)) … (a, L) for each a, side by
 	// side; columns past S hold +Inf.
-	cost   []float64
-	blocks int // blocks of columns 0 … S
+	cost    []float64
+	lastCol int // the last column filled: S, or less (newTable)
+	blocks  int // blocks of columns 0 … lastCol
 	// first[k·(L+1)+a] is first_k(a), and start[k·(L+1)+a] the offset in
 	// blocks of (a, first_k(a)) in cost.
 	first      []int32
@@ -115,6 +116,13 @@ const maxOptions = 4096
 // memory, a_0 included) with the given number of slots (DefaultSlots if
 // slots ≤ 0). O(slots·L·(L² + V)) time for V options per stage.
 func NewTable(c *Chain, maxBudget mem.Bytes, slots int) (*Table, error) {
+	return newTable(c, maxBudget, slots, maxBudget)
+}
+
+// newTable is NewTable filling only the columns of budgets up to upTo: the
+// same grid, and the same costs there, for a fraction of the work; Cost,
+// MinBudget and Schedule see no further.
+func newTable(c *Chain, maxBudget mem.Bytes, slots int, upTo mem.Bytes) (*Table, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -136,6 +144,11 @@ func NewTable(c *Chain, maxBudget mem.Bytes, slots int) (*Table, error) {
 	if err := t.prepare(); err != nil {
 		return nil, err
 	}
+	t.lastCol = t.slots
+	if upTo < maxBudget {
+		t.lastCol = min(max(int(upTo/t.unit)-t.act[0], 0), t.slots)
+	}
+	t.blocks = t.lastCol/blockCols + 1
 	t.bounds()
 	if need := t.layout(); need > MaxTableBytes {
 		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)
@@ -170,7 +183,6 @@ func (t *Table) prepare() error {
 		}
 	}
 	t.lossTmp, t.lossBw = t.toSlots(c.LossTempBytes), c.LossBackward
-	t.blocks = t.slots/blockCols + 1
 	return nil
 }
 
@@ -299,7 +311,7 @@ func (t *Table) budgetSlots(budget mem.Bytes) int {
 	if budget > t.maxBud {
 		budget = t.maxBud
 	}
-	return int(budget/t.unit) - t.act[0]
+	return min(int(budget/t.unit)-t.act[0], t.lastCol)
 }
 
 // Cost returns the optimal cost for a budget up to the table's maximum, or
@@ -315,7 +327,7 @@ func (t *Table) Cost(budget mem.Bytes) float64 {
 // MinBudget returns the least budget at which the table finds a schedule,
 // or MaxInt64 when it finds none. O(slots).
 func (t *Table) MinBudget() mem.Bytes {
-	for m := 0; m <= t.slots; m++ {
+	for m := 0; m <= t.lastCol; m++ {
 		if !math.IsInf(t.at(0, t.l, m), 1) {
 			return mem.Bytes(m+t.act[0]) * t.unit
 		}

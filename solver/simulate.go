@@ -54,6 +54,12 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // An F_all's option gives its tape and transients, and the cost and
 // transients of the B(i) that consumes that tape.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
+	return replay(c, sched, true)
+}
+
+// replay is Simulate; without timeline it leaves Result.Timeline and
+// Result.Usage nil.
+func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 	if err := c.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -62,8 +68,10 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 	s.setAct(0, true)
 	s.live = c.ActBytes[0]
 	var r Result
-	r.Timeline = make([]mem.Bytes, len(sched))
-	r.Usage = make([]Usage, len(sched))
+	if timeline {
+		r.Timeline = make([]mem.Bytes, len(sched))
+		r.Usage = make([]Usage, len(sched))
+	}
 	r.Peak = s.live
 	for k, op := range sched {
 		before := s.u
@@ -71,15 +79,19 @@ func Simulate(c *Chain, sched Schedule) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("op %d, %v: %w", k, op, err)
 		}
-		r.Timeline[k] = max(peak, s.live)
-		r.Peak = max(r.Peak, r.Timeline[k])
+		top := max(peak, s.live)
+		r.Peak = max(r.Peak, top)
+		r.Cost += cost
+		if !timeline {
+			continue
+		}
+		r.Timeline[k] = top
 		u := before
 		if after := s.u; s.live > peak {
 			u = after
 		}
-		u.Transient = r.Timeline[k] - u.Activations - u.Tapes - u.Gradients
+		u.Transient = top - u.Activations - u.Tapes - u.Gradients
 		r.Usage[k] = u
-		r.Cost += cost
 	}
 	if !s.delta[0] {
 		return Result{}, fmt.Errorf("schedule does not reach δ_0: the backward is incomplete")

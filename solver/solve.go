@@ -2,6 +2,7 @@ package solver
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -37,7 +38,7 @@ func BestRevolve(c *Chain, budget mem.Bytes) (*Solution, error) {
 	if best == nil {
 		return nil, &ErrInfeasible{Budget: budget, MinBudget: smallest.Peak}
 	}
-	return best, nil
+	return withTimeline(c, best)
 }
 
 // revolveBest returns the cheapest Revolve schedule that fits the budget
@@ -46,7 +47,7 @@ func revolveBest(c *Chain, budget mem.Bytes) (best, smallest *Solution) {
 	split := revolveSplits(c.Len(), c.Len())
 	for s := 1; s <= c.Len(); s++ {
 		sched := revolveWith(c, min(s-1, c.Len()), split)
-		r, err := Simulate(c, sched)
+		r, err := replay(c, sched, false)
 		if err != nil {
 			panic(fmt.Sprintf("revolve built an invalid schedule: %v", err))
 		}
@@ -85,21 +86,32 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 	if err != nil {
 		return nil, err
 	}
-	t, err := NewTable(c, all.Peak, slots)
-	if err != nil {
-		return nil, err
-	}
 	var best *Solution
-	if s, err := t.Schedule(min(budget, all.Peak)); err == nil {
-		r, err := Simulate(c, s)
+	need := mem.Bytes(math.MaxInt64)
+	if budget < all.Peak { // else storing everything fits, and costs least
+		// The table's columns up to the budget: the schedule there needs
+		// no other.
+		t, err := newTable(c, all.Peak, slots, budget)
 		if err != nil {
-			return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
+			return nil, err
 		}
-		best = &Solution{Schedule: s, Result: r}
+		if s, err := t.Schedule(budget); err == nil {
+			r, err := Simulate(c, s)
+			if err != nil {
+				return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
+			}
+			best = &Solution{Schedule: s, Result: r}
+		}
+		if need = t.MinBudget(); need == math.MaxInt64 {
+			// Nothing fits up to the budget: the whole table says from where.
+			if t, err = NewTable(c, all.Peak, slots); err != nil {
+				return nil, err
+			}
+			need = t.MinBudget()
+		}
 	}
-	need := t.MinBudget()
 	for _, b := range Baselines(c) {
-		r, err := Simulate(c, b)
+		r, err := replay(c, b, false)
 		if err != nil {
 			return nil, fmt.Errorf("optimal: baseline: %w", err)
 		}
@@ -123,7 +135,20 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 	if best == nil {
 		return nil, &ErrInfeasible{Budget: budget, MinBudget: need}
 	}
-	return best, nil
+	return withTimeline(c, best)
+}
+
+// withTimeline replays a solution found by a replay without timeline
+// again, with it.
+func withTimeline(c *Chain, s *Solution) (*Solution, error) {
+	if s == nil || s.Timeline != nil {
+		return s, nil
+	}
+	r, err := Simulate(c, s.Schedule)
+	if err != nil {
+		return nil, err
+	}
+	return &Solution{Schedule: s.Schedule, Result: r}, nil
 }
 
 // Baselines returns every schedule Optimal compares the table's with,
