@@ -202,18 +202,18 @@ func (f *filler) tile(a0, b0, k int) {
 	t := f.t
 	a1 := min(a0+tileSize, t.l+1) // rows a0 ≤ a < a1
 	b1 := min(b0+tileSize, t.l+1) // columns b0 ≤ b < b1
-	for a := a0; a < a1; a++ {
-		for b := max(a, b0); b < b1; b++ {
-			if t.kept(a, b, k) {
-				*t.seg(a, b, k) = infBlock // columns past S stay +Inf
+	if a0 == b0 {
+		for a := a0; a < a1; a++ {
+			for b := a; b < a1; b++ {
+				if t.kept(a, b, k) {
+					*t.seg(a, b, k) = infBlock // columns past S stay +Inf
+				}
 			}
 		}
-	}
-	if a0 == b0 {
 		f.diagonal(a0, a1, k)
 		return
 	}
-	f.outer(a0, a1, b0, b1, k)
+	f.outer(a0, a1, b0, b1, k) // writes every kept entry's block
 	f.inner(a0, a1, b0, b1, k)
 }
 
