@@ -161,8 +161,13 @@ type filler struct {
 }
 
 // The column's panels are packed by chunks that start at multiples of
-// chunkLen, and a tile's splits start at a multiple of tileSize.
-const _ uint = -(tileSize % chunkLen) // compiles only when chunkLen divides tileSize
+// chunkLen, and a tile's splits start at a multiple of tileSize; the panels
+// of the splits inside a tile (inner) hold a tile's worth of splits. So
+// the two must be equal.
+const (
+	_ uint = -(tileSize % chunkLen) // chunkLen divides tileSize
+	_ uint = chunkLen - tileSize    // a tile's splits fit a panel
+)
 
 // spans computes spanNeed for every row.
 func (f *filler) spans() {
