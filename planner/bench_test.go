@@ -1,10 +1,13 @@
 package planner
 
 import (
+	"fmt"
+	"math/rand"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
 )
 
 // BenchmarkPlan70B plans llama-3-70b (82 stages, 8k tokens) end to end at
@@ -38,5 +41,44 @@ func BenchmarkPlan70B(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkPlanLongChain plans a random 600-stage profiled chain (outputs
+// of 1–4 MiB, tapes up to 8 MiB more, transients up to 4 MiB, costs with
+// fractions) with the selective strategy at the default slots, end to end,
+// at budgets from a tenth of storing everything to nearly all of it.
+func BenchmarkPlanLongChain(b *testing.B) {
+	r := rand.New(rand.NewSource(600))
+	ch := &graphio.Chain{Name: "random600", Unit: "ms", InputBytes: mem.Bytes(1+r.Intn(4)) * mem.MiB}
+	for i := range 600 {
+		out := mem.Bytes(1+r.Intn(4)) * mem.MiB
+		ch.Stages = append(ch.Stages, graphio.ChainStage{
+			Name: fmt.Sprint("s", i), Forward: float64(1+r.Intn(100)) + 0.25, Backward: float64(1 + r.Intn(200)),
+			OutputBytes: out, SavedBytes: out + mem.Bytes(r.Intn(9))*mem.MiB,
+			ForwardTempBytes: mem.Bytes(r.Intn(5)) * mem.MiB, BackwardTempBytes: mem.Bytes(r.Intn(5)) * mem.MiB,
+		})
+	}
+	src := &graphio.Source{Name: ch.Name, Kind: graphio.KindChain, Chain: ch}
+	p, err := New(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all, err := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, percent := range []mem.Bytes{10, 25, 50, 75, 95} {
+		b.Run(fmt.Sprintf("%d%%", percent), func(b *testing.B) {
+			for b.Loop() {
+				p, err := New(src)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := p.Plan(&Options{Budget: all.Peak / 100 * percent}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

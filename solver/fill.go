@@ -151,11 +151,10 @@ type filler struct {
 	column                   [][]float64 // by chunk of splits
 	lowerLeft, earlierLeft   []float64
 	lowerRight, earlierRight [][]float64
-	// Accumulators: of one group (acc) and of a tile (accs), accLen
-	// numbers a group.
-	acc    [accLen]float64
+	// The accumulators of a tile's groups, accLen numbers a group, and
+	// the groups' bounds, from outer to inner.
 	accs   []float64
-	groups []groupBounds // of the tile's groups, for outer
+	groups []groupBounds
 	// Blocks of flat entries, for reading (Table.read).
 	flatL, flatR [blockCols]float64
 }
@@ -318,8 +317,9 @@ func (t *Table) leaf(a, k int, seg *[blockCols]float64) {
 }
 
 // outer adds the splits a1 ≤ j ≤ b0, between the tile's rows (a0 ≤ a <
-// a1) and its columns (b0 ≤ b < b1), to block k of all of its entries, a
-// chunk of splits at a time.
+// a1) and its columns (b0 ≤ b < b1), to the accumulators of block k of
+// all of its entries, a chunk of splits at a time; inner goes on from
+// them.
 func (f *filler) outer(a0, a1, b0, b1, k int) {
 	rowGroups, colGroups := (a1-a0+group-1)/group, (b1-b0+group-1)/group
 	f.left = grow(f.left, rowGroups*laneGroups*panelLen)
@@ -350,32 +350,10 @@ func (f *filler) outer(a0, a1, b0, b1, k int) {
 			}
 		}
 	}
-	for rg := range rowGroups {
-		for cg := range colGroups {
-			ga, gb := a0+rg*group, b0+cg*group
-			f.t.storeGroup(accs[(rg*colGroups+cg)*accLen:], ga, min(ga+group, a1), gb, min(gb+group, b1), k)
-		}
-	}
 }
 
-// loadGroup copies block k of the entries a0 ≤ a < a1, b0 ≤ b < b1 (a group
-// at most each) into accumulators, +Inf for missing or flat entries.
-func (t *Table) loadGroup(acc []float64, a0, a1, b0, b1, k int) {
-	for lg := range laneGroups {
-		for i := range group {
-			for kk := range group {
-				d := (*[lanes]float64)(acc[((lg*group+i)*group+kk)*lanes:])
-				if a0+i >= a1 || b0+kk >= b1 || !t.kept(a0+i, b0+kk, k) {
-					*d = [lanes]float64(infBlock[:lanes])
-					continue
-				}
-				load8(d, t.seg(a0+i, b0+kk, k)[lg*lanes:])
-			}
-		}
-	}
-}
-
-// storeGroup is loadGroup's converse, for the kept entries.
+// storeGroup copies the accumulators of a group of entries, a0 ≤ a < a1,
+// b0 ≤ b < b1 (a group at most each), to block k of the kept ones.
 func (t *Table) storeGroup(acc []float64, a0, a1, b0, b1, k int) {
 	for a := a0; a < a1; a++ {
 		for b := b0; b < b1; b++ {
@@ -432,15 +410,16 @@ func (f *filler) inner(a0, a1, b0, b1, k int) {
 		for g := range colGroups {
 			gb := b0 + g*group
 			gb1 := min(gb+group, b1)
-			t.loadGroup(f.acc[:], ga, ga1, gb, gb1, k)
-			bounds := t.bounds4(ga, ga1, gb, gb1)
+			// The group's accumulators hold the splits outer added.
+			i := (ga-a0)/group*colGroups + g
+			acc, bounds := f.accs[i*accLen:][:accLen], f.groups[i]
 			if ga1 < a1 {
-				f.product(ga, ga1, gb, gb1, ga1, a1, k, lowerLeft, at(f.lowerRight[g], ga1, a0), f.acc[:], bounds)
+				f.product(ga, ga1, gb, gb1, ga1, a1, k, lowerLeft, at(f.lowerRight[g], ga1, a0), acc, bounds)
 			}
 			if gb > b0 {
-				f.product(ga, ga1, gb, gb1, b0+1, gb+1, k, earlierLeft, f.earlierRight[g], f.acc[:], bounds)
+				f.product(ga, ga1, gb, gb1, b0+1, gb+1, k, earlierLeft, f.earlierRight[g], acc, bounds)
 			}
-			t.storeGroup(f.acc[:], ga, ga1, gb, gb1, k)
+			t.storeGroup(acc, ga, ga1, gb, gb1, k)
 			for a := ga1 - 1; a >= ga; a-- {
 				for b := gb; b < gb1; b++ {
 					if !t.kept(a, b, k) {
@@ -492,9 +471,12 @@ func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []floa
 		}
 		l, r := left[lg*panelLen:][:panelLen], right[lg*panelLen:][:panelLen]
 		acc := (*[group * group * lanes]float64)(accs[lg*group*group*lanes:])
-		end := c0
-		for end < c1 && d+span[end] <= m {
-			end++
+		end := c1 // span grows with j: usually all are allowed
+		if d+span[c1-1] > m {
+			end = c0
+			for end < c1 && d+span[end] <= m {
+				end++
+			}
 		}
 		if end > c0 {
 			minPlusTile(end-c0, l, r, acc)
