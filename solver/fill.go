@@ -18,17 +18,20 @@ package solver
 // runs at the speed of memory. So it is computed as a matrix product is:
 //
 //   - The table is stored by blocks of blockCols columns: block k of every
-//     entry, then block k+1, the entries (a, b), (a, b+1), … side by side.
+//     entry not yet flat there (below), then block k+1, the entries
+//     (a, b), (a, b+1), … side by side.
 //   - Entries are grouped in tiles of tileSize × tileSize, filled in an
-//     order the recurrence allows (starting stage a descending, ending
-//     stage b ascending: a tile needs the tiles left of it in its row and
-//     those below it in its column), block by block.
+//     order the recurrence allows: a tile needs the tiles left of it in
+//     its row and those below it in its column, at its block and the
+//     blocks before. So tile columns (ending stages b) go in ascending
+//     order, each block by block, and in a block the tiles go from the
+//     diagonal up (starting stages a descending).
 //   - The splits j strictly between a tile's rows and its columns read
 //     only finished tiles (outer). For a chunk of them, the operands'
-//     blocks are copied into two small panels that stay in the L2 cache,
-//     and a kernel (minPlusTile) updates 4 × 4 entries and 8 columns at a
-//     time, held in registers, so that each number loaded serves four
-//     entries.
+//     blocks are copied into two small panels that stay in the L2 cache
+//     (the column's once a block, for every tile above), and a kernel
+//     (minPlusTile) updates 4 × 4 entries and 8 columns at a time, held
+//     in registers, so that each number loaded serves four entries.
 //   - The splits inside the tile (inner) are taken group of 4 × 4 entries
 //     by group, with the same kernel for the splits that fall in other
 //     groups, and entry by entry for the few left (fewer than 4 on each

@@ -74,7 +74,7 @@ type Table struct {
 	// blocks of (a, first_k(a)) in cost.
 	first      []int32
 	start      []int
-	keptBlocks int
+	keptBlocks int // the blocks in cost
 	// floor[entry(a, b)] is the cost of storing every tape from a to b with
 	// each stage's cheapest backward, and flatAt the least m from which
 	// D(a, b, m) is that floor (S+1: nowhere); flatAt grows with b.
