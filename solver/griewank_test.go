@@ -83,3 +83,37 @@ func TestGriewankOracle(t *testing.T) {
 		}
 	}
 }
+
+// TestRevolveTables: the tables Revolve uses equal the recurrence
+// T(n, k) = min_j j + T(n−j, k−1) + T(j, k), its first minimizing j
+// included, computed plainly here.
+func TestRevolveTables(t *testing.T) {
+	const l, s = 40, 45
+	want := make([][]int, l+1)
+	split := make([][]int, l+1)
+	for n := range want {
+		want[n], split[n] = make([]int, s+1), make([]int, s+1)
+		for k := 0; k <= s; k++ {
+			switch {
+			case n <= 1:
+			case k == 0:
+				want[n][k] = n * (n - 1) / 2
+			default:
+				want[n][k] = -1
+				for j := 1; j < n; j++ {
+					if v := j + want[n-j][k-1] + want[j][k]; want[n][k] < 0 || v < want[n][k] {
+						want[n][k], split[n][k] = v, j
+					}
+				}
+			}
+		}
+	}
+	got, gotSplit := revolveTables(l, s)
+	for n := range want {
+		for k := range want[n] {
+			if got[n][k] != want[n][k] || gotSplit[n][k] != split[n][k] {
+				t.Fatalf("T(%d, %d) = %d split %d, want %d split %d", n, k, got[n][k], gotSplit[n][k], want[n][k], split[n][k])
+			}
+		}
+	}
+}

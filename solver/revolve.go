@@ -53,6 +53,12 @@ func revolveTables(l, s int) (t, split [][]int) {
 			case k == 0:
 				t[n][k] = n * (n - 1) / 2
 				continue
+			case k >= n-1:
+				// A snapshot at every step: n−1 advances, the recurrence's
+				// value at j = 1, its only minimum (j + T(n−j, k−1) + T(j, k)
+				// = n + j − 2 there).
+				t[n][k], split[n][k] = n-1, 1
+				continue
 			}
 			best, arg := -1, 0
 			for j := 1; j < n; j++ {
