@@ -233,6 +233,9 @@ func (t *Table) layout() mem.Bytes {
 	for k := range t.blocks {
 		for a := range n {
 			b := a
+			if k > 0 { // flat in block k−1, flat in block k
+				b = int(t.first[(k-1)*n+a])
+			}
 			for b < n && int(t.flatAt[t.entry(a, b)]) <= k*blockCols {
 				b++
 			}
@@ -241,7 +244,8 @@ func (t *Table) layout() mem.Bytes {
 		}
 	}
 	t.keptBlocks = next
-	return mem.Bytes(next)*blockCols*8 + mem.Bytes(len(t.floor))*12
+	// The costs, the floors and flatAt, and the fill's spans (fill.go).
+	return mem.Bytes(next)*blockCols*8 + mem.Bytes(len(t.floor))*12 + mem.Bytes(t.l)*mem.Bytes(t.l+1)*8
 }
 
 // kept reports whether block k of entry (a, b) is in the table.
