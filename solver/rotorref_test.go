@@ -213,3 +213,53 @@ func BenchmarkRotorReference(b *testing.B) {
 		}
 	}
 }
+
+// FuzzTableMatchesRotorReference: for any chain of up to 70 stages whose
+// sizes and costs are small integers, zero included (an activation of 0
+// bytes, a forward that costs nothing), every entry of the table equals
+// the plain recurrence's.
+func FuzzTableMatchesRotorReference(f *testing.F) {
+	f.Add([]byte{3, 40, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{40, 200, 0, 0, 0, 0, 0, 0, 255, 1, 2, 3})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 3 {
+			return
+		}
+		l, maxM := 1+int(data[0])%70, 1+int(data[1])%150
+		data = data[2:]
+		next := func() int {
+			if len(data) == 0 {
+				return 1
+			}
+			v := int(data[0])
+			data = data[1:]
+			return v
+		}
+		size := func() mem.Bytes { return mem.Bytes(next() % (maxM/4 + 2)) }
+		c := &Chain{LossBackward: float64(next() % 8), LossTempBytes: size()}
+		for i := 0; i <= l; i++ {
+			c.ActBytes = append(c.ActBytes, size())
+		}
+		for i := 0; i < l; i++ {
+			c.Forward = append(c.Forward, float64(next()%16))
+			c.Backward = append(c.Backward, float64(next()%32))
+			c.TapeBytes = append(c.TapeBytes, c.ActBytes[i+1]+size())
+			c.ForwardTempBytes = append(c.ForwardTempBytes, size())
+			c.BackwardTempBytes = append(c.BackwardTempBytes, size())
+		}
+		tab, err := NewTable(c, mem.Bytes(maxM), maxM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := newRotorReference(c, maxM, false)
+		for a := 0; a <= l; a++ {
+			for b := a; b <= l; b++ {
+				for m := 0; m <= maxM; m++ {
+					if got, want := tab.at(a, b, m)-tab.sumFw[a], ref.at(a, b, m); got != want {
+						t.Fatalf("C(%d, %d, %d): table %v, reference %v", a, b, m, got, want)
+					}
+				}
+			}
+		}
+	})
+}
