@@ -13,9 +13,10 @@ import (
 // rotorReference is the persistent dynamic program written plainly from
 // the paper (Beaumont et al., INRIA RR-9302, 2019, section 4), in the loop
 // order of rotor's own implementation: the memory m outermost, then the
-// interval length d, the start a and the split j. It reads no option and
-// no FAllTempBytes, and it fills one table whose plane m holds every
-// interval (a, b). It is the yardstick the table is measured and checked
+// interval length d, the start a and the split j. It fills one table whose
+// plane m holds every interval (a, b). Where the chain has options (keep
+// sets), the leaf and the chain choice take the cheapest that fits, as the
+// selective strategy does; the paper has none. It is the yardstick the table is measured and checked
 // against, so it shares no code with rotor.go.
 //
 // Memory is counted in bytes (one slot each), m being what is available
@@ -50,9 +51,9 @@ func newRotorReference(c *Chain, maxM int, deltaOnTop bool) *rotorReference {
 	r.cost = make([]float64, (maxM+1)*r.rows)
 	r.split = make([]int32, (maxM+1)*r.rows)
 	inf := math.Inf(1)
-	// needB is what B(i) holds, besides a_i.
-	needB := func(i int) int {
-		n := x[i+1] + int(c.TapeBytes[i]) + int(c.BackwardTempBytes[i])
+	// needB is what B(i) holds under option o, besides a_i.
+	needB := func(i int, o Option) int {
+		n := x[i+1] + int(o.TapeBytes) + int(o.BackwardTempBytes)
 		if deltaOnTop {
 			n += x[i]
 		}
@@ -64,13 +65,17 @@ func newRotorReference(c *Chain, maxM int, deltaOnTop bool) *rotorReference {
 		for i := 0; i <= l; i++ {
 			k := r.tri(i, i)
 			plane[k], split[k] = inf, -2
-			switch {
-			case i == l:
+			if i == l {
 				if m >= int(c.LossTempBytes) {
 					plane[k] = c.LossBackward
 				}
-			case m >= x[i+1]+int(c.TapeBytes[i])+int(c.ForwardTempBytes[i]) && m >= needB(i):
-				plane[k] = c.Forward[i] + c.Backward[i]
+				continue
+			}
+			for q := range c.NumOptions(i) {
+				o := c.Option(i, q)
+				if m >= x[i+1]+int(o.TapeBytes)+int(o.FAllTempBytes) && m >= needB(i, o) {
+					plane[k] = min(plane[k], c.Forward[i]+o.Backward)
+				}
 			}
 		}
 		for d := 1; d <= l; d++ {
@@ -92,10 +97,11 @@ func newRotorReference(c *Chain, maxM int, deltaOnTop bool) *rotorReference {
 						}
 					}
 				}
-				if a < l {
-					tape := int(c.TapeBytes[a])
-					if m >= x[b+1]+tape+int(c.ForwardTempBytes[a]) && m >= needB(a) && m >= tape {
-						if v := c.Forward[a] + c.Backward[a] + r.at(a+1, b, m-tape); v < best {
+				for q := range c.NumOptions(a) {
+					o := c.Option(a, q)
+					tape := int(o.TapeBytes)
+					if m >= x[b+1]+tape+int(o.FAllTempBytes) && m >= needB(a, o) && m >= tape {
+						if v := c.Forward[a] + o.Backward + r.at(a+1, b, m-tape); v < best {
 							best, bestJ = v, -1
 						}
 					}
@@ -172,6 +178,46 @@ func TestTableMatchesRotorReference(t *testing.T) {
 		for m := 0; m <= maxM; m++ {
 			if got, p := tab.at(0, l, m), paper.at(0, l, m); got > p {
 				t.Fatalf("chain %d (%d stages), m = %d: table %v above the paper's %v", k, l, m, got, p)
+			}
+		}
+	}
+}
+
+// TestTableWithOptionsMatchesReference: the same with up to three options
+// a stage, each keeping less of the tape for a dearer backward, and
+// storing forwards with transients of their own.
+func TestTableWithOptionsMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewSource(14))
+	for k := 0; k < 60; k++ {
+		l := 1 + r.Intn(80)
+		maxM := 1 + r.Intn(120)
+		c := benchChain(r, l, maxM)
+		c.FAllTempBytes = make([]mem.Bytes, l)
+		c.Options = make([][]Option, l)
+		for i := range c.Options {
+			c.FAllTempBytes[i] = mem.Bytes(r.Intn(maxM/l + 2))
+			for n := r.Intn(4); n > 0; n-- {
+				extra := c.TapeBytes[i] - c.ActBytes[i+1]
+				c.Options[i] = append(c.Options[i], Option{
+					TapeBytes:         c.ActBytes[i+1] + mem.Bytes(r.Int63n(int64(extra+1))),
+					FAllTempBytes:     mem.Bytes(r.Intn(maxM/l + 2)),
+					Backward:          c.Backward[i] + float64(r.Intn(50)),
+					BackwardTempBytes: c.BackwardTempBytes[i] + mem.Bytes(r.Intn(maxM/l+2)),
+				})
+			}
+		}
+		tab, err := NewTable(c, mem.Bytes(maxM), maxM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := newRotorReference(c, maxM, false)
+		for a := 0; a <= l; a++ {
+			for b := a; b <= l; b++ {
+				for m := 0; m <= maxM; m++ {
+					if got, want := tab.at(a, b, m)-tab.sumFw[a], ref.at(a, b, m); got != want {
+						t.Fatalf("chain %d (%d stages), C(%d, %d, %d): table %v, reference %v", k, l, a, b, m, got, want)
+					}
+				}
 			}
 		}
 	}
