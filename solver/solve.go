@@ -86,8 +86,21 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 	if err != nil {
 		return nil, err
 	}
+	// The baselines first, so that what their schedules take is freed
+	// before the table is filled.
 	var best *Solution
 	need := mem.Bytes(math.MaxInt64)
+	for _, b := range Baselines(c) {
+		r, err := replay(c, b, false)
+		if err != nil {
+			return nil, fmt.Errorf("optimal: baseline: %w", err)
+		}
+		if r.Peak > budget {
+			need = min(need, r.Peak)
+		} else if best == nil || r.Cost <= best.Cost {
+			best = &Solution{Schedule: b, Result: r}
+		}
+	}
 	if budget < all.Peak { // else storing everything fits, and costs least
 		// The table's columns up to the budget: the schedule there needs
 		// no other.
@@ -100,26 +113,19 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 			if err != nil {
 				return nil, fmt.Errorf("optimal: %w", err) // a bug: the table only builds valid schedules
 			}
-			best = &Solution{Schedule: s, Result: r}
+			if best == nil || r.Cost < best.Cost { // a baseline at equal cost is simpler
+				best = &Solution{Schedule: s, Result: r}
+			}
 		}
-		if need = t.MinBudget(); need == math.MaxInt64 {
+		least := t.MinBudget()
+		if least == math.MaxInt64 {
 			// Nothing fits up to the budget: the whole table says from where.
 			if t, err = NewTable(c, all.Peak, slots); err != nil {
 				return nil, err
 			}
-			need = t.MinBudget()
+			least = t.MinBudget()
 		}
-	}
-	for _, b := range Baselines(c) {
-		r, err := replay(c, b, false)
-		if err != nil {
-			return nil, fmt.Errorf("optimal: baseline: %w", err)
-		}
-		if r.Peak > budget {
-			need = min(need, r.Peak)
-		} else if best == nil || r.Cost <= best.Cost {
-			best = &Solution{Schedule: b, Result: r}
-		}
+		need = min(need, least)
 	}
 	for k, s := range alternatives {
 		r, err := Simulate(c, s)
