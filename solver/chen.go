@@ -21,6 +21,7 @@ package solver
 
 import (
 	"encoding/binary"
+	"iter"
 	"slices"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -45,7 +46,7 @@ func Sqrt(c *Chain) Schedule {
 func ChenGreedy(c *Chain, budget mem.Bytes) (Schedule, bool) {
 	var best, smallest Schedule
 	bestCost, smallestPeak := 0.0, mem.Bytes(-1)
-	for _, s := range chenSchedules(c) {
+	for s := range chenSchedules(c) {
 		r, err := replay(c, s, false)
 		if err != nil {
 			panic(err) // Segments always builds valid schedules
@@ -63,36 +64,39 @@ func ChenGreedy(c *Chain, budget mem.Bytes) (Schedule, bool) {
 	return best, true
 }
 
-// chenSchedules returns the distinct schedules of the greedy heuristic,
-// one per segmentation some threshold gives, in order of threshold.
-func chenSchedules(c *Chain) []Schedule {
-	var out []Schedule
-	seen := map[string]bool{}
-	var key []byte
-	starts := []int{0}
-	prev := mem.Bytes(-1)
-	for _, th := range chenThresholds(c) {
-		if th == prev {
-			continue
-		}
-		prev = th
-		starts, key = starts[:1], key[:0]
-		var acc mem.Bytes
-		for i := 0; i < c.Len(); i++ {
-			acc += c.TapeBytes[i]
-			if acc > th && i+1 < c.Len() {
-				starts = append(starts, i+1)
-				key = binary.AppendUvarint(key, uint64(i+1))
-				acc = 0
+// chenSchedules yields the distinct schedules of the greedy heuristic,
+// one per segmentation some threshold gives, in order of threshold, each
+// made when it is asked for.
+func chenSchedules(c *Chain) iter.Seq[Schedule] {
+	return func(yield func(Schedule) bool) {
+		seen := map[string]bool{}
+		var key []byte
+		starts := []int{0}
+		prev := mem.Bytes(-1)
+		for _, th := range chenThresholds(c) {
+			if th == prev {
+				continue
+			}
+			prev = th
+			starts, key = starts[:1], key[:0]
+			var acc mem.Bytes
+			for i := 0; i < c.Len(); i++ {
+				acc += c.TapeBytes[i]
+				if acc > th && i+1 < c.Len() {
+					starts = append(starts, i+1)
+					key = binary.AppendUvarint(key, uint64(i+1))
+					acc = 0
+				}
+			}
+			if seen[string(key)] {
+				continue
+			}
+			seen[string(key)] = true
+			if !yield(Segments(c, starts)) {
+				return
 			}
 		}
-		if seen[string(key)] {
-			continue
-		}
-		seen[string(key)] = true
-		out = append(out, Segments(c, starts))
 	}
-	return out
 }
 
 func chenThresholds(c *Chain) []mem.Bytes {

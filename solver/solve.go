@@ -2,7 +2,9 @@ package solver
 
 import (
 	"fmt"
+	"iter"
 	"math"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -90,7 +92,7 @@ func Optimal(c *Chain, budget mem.Bytes, slots int, alternatives ...Schedule) (*
 	// before the table is filled.
 	var best *Solution
 	need := mem.Bytes(math.MaxInt64)
-	for _, b := range Baselines(c) {
+	for b := range baselines(c) {
 		r, err := replay(c, b, false)
 		if err != nil {
 			return nil, fmt.Errorf("optimal: baseline: %w", err)
@@ -161,15 +163,30 @@ func withTimeline(c *Chain, s *Solution) (*Solution, error) {
 // whatever the budget: storing everything, √N, every-k for every k, every
 // segmentation of Chen's greedy heuristic, and Revolve with every snapshot
 // count. O(L³) to enumerate Chen's thresholds; O(L²) schedules at most.
-func Baselines(c *Chain) []Schedule {
-	out := []Schedule{StoreAll(c), Sqrt(c)}
-	for k := 1; k <= c.Len(); k++ {
-		out = append(out, EveryK(c, k))
+func Baselines(c *Chain) []Schedule { return slices.Collect(baselines(c)) }
+
+// baselines yields Baselines' schedules one at a time, each made when it
+// is asked for.
+func baselines(c *Chain) iter.Seq[Schedule] {
+	return func(yield func(Schedule) bool) {
+		if !yield(StoreAll(c)) || !yield(Sqrt(c)) {
+			return
+		}
+		for k := 1; k <= c.Len(); k++ {
+			if !yield(EveryK(c, k)) {
+				return
+			}
+		}
+		for s := range chenSchedules(c) {
+			if !yield(s) {
+				return
+			}
+		}
+		split := revolveSplits(c.Len(), c.Len())
+		for s := 1; s <= c.Len(); s++ {
+			if !yield(revolveWith(c, min(s-1, c.Len()), split)) {
+				return
+			}
+		}
 	}
-	out = append(out, chenSchedules(c)...)
-	split := revolveSplits(c.Len(), c.Len())
-	for s := 1; s <= c.Len(); s++ {
-		out = append(out, revolveWith(c, min(s-1, c.Len()), split))
-	}
-	return out
 }
