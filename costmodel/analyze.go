@@ -122,8 +122,8 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	if p == "" {
 		p = TorchEager
 	}
-	if p != TorchEager && p != Megatron {
-		return nil, fmt.Errorf("unknown profile %q (valid: torch-eager, megatron)", setup.Profile)
+	if p != TorchEager && p != Megatron && p != Transformers {
+		return nil, fmt.Errorf("unknown profile %q (valid: transformers, torch-eager, megatron)", setup.Profile)
 	}
 	a := &analyzer{g: g, profile: p, tp: max(setup.Parallel.TP, 1), sp: setup.Parallel.SP,
 		c: &Costs{Graph: g, Profile: p}}

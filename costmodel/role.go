@@ -29,6 +29,12 @@ const (
 	Copy0                       // a product's contiguous copy of operand 0
 	Copy1                       // of operand 1
 	Copy2                       // of operand 2
+	Tanh                        // gelu_new: tanh of the scaled input
+	HalfX                       // gelu_new: 0.5·x
+	OnePlusTanh                 // gelu_new: 1 + tanh(…)
+	Divisor                     // scale by a tensor: the 0-dim divisor
+	RopeCos                     // rotary embedding computing its tables: cos
+	RopeSin                     // and sin
 )
 
 var roleNames = [...]string{
@@ -36,6 +42,7 @@ var roleNames = [...]string{
 	Normalized: "normalized", NormalizedCast: "normalized_cast", Mask: "mask", LogSoftmax: "log_softmax",
 	LoRADropoutMask: "lora_dropout_mask", LoRADropout: "lora_dropout", LoRAA: "lora_a",
 	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
+	Tanh: "tanh", HalfX: "half_x", OnePlusTanh: "one_plus_tanh", Divisor: "divisor", RopeCos: "cos", RopeSin: "sin",
 }
 
 // String returns the role's name as plans, saved-tensor names and JSON

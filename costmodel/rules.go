@@ -11,6 +11,12 @@ type Profile string
 
 // The profiles.
 const (
+	// Transformers is Hugging Face transformers' layers on PyTorch 2.x,
+	// measured there: mean keeps no input, GPT-2's gelu_new and its
+	// tensor-valued attention scale keep what their Python ops keep, and
+	// sdpa lays its output out so that merging the heads is a view.
+	Transformers Profile = "transformers"
+	// TorchEager is the same layers on PyTorch 1.13.
 	TorchEager Profile = "torch-eager"
 	Megatron   Profile = "megatron"
 )
@@ -55,7 +61,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 		stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
 		mean := a.extra(n, Mean, stat, x().DType, a.shard[n.Inputs[0]])
 		rstd := a.extra(n, Rstd, stat, x().DType, a.shard[n.Inputs[0]])
-		if a.profile == TorchEager {
+		if a.profile != Megatron {
 			a.keep(n, mean)
 			a.keep(n, rstd)
 		}
@@ -73,12 +79,31 @@ func (a *analyzer) keeps(n *ir.Node) {
 		a.keep(n, a.extra(n, Mask, x().Shape, dt, a.shard[n.Inputs[0]]))
 	case ir.GELU, ir.SiLU:
 		a.keep(n, in(0))
+		if n.Op == ir.GELU && n.Attrs.TanhPy && a.profile == Transformers {
+			// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): pow keeps x,
+			// tanh its result, the last product both its factors.
+			sh := a.shard[n.Inputs[0]]
+			a.keep(n, a.extra(n, Tanh, x().Shape, x().DType, sh))
+			a.keep(n, a.extra(n, HalfX, x().Shape, x().DType, sh))
+			a.keep(n, a.extra(n, OnePlusTanh, x().Shape, x().DType, sh))
+		}
+	case ir.Scale:
+		if n.Attrs.TensorConst && a.profile == Transformers && grad(0) {
+			// Dividing by a 0-dim tensor keeps the divisor.
+			a.keep(n, a.extra(n, Divisor, ir.Shape{1}, x().DType, false))
+		}
 	case ir.CrossEntropy:
 		// log_softmax keeps its output; nll_loss keeps only the targets.
 		a.keep(n, a.extra(n, LogSoftmax, x().Shape, x().DType, a.shard[n.Inputs[0]]))
 	case ir.Attention:
 		a.keepAttention(n)
-	case ir.Embedding, ir.Add, ir.Scale, ir.CausalMask, ir.RoPE, ir.RepeatKV, ir.Cast,
+	case ir.RoPE:
+		if n.Attrs.Tables {
+			t := ir.Shape{1, 1, x().Shape[2], x().Shape[3]}
+			a.keep(n, a.extra(n, RopeCos, t, x().DType, false))
+			a.keep(n, a.extra(n, RopeSin, t, x().DType, false))
+		}
+	case ir.Embedding, ir.Add, ir.CausalMask, ir.RepeatKV, ir.Cast,
 		ir.Reshape, ir.Transpose, ir.Split, ir.Input:
 		// Embedding keeps its ids, scale a float64 scalar, causal_mask a bool
 		// buffer, rope its cos/sin buffers: none of them activations.
@@ -128,7 +153,12 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 		xf = a.extra(n, XFP32, x.Shape, dt, sh)
 	}
 	a.keep(n, xf)
-	a.keep(n, a.extra(n, XSquared, x.Shape, dt, sh))
+	if a.profile == Transformers {
+		// PyTorch 2's mean keeps only its input's shape.
+		a.extra(n, XSquared, x.Shape, dt, sh)
+	} else {
+		a.keep(n, a.extra(n, XSquared, x.Shape, dt, sh))
+	}
 	stat := append(x.Shape[:len(x.Shape)-1].Clone(), 1)
 	rstd := a.extra(n, Rstd, stat, dt, sh)
 	a.keep(n, rstd)

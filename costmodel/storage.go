@@ -37,6 +37,12 @@ func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 		// A reshape of a non-contiguous tensor copies (torch.reshape).
 		return inContig, true
 	case ir.Transpose:
+		// sdpa's output is a [b, heads, s, d] view of a [b, s, heads, d]
+		// buffer: swapping heads and s back makes it contiguous.
+		in := &g.Nodes[n.Inputs[0]]
+		if in.Op == ir.Attention && in.Attrs.BSHD && min(n.Attrs.Axis, n.Attrs.Axis2) == 1 && max(n.Attrs.Axis, n.Attrs.Axis2) == 2 {
+			return true, true
+		}
 		return true, n.Attrs.Axis == n.Attrs.Axis2
 	case ir.Split:
 		return true, n.Attrs.Parts == 1

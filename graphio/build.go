@@ -165,6 +165,16 @@ func (b *builder) core(q, k, v int) int {
 	if t.Attention == "flash" {
 		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
 	}
+	if t.Attention == "sdpa" {
+		// transformers expands K and V to every query head before
+		// F.scaled_dot_product_attention, whose fused kernels keep what
+		// flash keeps and return [b, s, heads, d] memory.
+		if m.KVHeads < m.Heads {
+			k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
+			v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+		}
+		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: true, Causal: true, P: t.Dropout}, q, k, v)
+	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
 	if m.KVHeads < m.Heads && !grouped {
 		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
@@ -178,7 +188,8 @@ func (b *builder) core(q, k, v int) int {
 	if grouped {
 		s = b.op("attn.ungroup_s", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq}}, s)
 	}
-	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim()))}, s)
+	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
+	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim())), TensorConst: m.Family == "gpt2"}, s)
 	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
 	s = b.cast("attn.softmax_cast", b.dt, s)
@@ -209,7 +220,7 @@ func (b *builder) gpt2Layer(x int) int {
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("ln_2", x)
 	h = b.linear("mlp.fc1", "up", m.FFN, true, h)
-	h = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, h)
+	h = b.op("mlp.gelu", ir.GELU, ir.Attrs{TanhPy: true}, h)
 	h = b.linear("mlp.fc2", "down", m.Hidden, true, h)
 	h = b.dropout("mlp.resid_dropout", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
@@ -222,7 +233,7 @@ func (b *builder) llamaLayer(x int) int {
 	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Hidden, m.QKVBias, h))
 	k := b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
 	v := b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
-	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta}, q)
+	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer}, q)
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, false, o)

@@ -97,9 +97,11 @@ type hfRead struct {
 // model_type (gpt2, llama, mistral, qwen2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
-// ignored. The training setup is ir.DefaultSetup's with the config's
-// dtype (torch_dtype; bf16 if absent) and dropout, and a sequence length
-// of max_position_embeddings (n_positions) capped at 8192.
+// ignored. The training setup is ir.DefaultSetup's with what
+// transformers does by default (the transformers profile, sdpa attention,
+// fp32 logits in the loss), the config's dtype (torch_dtype; bf16 if
+// absent) and dropout, and a sequence length of max_position_embeddings
+// (n_positions) capped at 8192.
 //
 // Errors are *PosError values at the offending value: JSON syntax, wrong
 // types, missing or unsupported keys, and whatever Model.Validate
@@ -128,6 +130,12 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 		return nil, r.d.errField("model_type", "unsupported model_type %q (supported: %s)", *c.ModelType, supported)
 	}
 	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
+	// What transformers does by default on PyTorch 2: sdpa attention and
+	// a loss that upcasts the logits; GPT-2's softmax stays in the model
+	// dtype.
+	m.Training.Profile, m.Training.Attention = "transformers", "sdpa"
+	m.Training.Numerics.LogitsFP32 = true
+	m.Training.Numerics.SoftmaxFP32 = family != "gpt2"
 	r.keys["name"] = "_name_or_path"
 	if err := r.dtype(&c, m); err != nil {
 		return nil, err

@@ -12,9 +12,21 @@ import (
 )
 
 // hfSetup is the default training setup with what a config.json sets.
+// hfSetup is what transformers does by default on PyTorch 2: sdpa, and a
+// loss that reads the logits in fp32 (LlamaForCausalLM's loss_function
+// calls logits.float()).
 func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s := ir.DefaultSetup()
 	s.DType, s.Dropout, s.Seq = dtype, dropout, seq
+	s.Profile, s.Attention, s.Numerics.LogitsFP32 = "transformers", "sdpa", true
+	return s
+}
+
+// gpt2Setup is hfSetup for GPT-2, whose eager attention takes its softmax
+// in the model dtype (GPT2Attention._attn without reorder_and_upcast_attn).
+func gpt2Setup(dtype string, dropout float64, seq int64) ir.Setup {
+	s := hfSetup(dtype, dropout, seq)
+	s.Numerics.SoftmaxFP32 = false
 	return s
 }
 
@@ -42,7 +54,7 @@ func TestParseHFConfigFiles(t *testing.T) {
 		{"gpt2.json", &Model{
 			Name: "gpt2", Family: "gpt2", Layers: 12, Hidden: 768, Heads: 12, KVHeads: 12,
 			FFN: 3072, Vocab: 50257, TiedEmbeddings: true, QKVBias: true, NormEps: 1e-5, MaxSeq: 1024,
-			Training: hfSetup("bf16", 0.1, 1024),
+			Training: gpt2Setup("bf16", 0.1, 1024),
 		}},
 	}
 	for _, tt := range tests {
@@ -70,13 +82,13 @@ func TestParseHFConfigKeys(t *testing.T) {
 	const gpt2 = `"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100`
 	small := func(family string, edit func(*Model)) *Model {
 		m := &Model{Name: "config", Family: family, Layers: 2, Hidden: 64, Heads: 4, KVHeads: 4,
-			FFN: 128, Vocab: 100, NormEps: 1e-5, Training: ir.DefaultSetup()}
+			FFN: 128, Vocab: 100, NormEps: 1e-5, Training: hfSetup("bf16", 0, 2048)}
 		if family == "llama" {
 			m.RopeTheta = 10000
 		} else {
 			m.FFN = 256
 			m.TiedEmbeddings, m.QKVBias = true, true
-			m.Training.Dropout = 0.1
+			m.Training = gpt2Setup("bf16", 0.1, 2048)
 		}
 		edit(m)
 		return m

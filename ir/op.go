@@ -113,27 +113,31 @@ func ParseOp(s string) (Op, bool) {
 // Attrs holds the attributes of an op. Each field is meaningful only for the
 // ops named in its comment; the zero value is the default for all of them.
 type Attrs struct {
-	Out        int64   // Linear: output features; Embedding: embedding width
-	Vocab      int64   // Embedding: rows of the table
-	Bias       bool    // Linear: has a bias
-	Frozen     bool    // Linear, Embedding, norms: weights are not trained
-	Tied       string  // Linear, Embedding: name of the node whose weight this one shares
-	LoRARank   int64   // Linear: rank of a trainable low-rank adapter (0: none)
-	LoRADrop   float64 // Linear: dropout probability on the adapter's input
-	Upcast     bool    // RMSNorm, LayerNorm, Softmax: compute in fp32
-	P          float64 // Dropout, Attention: drop probability
-	Factor     float64 // Scale: the constant
-	Heads      int64   // RepeatKV, Attention, RoPE: query heads
-	KVHeads    int64   // Attention: key/value heads
-	Flash      bool    // Attention: flash (no s^2 probabilities kept)
-	Causal     bool    // Attention: causal masking
-	TransposeB bool    // MatMul: use the transpose of the last two axes of b
-	Axis       int     // Transpose: first axis
-	Axis2      int     // Transpose: second axis
-	Parts      int     // Split: equal parts along the last axis
-	Index      int     // Split: which part
-	Eps        float64 // LayerNorm, RMSNorm: epsilon
-	Theta      float64 // RoPE: base of the rotary frequencies
-	To         DType   // Cast: the target dtype
-	Shape      Shape   // Reshape: the new shape; one entry may be -1
+	Out         int64   // Linear: output features; Embedding: embedding width
+	Vocab       int64   // Embedding: rows of the table
+	Bias        bool    // Linear: has a bias
+	Frozen      bool    // Linear, Embedding, norms: weights are not trained
+	Tied        string  // Linear, Embedding: name of the node whose weight this one shares
+	LoRARank    int64   // Linear: rank of a trainable low-rank adapter (0: none)
+	LoRADrop    float64 // Linear: dropout probability on the adapter's input
+	Upcast      bool    // RMSNorm, LayerNorm, Softmax: compute in fp32
+	P           float64 // Dropout, Attention: drop probability
+	Factor      float64 // Scale: the constant
+	Heads       int64   // RepeatKV, Attention, RoPE: query heads
+	KVHeads     int64   // Attention: key/value heads
+	Flash       bool    // Attention: flash (no s^2 probabilities kept)
+	BSHD        bool    // Attention: output laid out [b, s, heads, d] (PyTorch's sdpa kernels), so merging heads is a view
+	TanhPy      bool    // GELU: the tanh approximation in Python ops (transformers' gelu_new), which keeps four tensors
+	TensorConst bool    // Scale: the constant is a 0-dim tensor in the model dtype (GPT-2's torch.full), which the backward keeps
+	Causal      bool    // Attention: causal masking
+	TransposeB  bool    // MatMul: use the transpose of the last two axes of b
+	Axis        int     // Transpose: first axis
+	Axis2       int     // Transpose: second axis
+	Parts       int     // Split: equal parts along the last axis
+	Index       int     // Split: which part
+	Eps         float64 // LayerNorm, RMSNorm: epsilon
+	Theta       float64 // RoPE: base of the rotary frequencies
+	Tables      bool    // RoPE: computes the cos/sin tables it uses, [1, 1, s, d] each, which its backward keeps
+	To          DType   // Cast: the target dtype
+	Shape       Shape   // Reshape: the new shape; one entry may be -1
 }

@@ -14,8 +14,8 @@ type Setup struct {
 	Seq       int64    `yaml:"seq" json:"seq"`
 	DType     string   `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
 	Dropout   float64  `yaml:"dropout" json:"dropout"`     // in [0, 1)
-	Attention string   `yaml:"attention" json:"attention"` // eager | flash
-	Profile   string   `yaml:"profile" json:"profile"`     // torch-eager | megatron
+	Attention string   `yaml:"attention" json:"attention"` // eager | sdpa | flash
+	Profile   string   `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
 	Numerics  Numerics `yaml:"numerics" json:"numerics"`
 	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | sgd | none
 	LoRA      LoRA     `yaml:"lora" json:"lora"`
@@ -29,6 +29,9 @@ type Numerics struct {
 	SoftmaxFP32 bool   `yaml:"softmax_fp32" json:"softmax_fp32"` // softmax in fp32, cast back
 	LogitsFP32  bool   `yaml:"logits_fp32" json:"logits_fp32"`   // loss on logits.float()
 	GQA         string `yaml:"gqa" json:"gqa"`                   // repeat (expand K, V) | grouped
+	// RopeInLayer: each layer computes its rotary cos/sin tables itself
+	// (Mistral in transformers before 4.48), so they are its activations.
+	RopeInLayer bool `yaml:"rope_in_layer,omitempty" json:"rope_in_layer,omitempty"`
 }
 
 // LoRA describes low-rank adapters. Rank 0 means full fine-tuning.
@@ -49,8 +52,8 @@ type Parallel struct {
 
 // Enumerated values of the setup's string fields.
 var (
-	Attentions  = []string{"eager", "flash"}
-	Profiles    = []string{"torch-eager", "megatron"}
+	Attentions  = []string{"eager", "sdpa", "flash"}
+	Profiles    = []string{"transformers", "torch-eager", "megatron"}
 	Optimizers  = []string{"adamw", "sgd", "none"}
 	GQAs        = []string{"repeat", "grouped"}
 	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}

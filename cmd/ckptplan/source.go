@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
@@ -20,6 +21,11 @@ type setupFlags struct {
 	loraRank, tp, dp   int64
 	zero               int64
 	sp                 bool
+	dropout            float64
+	logits             string
+	loraTargets        string
+	loraDropout        float64
+	ropeTables         string
 	set                map[string]bool // flags given on the command line
 }
 
@@ -33,9 +39,14 @@ func addSetupFlags(fs *flag.FlagSet) *setupFlags {
 
 // addTrainingFlags registers the flags that change how a model trains.
 func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
-	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: torch-eager | megatron (default: the model's)")
-	fs.StringVar(&s.attention, "attention", "", "attention kernel: eager | flash (default: the model's)")
+	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+strings.Join(ir.Profiles, " | ")+" (default: the model's)")
+	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+strings.Join(ir.Attentions, " | ")+" (default: the model's)")
+	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
+	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
+	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
+	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48)")
+	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
@@ -50,6 +61,16 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Profile = s.profile
 		case "attention":
 			t.Attention = s.attention
+		case "dropout":
+			t.Dropout = s.dropout
+		case "logits-dtype":
+			t.Numerics.LogitsFP32 = s.logits == "fp32"
+		case "lora-targets":
+			t.LoRA.Targets = strings.Split(s.loraTargets, ",")
+		case "rope-tables":
+			t.Numerics.RopeInLayer = s.ropeTables == "layer"
+		case "lora-dropout":
+			t.LoRA.Dropout = s.loraDropout
 		case "lora-rank":
 			t.LoRA.Rank = s.loraRank
 		case "tp":
@@ -69,11 +90,17 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.batch < 0 || s.seq < 0 {
 		return nil, usagef("--batch and --seq must be positive")
 	}
-	if !slices.Contains([]string{"", "torch-eager", "megatron"}, s.profile) {
-		return nil, usagef("--profile: unknown value %q (valid: torch-eager, megatron)", s.profile)
+	if s.profile != "" && !slices.Contains(ir.Profiles, s.profile) {
+		return nil, usagef("--profile: unknown value %q (valid: %s)", s.profile, strings.Join(ir.Profiles, ", "))
 	}
-	if !slices.Contains([]string{"", "eager", "flash"}, s.attention) {
-		return nil, usagef("--attention: unknown value %q (valid: eager, flash)", s.attention)
+	if s.attention != "" && !slices.Contains(ir.Attentions, s.attention) {
+		return nil, usagef("--attention: unknown value %q (valid: %s)", s.attention, strings.Join(ir.Attentions, ", "))
+	}
+	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
+		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	}
+	if s.logits != "" && s.logits != "fp32" && s.logits != "model" {
+		return nil, usagef("--logits-dtype: unknown value %q (valid: fp32, model)", s.logits)
 	}
 	if s.dtype != "" {
 		d, err := ir.ParseDType(s.dtype)
