@@ -21,6 +21,11 @@ type Layer struct {
 	// KeptBytes is what the layer holds after the forward, its output
 	// included and its input not (the layer before holds it).
 	KeptBytes mem.Bytes `json:"kept_bytes"`
+	// RecomputeFLOPs is the forward work the runtime reruns in the layer's
+	// backward: a checkpoint's replay up to its early stop, selective
+	// checkpointing's uncached ops, or (PyTorch before 2.4) the whole
+	// forward of a selective layer.
+	RecomputeFLOPs float64 `json:"recompute_flops"`
 }
 
 // Export is a plan reduced to per-layer decisions.
@@ -31,7 +36,15 @@ type Export struct {
 	BudgetBytes mem.Bytes `json:"budget_bytes"`
 	PeakBytes   mem.Bytes `json:"peak_bytes"`
 	Overhead    float64   `json:"overhead"`
-	Layers      []Layer   `json:"layers"`
+	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
+	// over the step's work without recomputation.
+	RecomputeFLOPs float64 `json:"recompute_flops"`
+	Batch          int64   `json:"batch,omitempty"`
+	Seq            int64   `json:"seq,omitempty"`
+	DType          string  `json:"dtype,omitempty"`
+	Attention      string  `json:"attention,omitempty"`
+	Profile        string  `json:"profile,omitempty"`
+	Layers         []Layer `json:"layers"`
 	Notes       []string  `json:"notes,omitempty"`
 
 	nothing     []bool // per layer: the plan keeps not even its input
@@ -46,6 +59,9 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
 	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
+	if s := plan.Setup; s != nil {
+		e.Batch, e.Seq, e.DType, e.Attention, e.Profile = s.Batch, s.Seq, s.DType, s.Attention, s.Profile
+	}
 	forwards := make([]int, len(plan.Stages))
 	recomputedWith := map[int]string{}
 	seen := make([]bool, len(plan.Stages))
@@ -82,6 +98,10 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			out = plan.Stages[i+1].InputBytes
 		}
 		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
+		rerun := st.Forward
+		if st.Rerun > 0 {
+			rerun = st.Rerun
+		}
 		switch st.Decision {
 		case "store":
 			l.Mode = "store"
@@ -92,8 +112,15 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", comment(st.Name), st.Option)
 			}
 			l.Saved, l.KeptBytes = o.Saved, o.SavedBytes
+			// Selective checkpointing (the transformers profile's runtime)
+			// reruns what the keep set says; the saved-tensor hooks of
+			// older PyTorch rerun the whole forward.
+			l.RecomputeFLOPs = st.Forward
+			if plan.Setup != nil && plan.Setup.Profile == "transformers" {
+				l.RecomputeFLOPs = o.ExtraCost
+			}
 		case "checkpoint", "recompute":
-			l.Mode, l.KeptBytes = "checkpoint", out
+			l.Mode, l.KeptBytes, l.RecomputeFLOPs = "checkpoint", out, rerun
 			if st.Decision == "recompute" {
 				keptNothing = append(keptNothing, st.Name)
 				nothingBytes += st.InputBytes
@@ -108,7 +135,14 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		if o, ok := recomputedWith[i]; ok && st.Decision != "selective" && st.Decision != "store" {
 			e.Notes = append(e.Notes, fmt.Sprintf("%s: the plan recomputes it keeping %s; a checkpoint reruns it storing everything", st.Name, o))
 		}
+		e.RecomputeFLOPs += l.RecomputeFLOPs
 		e.Layers = append(e.Layers, l)
+	}
+	if plan.BaselineCost > 0 {
+		// What the runtime pays, layer by layer, which may differ from the
+		// schedule's own cost (a rerun that stops early, one that reruns
+		// more than the plan asked).
+		e.Overhead = e.RecomputeFLOPs / plan.BaselineCost
 	}
 	if len(e.Layers) == 0 {
 		return nil, fmt.Errorf("the plan for %s has no layers.N stages: only a model's layers can be exported", comment(plan.Model))

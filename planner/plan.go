@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 	"github.com/ckptplan/ckptplan/stage"
@@ -62,11 +63,14 @@ func (o *Options) withDefaults() (Options, error) {
 // Plan is a schedule for one training step and what it costs. Its JSON
 // form is the documented plan format (docs/formats.md).
 type Plan struct {
-	Schema              int       `json:"schema" yaml:"schema"`
-	Model               string    `json:"model" yaml:"model"`
-	Solver              string    `json:"solver" yaml:"solver"`
-	Unit                string    `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
-	Device              string    `json:"device,omitempty" yaml:"device,omitempty"`
+	Schema int    `json:"schema" yaml:"schema"`
+	Model  string `json:"model" yaml:"model"`
+	Solver string `json:"solver" yaml:"solver"`
+	Unit   string `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
+	Device string `json:"device,omitempty" yaml:"device,omitempty"`
+	// Setup is the training setup a model's plan assumes: batch,
+	// sequence, dtype, attention, profile.
+	Setup               *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
 	BudgetBytes         mem.Bytes `json:"budget_bytes" yaml:"budget_bytes"`
 	Feasible            bool      `json:"feasible" yaml:"feasible"`
 	MinBudgetBytes      mem.Bytes `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
@@ -83,10 +87,13 @@ type Plan struct {
 
 // Stage is one stage of the chain and what the plan does with it.
 type Stage struct {
-	Index      int       `json:"index" yaml:"index"`
-	Name       string    `json:"name" yaml:"name"`
-	Forward    float64   `json:"forward" yaml:"forward"`
-	Backward   float64   `json:"backward" yaml:"backward"`
+	Index    int     `json:"index" yaml:"index"`
+	Name     string  `json:"name" yaml:"name"`
+	Forward  float64 `json:"forward" yaml:"forward"`
+	Backward float64 `json:"backward" yaml:"backward"`
+	// Rerun is what a checkpoint of the stage reruns in backward when the
+	// runtime stops early (the transformers profile's); 0: the forward.
+	Rerun      float64   `json:"rerun,omitempty" yaml:"rerun,omitempty"`
 	InputBytes mem.Bytes `json:"input_bytes" yaml:"input_bytes"`
 	SavedBytes mem.Bytes `json:"saved_bytes" yaml:"saved_bytes"` // the tape a storing forward that keeps everything keeps
 	// Decision: "store" (the first forward keeps the tape), "selective"
@@ -227,9 +234,19 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit,
 		BudgetBytes: budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain), Notes: p.Notes}
+	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
+		s := p.Costs.Graph.Setup
+		plan.Setup = &s
+	}
 	for i, name := range p.names {
-		plan.Stages = append(plan.Stages, Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
-			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]})
+		st := Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
+			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]}
+		if p.Stages != nil && i < len(p.Stages) {
+			if r := float64(p.Stages[i].RerunFLOPs()); r != st.Forward {
+				st.Rerun = r
+			}
+		}
+		plan.Stages = append(plan.Stages, st)
 	}
 	return plan
 }

@@ -122,6 +122,9 @@ func (k *search) needs(p int, kept func(int) bool) []int {
 
 // recompute returns R(K) in graph order for the kept candidates.
 func (k *search) recompute(kept bitset) []int {
+	if k.c.Profile == costmodel.Transformers {
+		return k.sacRerun(kept)
+	}
 	isKept := func(s int) bool {
 		j, ok := k.st.index[s]
 		return ok && kept.has(j)
@@ -353,11 +356,11 @@ func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 			}
 		}
 		for _, name := range Policies {
-			add(name, k.policy(name, core))
+			add(name, k.closeOutputs(k.policy(name, core)))
 		}
 		front, complete := k.front()
 		for _, b := range front {
-			add("", b)
+			add("", k.closeOutputs(b))
 		}
 		if !complete {
 			found.found = append(found.found, namedBits{policy: frontTooWide})

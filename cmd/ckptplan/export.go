@@ -16,8 +16,8 @@ import (
 func runExport(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("export", "MODEL|PLAN.json", stderr)
 	pf := addPlanFlags(fs, true)
-	to := &formatFlag{valid: []string{"pytorch", "hf", "megatron"}}
-	fs.Var(to, "to", "what to write: pytorch (a Python module) | hf (transformers calls) | megatron (flags)")
+	to := &formatFlag{valid: []string{"pytorch", "hf", "megatron", "json"}}
+	fs.Var(to, "to", "what to write: pytorch (a Python module) | hf (transformers calls) | megatron (flags) | json (the per-layer plan, for the Python package)")
 	out := fs.String("o", "", "write to this file instead of standard output")
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
 	if err != nil {
@@ -25,7 +25,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	if to.value == "" {
 		fs.Usage()
-		return usagef("export: need --to pytorch, hf or megatron")
+		return usagef("export: need --to pytorch, hf, megatron or json")
 	}
 	plan, err := exportPlan(fs, pf, arg, stderr)
 	if err != nil {
@@ -41,6 +41,8 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return e.PyTorch(w, "ckptplan export "+strings.Join(args, " "))
 		case "hf":
 			return e.HF(w)
+		case "json":
+			return writeJSON(w, e)
 		}
 		return e.Megatron(w)
 	}

@@ -206,7 +206,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
-		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, hf or megatron"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, hf, megatron or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},

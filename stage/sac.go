@@ -1,0 +1,113 @@
+package stage
+
+import (
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Selective activation checkpointing, the runtime of the transformers
+// profile (PyTorch ≥ 2.4, torch.utils.checkpoint with a policy), does not
+// rerun only what a dropped tensor needs. In backward it replays the
+// layer's forward op by op: an op whose output the policy cached hands
+// that output back, every other op runs again, whether or not anything
+// needs it. The replay stops as soon as the last tensor the forward saved
+// has been saved again (the checkpoint's early stop): the ops after the
+// last one that saves anything never rerun, nor does that one when what it
+// saves are its inputs, which it saves before it computes.
+//
+// The policy caches what an op returns, all of it: an op with several
+// outputs (sdpa's output and log-sum-exp, layer norm's output and
+// statistics, dropout's output and mask) is cached whole or not at all,
+// so a keep set keeps such outputs together.
+
+// sacRerun returns the nodes the checkpoint reruns under keep set kept,
+// in order; none when everything is kept.
+func (k *search) sacRerun(kept bitset) []int {
+	all := true
+	for j := range k.st.Saved {
+		all = all && kept.has(j)
+	}
+	if all {
+		return nil
+	}
+	isKept := func(s int) bool {
+		j, ok := k.st.index[s]
+		return ok && kept.has(j)
+	}
+	var out []int
+	for _, id := range k.st.rerunUpToStop() {
+		if len(k.c.Owned(id)) > 0 && isKept(k.c.OutputStorage(id)) {
+			continue // cached
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// rerunUpToStop returns the stage's nodes a checkpoint's replay reaches
+// before its early stop, in order.
+func (st *Stage) rerunUpToStop() []int {
+	stop, runs := -1, false
+	for p, id := range st.Nodes {
+		saved := st.c.Nodes[id].Saved
+		if len(saved) == 0 {
+			continue
+		}
+		stop, runs = p, false
+		for _, s := range saved {
+			runs = runs || st.c.Storages[s].Node == id
+		}
+	}
+	if !runs {
+		stop--
+	}
+	return st.Nodes[:stop+1]
+}
+
+// RerunFLOPs returns the forward FLOPs a checkpoint of the stage reruns
+// in backward: with the transformers profile, those before the early
+// stop; otherwise the whole forward.
+func (st *Stage) RerunFLOPs() int64 {
+	nodes := st.Nodes
+	if st.c.Profile == costmodel.Transformers {
+		nodes = st.rerunUpToStop()
+	}
+	var f int64
+	for _, id := range nodes {
+		f += st.c.Nodes[id].ForwardFLOPs
+	}
+	return f
+}
+
+// closeOutputs adds to kept the other outputs of every op one of whose
+// outputs it keeps, for the transformers profile's runtime.
+func (k *search) closeOutputs(kept bitset) bitset {
+	if k.c.Profile != costmodel.Transformers {
+		return kept
+	}
+	out := newBitset(len(k.st.Saved))
+	copy(out, kept)
+	for j, s := range k.st.Saved {
+		if !kept.has(j) {
+			continue
+		}
+		id := k.c.Storages[s].Node
+		if !multiOutput(&k.c.Graph.Nodes[id]) {
+			continue
+		}
+		for _, o := range k.c.Owned(id) {
+			if r := k.c.Storages[o].Role; r == costmodel.Out || r == costmodel.LogSumExp || r == costmodel.Mean || r == costmodel.Rstd || r == costmodel.Mask {
+				if i, ok := k.st.index[o]; ok {
+					out.set(i)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// multiOutput reports whether one ATen op makes the node's output and its
+// statistics or mask together.
+func multiOutput(n *ir.Node) bool {
+	return (n.Op == ir.Attention && n.Attrs.Flash) || n.Op == ir.LayerNorm || n.Op == ir.Dropout
+}
