@@ -38,14 +38,14 @@ type Export struct {
 	Overhead    float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
-	RecomputeFLOPs float64 `json:"recompute_flops"`
-	Batch          int64   `json:"batch,omitempty"`
-	Seq            int64   `json:"seq,omitempty"`
-	DType          string  `json:"dtype,omitempty"`
-	Attention      string  `json:"attention,omitempty"`
-	Profile        string  `json:"profile,omitempty"`
-	Layers         []Layer `json:"layers"`
-	Notes       []string  `json:"notes,omitempty"`
+	RecomputeFLOPs float64  `json:"recompute_flops"`
+	Batch          int64    `json:"batch,omitempty"`
+	Seq            int64    `json:"seq,omitempty"`
+	DType          string   `json:"dtype,omitempty"`
+	Attention      string   `json:"attention,omitempty"`
+	Profile        string   `json:"profile,omitempty"`
+	Layers         []Layer  `json:"layers"`
+	Notes          []string `json:"notes,omitempty"`
 
 	nothing     []bool // per layer: the plan keeps not even its input
 	nothingNote string // the note saying so, which Megatron's uniform method makes moot
