@@ -1,3 +1,36 @@
-"""Activation checkpointing plans for transformer training, from the ckptplan planner."""
+"""ckptplan: which activations to keep and which to recompute so a training
+step fits a memory budget with the least extra compute.
+
+Plan, apply and measure on a live transformers or PEFT model:
+
+    >>> import torch, transformers, ckptplan
+    >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+    ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    >>> model = transformers.LlamaForCausalLM(config)
+    >>> plan = ckptplan.plan(model, budget="64MiB", batch=2, seq=16)
+    >>> counts = ckptplan.apply(model, plan)
+    >>> m = ckptplan.measure(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)})
+    >>> [l.kept_bytes for l in m.layers] == [l.kept_bytes for l in plan.layers]
+    True
+
+The planning runs in the ``ckptplan`` binary that the wheel carries (or the
+one ``CKPTPLAN_BINARY`` names); applying and measuring need PyTorch.
+"""
+from ._binary import BinaryNotFoundError, CkptplanError, binary
+from .plan import Layer, Plan, Saved, plan
 
 __version__ = "0.1.0"
+
+__all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "Saved", "apply", "applied",
+           "binary", "measure", "plan", "suspended", "__version__"]
+
+
+def __getattr__(name):
+    # apply and measure import torch; planning alone does not need it.
+    if name in ("apply", "applied", "suspended", "sac_available"):
+        from . import apply as _apply
+        return getattr(_apply, name)
+    if name in ("measure", "Measurement", "LayerMeasurement"):
+        from . import measure as _measure
+        return getattr(_measure, name)
+    raise AttributeError(f"module 'ckptplan' has no attribute {name!r}")

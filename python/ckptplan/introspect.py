@@ -1,0 +1,124 @@
+"""Reading a live model: what ckptplan needs that its config.json does not say.
+
+``describe(model, batch=..., seq=...)`` returns the model's config (as
+transformers writes config.json) and the ckptplan flags for what only the
+live model knows: the dtype its weights are in, the attention
+implementation it runs, whether its layers compute their own rotary tables,
+the LoRA adapters PEFT added.
+
+Example:
+    >>> import transformers
+    >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+    ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    >>> s = describe(transformers.LlamaForCausalLM(config), batch=2, seq=16)
+    >>> s.flags()[:4]
+    ['--batch', '2', '--seq', '16']
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from .layers import decoder_layers, unwrap
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
+# PEFT module names → ckptplan's LoRA targets.
+_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
+            "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
+            "c_attn": "q", "c_proj": "o", "c_fc": "up"}
+
+
+@dataclasses.dataclass
+class Setup:
+    """What ckptplan is told about a model: its config and the flags."""
+
+    config: dict[str, Any]
+    batch: int
+    seq: int
+    dtype: str
+    attention: str
+    dropout: Optional[float] = None
+    logits_dtype: str = "fp32"
+    rope_tables: str = "model"
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    lora_dropout: float = 0.0
+
+    def flags(self) -> list[str]:
+        """The ckptplan command-line flags for this setup."""
+        f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
+             "--attention", self.attention, "--profile", "transformers",
+             "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables]
+        if self.dropout is not None:
+            f += ["--dropout", repr(self.dropout)]
+        if self.lora_rank:
+            f += ["--lora-rank", str(self.lora_rank), "--lora-targets", ",".join(self.lora_targets),
+                  "--lora-dropout", repr(self.lora_dropout)]
+        return f
+
+
+def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[str] = None,
+             autocast: Optional[str] = None) -> Setup:
+    """Describe model for ckptplan; see the module doc.
+
+    Raises ValueError for what ckptplan cannot plan yet, saying what.
+    """
+    if not (isinstance(batch, int) and isinstance(seq, int)) or batch <= 0 or seq <= 0:
+        raise ValueError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
+    base = unwrap(model)
+    config = getattr(base, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise ValueError(f"a {type(model).__name__} has no transformers config: ckptplan plans "
+                         "transformers models (Llama, Mistral, Qwen2, GPT-2)")
+    if autocast is not None:
+        raise ValueError("planning under torch.autocast is not supported yet: plan the model in the "
+                         "dtype it computes in (model.to(torch.bfloat16))")
+    layers = decoder_layers(model)
+    dtypes = {p.dtype for p in layers.parameters() if p.is_floating_point()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+        raise ValueError(f"the decoder layers' weights are in {sorted(map(str, dtypes))}: ckptplan "
+                         "plans one of float32, bfloat16, float16")
+    dtype = _DTYPES[next(iter(dtypes))]
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl not in _ATTENTION:
+        raise ValueError(f"attention implementation {impl!r} is not one ckptplan models "
+                         f"(it models {', '.join(_ATTENTION)})")
+    cfg = config.to_dict()
+    # Where the rotary tables are made: once by the model (Llama, Qwen2;
+    # Mistral from transformers 4.48), or by every layer (Mistral before).
+    inner = getattr(base, "model", base)
+    attn = getattr(layers[0], "self_attn", None)
+    layer_rope = attn is not None and hasattr(attn, "rotary_emb") and not hasattr(inner, "rotary_emb")
+    rope = "layer" if layer_rope else "model"
+    dropout = None if model.training else 0.0
+    setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=_ATTENTION[impl],
+                  dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope)
+    _lora(model, setup)
+    return setup
+
+
+def _lora(model: nn.Module, setup: Setup) -> None:
+    """Fill setup's LoRA fields from PEFT's config, if model is a PEFT model."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return
+    if len(configs) != 1:
+        raise ValueError("the model has several PEFT adapters: ckptplan plans one")
+    cfg = next(iter(configs.values()))
+    if getattr(cfg, "peft_type", None) is None or str(cfg.peft_type).split(".")[-1] != "LORA":
+        raise ValueError(f"PEFT adapter type {cfg.peft_type}: ckptplan plans LoRA")
+    targets = cfg.target_modules
+    names = [targets] if isinstance(targets, str) else sorted(targets or ())
+    mapped = []
+    for n in names:
+        if n not in _TARGETS:
+            raise ValueError(f"LoRA target module {n!r} is not one ckptplan models "
+                             f"({', '.join(sorted(_TARGETS))})")
+        mapped.append(_TARGETS[n])
+    setup.lora_rank = int(cfg.r)
+    setup.lora_targets = tuple(dict.fromkeys(mapped))
+    setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)

@@ -1,0 +1,155 @@
+"""Planning from a live model: what ckptplan needs is read from the model.
+
+``plan(model, budget="24GiB", batch=8, seq=2048)`` writes the model's
+``config.json``, reads from the model what the config does not say — the
+dtype its parameters train in, the attention implementation, dropout, the
+LoRA adapters PEFT added and which parameters train — and asks the
+``ckptplan`` binary for a plan, returned as a ``Plan``.
+
+Example:
+    >>> import transformers, ckptplan
+    >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+    ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    >>> model = transformers.LlamaForCausalLM(config)
+    >>> p = ckptplan.plan(model, budget="64MiB", batch=2, seq=16)
+    >>> p.feasible, len(p.layers)
+    (True, 2)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Optional, Sequence, Union
+
+from . import _binary
+from .introspect import Setup, describe
+
+
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """One activation storage a selective layer saves, in the order autograd
+    first saves them, and whether the plan keeps it."""
+
+    name: str
+    bytes: int
+    keep: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One decoder layer's decision."""
+
+    name: str
+    mode: str  # store | checkpoint | selective
+    kept_bytes: int  # held after the forward, output included, input not
+    policy: str = ""  # selective: the keep set's name
+    saved: tuple[Saved, ...] = ()
+    recompute_flops: int = 0  # forward FLOPs its backward reruns
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A plan for one model, batch and sequence length.
+
+    Every figure is a promise: ``peak_bytes`` is what the step holds
+    (``reserve_bytes`` for what is not a tensor on top of it, within
+    ``budget_bytes``), ``overhead`` the extra compute the runtime pays,
+    ``recompute_flops`` the forward FLOPs rerun in backward.
+    """
+
+    model: str
+    solver: str
+    feasible: bool
+    budget_bytes: int
+    reserve_bytes: int
+    peak_bytes: int
+    overhead: float
+    recompute_flops: int
+    batch: Optional[int]
+    seq: Optional[int]
+    dtype: str
+    attention: str
+    layers: tuple[Layer, ...]
+    notes: tuple[str, ...] = ()
+    raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Union[str, bytes, dict]) -> "Plan":
+        """Read the JSON that ``ckptplan export --to json`` writes."""
+        d = json.loads(data) if isinstance(data, (str, bytes)) else data
+        layers = tuple(
+            Layer(name=l["name"], mode=l["mode"], kept_bytes=int(l["kept_bytes"]),
+                  policy=l.get("policy", ""),
+                  saved=tuple(Saved(s["name"], int(s["bytes"]), bool(s["keep"])) for s in l.get("saved") or ()),
+                  recompute_flops=int(l.get("recompute_flops", 0)))
+            for l in d["layers"])
+        return cls(model=d["model"], solver=d["solver"], feasible=bool(d.get("feasible", True)),
+                   budget_bytes=int(d["budget_bytes"]), reserve_bytes=int(d.get("reserve_bytes", 0)),
+                   peak_bytes=int(d["peak_bytes"]), overhead=float(d["overhead"]),
+                   recompute_flops=int(d.get("recompute_flops", 0)),
+                   batch=d.get("batch"), seq=d.get("seq"), dtype=d.get("dtype", ""),
+                   attention=d.get("attention", ""), layers=layers,
+                   notes=tuple(d.get("notes") or ()), raw=d)
+
+    @classmethod
+    def every_layer(cls, model, mode: str) -> "Plan":
+        """A plan that runs every decoder layer of model in one mode
+        (store or checkpoint), with no figures: for comparisons."""
+        from .layers import decoder_layers
+
+        n = len(decoder_layers(model))
+        return cls(model=type(model).__name__, solver=f"every layer {mode}", feasible=True,
+                   budget_bytes=0, reserve_bytes=0, peak_bytes=0, overhead=0.0, recompute_flops=0,
+                   batch=None, seq=None, dtype="", attention="",
+                   layers=tuple(Layer(f"layers.{i}", mode, 0) for i in range(n)))
+
+    def summary(self) -> str:
+        """The plan in a few lines, as the command line prints it."""
+        lines = [f"{self.model}: batch {self.batch}, sequence {self.seq}, {self.dtype}, "
+                 f"{self.attention} attention; solver {self.solver}",
+                 f"peak {_gib(self.peak_bytes)} + reserve {_gib(self.reserve_bytes)} "
+                 f"within {_gib(self.budget_bytes)}, {100 * self.overhead:+.1f}% compute"]
+        for l in self.layers:
+            how = f"selective ({l.policy})" if l.mode == "selective" else l.mode
+            lines.append(f"  {l.name:10s} {how}: keeps {l.kept_bytes} bytes")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
+         solver: str = "selective", device: Optional[str] = None,
+         reserve: Union[str, int, None] = None, logits_dtype: Optional[str] = None,
+         autocast: Optional[str] = None, extra_args: Sequence[str] = ()) -> Plan:
+    """Plan model's activations for one training step of batch sequences of
+    seq tokens within budget (bytes, or a string such as "24GiB"; default:
+    the device's memory).
+
+    solver: selective (default), optimal, every-k, ...; device: a GPU name
+    (``ckptplan plan -h`` lists them), whose default reserve for what is not
+    a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
+    transformers' loss does, the default) or model; autocast: "bf16" when
+    the step runs under torch.autocast with fp32 weights.
+
+    Raises ``ckptplan.CkptplanError`` with the binary's message when the
+    model cannot be planned or the plan does not fit.
+    """
+    setup: Setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
+    args = ["export", "--to", "json", "--solver", solver]
+    if budget is not None:
+        args += ["--budget", str(budget)]
+    if device is not None:
+        args += ["--device", device]
+    if reserve is not None:
+        args += ["--reserve", str(reserve)]
+    with tempfile.TemporaryDirectory(prefix="ckptplan-") as tmp:
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(setup.config, f)
+        out = _binary.call([*args, *setup.flags(), *extra_args, path])
+    return Plan.from_json(out)

@@ -1,0 +1,116 @@
+"""ckptplan's predictions against real transformers models on PyTorch 2.
+
+Each test builds a tiny model from a config with random weights (no
+download), asks the ckptplan binary for plans through ckptplan.plan, runs a
+training step with ckptplan.apply and measures it with ckptplan.measure:
+the truth is PyTorch's own saved tensors, live storages and FlopCounterMode.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ckptplan  # noqa: E402
+from ckptplan.apply import apply  # noqa: E402
+from ckptplan.measure import measure  # noqa: E402
+
+BATCH, SEQ, VOCAB = 2, 16, 128
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(family: str, attention: str, dtype: str) -> "torch.nn.Module":
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB,
+                                         attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    else:
+        cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "qwen2": transformers.Qwen2Config}[family]
+        config = cls(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                          torch_dtype=DTYPES[dtype])
+    return model
+
+
+def batch() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
+
+
+ALL = [(f, a, d) for f in ("llama", "mistral", "qwen2", "gpt2")
+       for a in ("eager", "sdpa") for d in ("fp32", "bf16")]
+# Known gaps (docs/validation.md): in bf16 a Llama-family layer's output is
+# freed once the next layer has upcast it, but the plan counts it as held;
+# Mistral's in-layer rotary tables are not yet placed right in checkpointed
+# layers.
+STORED = [s for s in ALL if not (s[0] != "gpt2" and s[2] == "bf16")]
+WHOLE = [s for s in STORED if s[0] != "mistral"]
+
+
+@pytest.mark.parametrize("family,attention,dtype", STORED)
+def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype):
+    """Bytes each layer saves (saved-tensor hooks, one count per storage)
+    and holds after the forward equal the plan's, every layer stored."""
+    model = build(family, attention, dtype)
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    assert plan.batch == BATCH and plan.seq == SEQ and plan.dtype == dtype
+    assert plan.attention == attention
+    m = measure(model, batch())
+    for layer, got in zip(plan.layers, m.layers):
+        assert layer.mode == "store"
+        assert got.saved_bytes == layer.kept_bytes, f"{layer.name}: PyTorch saves {got.saved_bytes}, plan {layer.kept_bytes}"
+        assert got.kept_bytes == layer.kept_bytes, f"{layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
+
+
+def grads_equal(a, b) -> bool:
+    return all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+               for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("family,attention,dtype", WHOLE)
+@pytest.mark.parametrize("solver", ["optimal", "every-k"])
+def test_whole_layer_plans_hold(ckptplan_binary, family, attention, dtype, solver):
+    """Plans that store or checkpoint whole layers, at three budgets: each
+    layer holds what the plan says, the gradients are those of the run
+    without a plan, and the FLOPs recomputed in backward are the plan's."""
+    ref = build(family, attention, dtype)
+    base = measure(copy.deepcopy(ref), batch())
+    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    # Budgets between checkpointing everything and storing everything.
+    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
+    low, high = every.peak_bytes, store.peak_bytes
+    budgets = [low + (high - low) * f // 4 for f in (1, 2, 3)] if solver == "optimal" else [low, (low + high) // 2, high]
+    modes = set()
+    for budget in budgets:
+        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver)
+        model = copy.deepcopy(ref)
+        apply(model, plan)
+        m = measure(model, batch())
+        base_model = copy.deepcopy(ref)
+        measure(base_model, batch())
+        assert grads_equal(model, base_model), f"{solver} at {budget}: gradients differ"
+        for layer, got in zip(plan.layers, m.layers):
+            modes.add(layer.mode)
+            assert got.kept_bytes == layer.kept_bytes, f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
+        assert m.recomputed_flops == plan.recompute_flops, f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}"
+        assert m.backward_flops - base.backward_flops == plan.recompute_flops
+    assert "checkpoint" in modes
+
+
+def test_other_shapes_are_refused(ckptplan_binary):
+    model = build("llama", "sdpa", "fp32")
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
+    apply(model, plan)
+    with pytest.raises(ValueError, match="plan again"):
+        model(input_ids=torch.zeros(1, SEQ, dtype=torch.long), labels=torch.zeros(1, SEQ, dtype=torch.long))
+
+
+def test_unplannable_budget_is_a_clear_error(ckptplan_binary):
+    model = build("llama", "sdpa", "fp32")
+    with pytest.raises(ckptplan.CkptplanError, match="does not fit"):
+        ckptplan.plan(model, "1KiB", batch=BATCH, seq=SEQ)
