@@ -185,8 +185,16 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	}
 	sh := a.shard[n.ID]
 	if n.Attrs.Flash {
-		a.keep(n, a.lay.out[n.ID])
-		a.keep(n, a.extra(n, LogSumExp, q.Shape[:3].Clone(), ir.FP32, sh))
+		out := a.lay.out[n.ID]
+		lse := a.extra(n, LogSumExp, q.Shape[:3].Clone(), ir.FP32, sh)
+		if a.profile == Transformers {
+			// PyTorch 2's sdpa backward saves the log-sum-exp first.
+			a.keep(n, lse)
+			a.keep(n, out)
+			return
+		}
+		a.keep(n, out)
+		a.keep(n, lse)
 		return
 	}
 	probs := ir.Shape{q.Shape[0], q.Shape[1], q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}

@@ -61,7 +61,7 @@ func (st *Stage) rerunUpToStop() []int {
 	if !runs {
 		stop--
 	}
-	return st.Nodes[:stop+1]
+	return st.Nodes[:max(stop+1, 0)]
 }
 
 // RerunFLOPs returns the forward FLOPs a checkpoint of the stage reruns

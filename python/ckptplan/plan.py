@@ -24,7 +24,6 @@ import tempfile
 from typing import Optional, Sequence, Union
 
 from . import _binary
-from .introspect import Setup, describe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +138,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     Raises ``ckptplan.CkptplanError`` with the binary's message when the
     model cannot be planned or the plan does not fit.
     """
-    setup: Setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
+    from .introspect import describe  # needs torch; the rest of this module does not
+
+    setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
     args = ["export", "--to", "json", "--solver", solver]
     if budget is not None:
         args += ["--budget", str(budget)]
