@@ -26,11 +26,16 @@ __all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "Saved", "ap
 
 
 def __getattr__(name):
-    # apply and measure import torch; planning alone does not need it.
-    if name in ("apply", "applied", "suspended", "sac_available"):
-        from . import apply as _apply
-        return getattr(_apply, name)
-    if name in ("measure", "Measurement", "LayerMeasurement"):
-        from . import measure as _measure
-        return getattr(_measure, name)
+    # apply and measure import torch; planning alone does not need it. The
+    # submodules share their functions' names: import them, then put the
+    # functions in their place.
+    import importlib
+
+    for module, names in (("apply", ("apply", "applied", "suspended", "sac_available")),
+                          ("measure", ("measure", "Measurement", "LayerMeasurement"))):
+        if name in names:
+            mod = importlib.import_module(f".{module}", __name__)
+            for n in names:
+                globals()[n] = getattr(mod, n)
+            return globals()[name]
     raise AttributeError(f"module 'ckptplan' has no attribute {name!r}")
