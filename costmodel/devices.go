@@ -28,6 +28,19 @@ var Devices = []Device{
 	{"rtx-3090", 24576 << 20, 71e12, "NVIDIA Ampere GA102 whitepaper (fp32 accumulate)"},
 }
 
+// Reserve is the part of the device's memory a plan leaves for what is
+// not a tensor the step allocates, by default: the CUDA context with
+// PyTorch's kernels loaded (about 0.5 GiB), cuBLAS and cuBLASLt
+// workspaces, and the caching allocator's slack — its requests round up
+// to 512 bytes and are carved from 2 MiB and 20 MiB segments, so that
+// what it has reserved exceeds what tensors hold by a few percent. The
+// default is 1 GiB plus 5% of the memory; it is an estimate, not a
+// measurement of one setup, and a plan's --reserve replaces it.
+func (d Device) Reserve() mem.Bytes {
+	const mib = 1 << 20
+	return (1<<30 + d.MemoryBytes/20) / mib * mib
+}
+
 // LookupDevice returns the named device, or an error listing the known ones.
 func LookupDevice(name string) (Device, error) {
 	for _, d := range Devices {

@@ -34,8 +34,11 @@ type Export struct {
 	Model       string    `json:"model"`
 	Solver      string    `json:"solver"`
 	BudgetBytes mem.Bytes `json:"budget_bytes"`
-	PeakBytes   mem.Bytes `json:"peak_bytes"`
-	Overhead    float64   `json:"overhead"`
+	// ReserveBytes is the part of the budget left for what is not a
+	// tensor (CUDA context, workspaces, allocator slack).
+	ReserveBytes mem.Bytes `json:"reserve_bytes"`
+	PeakBytes    mem.Bytes `json:"peak_bytes"`
+	Overhead     float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
 	RecomputeFLOPs float64  `json:"recompute_flops"`
@@ -58,7 +61,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if !plan.Feasible {
 		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
-	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
+	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile = s.Batch, s.Seq, s.DType, s.Attention, s.Profile
 	}

@@ -38,7 +38,7 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	if command != "" {
 		fmt.Fprintf(&b, ":\n#   %s", comment(command))
 	}
-	fmt.Fprintf(&b, "\n# Solver %s, budget %v, predicted peak %v, %+.1f%% compute.\n#\n", comment(e.Solver), e.BudgetBytes, e.PeakBytes, 100*e.Overhead)
+	fmt.Fprintf(&b, "\n# Solver %s, budget %v (reserve %v), predicted peak %v, %+.1f%% compute.\n#\n", comment(e.Solver), e.BudgetBytes, e.ReserveBytes, e.PeakBytes, 100*e.Overhead)
 	b.WriteString("# Apply it once, before training, to the model's transformer layers in order:\n#\n")
 	b.WriteString("#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n")
 	for _, l := range e.Layers {

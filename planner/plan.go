@@ -28,7 +28,15 @@ type Options struct {
 	Slots    int       // optimal and selective: the table's slots (0: solver.DefaultSlots)
 	K        int       // every-k: k (0: 1)
 	Device   string    // optional: a costmodel device name, for its memory
+	// Reserve is the part of the budget kept for what is not a tensor
+	// (CUDA context, workspaces, allocator slack): the plan's peak plus
+	// it fits the budget. 0: the device's default reserve
+	// (costmodel.Device.Reserve), none without a device; NoReserve: none.
+	Reserve mem.Bytes
 }
+
+// NoReserve, as Options.Reserve, plans with no reserve even on a device.
+const NoReserve mem.Bytes = -1
 
 // ErrNoBudget is returned by Plan when the options give neither a budget
 // nor a device.
@@ -47,12 +55,20 @@ func (o *Options) withDefaults() (Options, error) {
 		}
 		opt.Strategy = Selective
 	}
-	if opt.Budget == 0 && opt.Device != "" {
+	if opt.Device != "" {
 		d, err := costmodel.LookupDevice(opt.Device)
 		if err != nil {
 			return opt, err
 		}
-		opt.Budget = d.MemoryBytes
+		if opt.Budget == 0 {
+			opt.Budget = d.MemoryBytes
+		}
+		if opt.Reserve == 0 {
+			opt.Reserve = d.Reserve()
+		}
+	}
+	if opt.Reserve < 0 {
+		opt.Reserve = 0
 	}
 	if opt.Budget <= 0 {
 		return opt, ErrNoBudget
@@ -70,8 +86,11 @@ type Plan struct {
 	Device string `json:"device,omitempty" yaml:"device,omitempty"`
 	// Setup is the training setup a model's plan assumes: batch,
 	// sequence, dtype, attention, profile.
-	Setup               *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
-	BudgetBytes         mem.Bytes `json:"budget_bytes" yaml:"budget_bytes"`
+	Setup       *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
+	BudgetBytes mem.Bytes `json:"budget_bytes" yaml:"budget_bytes"`
+	// ReserveBytes is the part of the budget left for what is not a
+	// tensor: PeakBytes + ReserveBytes <= BudgetBytes.
+	ReserveBytes        mem.Bytes `json:"reserve_bytes,omitempty" yaml:"reserve_bytes,omitempty"`
 	Feasible            bool      `json:"feasible" yaml:"feasible"`
 	MinBudgetBytes      mem.Bytes `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
 	StaticBytes         mem.Bytes `json:"static_bytes" yaml:"static_bytes"`
@@ -172,14 +191,15 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	}
 	plan := p.newPlan(opt.Strategy.Name, opt.Budget)
 	plan.Device = opt.Device
+	plan.ReserveBytes = opt.Reserve
 	// With no room left for activations, still ask the strategy for the
 	// least it needs, so that the plan can say what budget would work.
-	act := max(opt.Budget-p.Static, 1)
+	act := max(opt.Budget-opt.Reserve-p.Static, 1)
 	sol, err := opt.Strategy.solve(p, act, &opt)
 	var inf *solver.ErrInfeasible
 	if errors.As(err, &inf) {
 		if inf.MinBudget > 0 {
-			plan.MinBudgetBytes = p.total(inf.MinBudget)
+			plan.MinBudgetBytes = p.total(inf.MinBudget) + opt.Reserve
 		}
 		return plan, nil
 	}

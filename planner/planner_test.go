@@ -3,6 +3,7 @@ package planner
 import (
 	"testing"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/models"
@@ -159,6 +160,52 @@ func TestKeepSetsOnlyWhenNeeded(t *testing.T) {
 		wants := s.Name == Selective.Name || s.Name == MegatronSelective.Name
 		if p.searched != wants || p.Chain.Options != nil != wants || len(p.Stages[1].KeepSets) > 1 != wants {
 			t.Errorf("%s: keep sets searched %v, %d for layer 1; want searched %v", s.Name, p.searched, len(p.Stages[1].KeepSets), wants)
+		}
+	}
+}
+
+// TestReserve: a plan's peak plus its reserve fits the budget; a device
+// brings its default reserve, Options.Reserve replaces it and NoReserve
+// removes it.
+func TestReserve(t *testing.T) {
+	p := load(t, "tiny-llama")
+	all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	need := p.Static + all.Peak // storing everything, no reserve
+	h100, err := costmodel.LookupDevice("h100-80gb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := h100.Reserve(); r < 1<<30 || r > h100.MemoryBytes/10+1<<30 {
+		t.Errorf("h100 default reserve %v: want 1 GiB plus a few percent of %v", r, h100.MemoryBytes)
+	}
+	for _, tc := range []struct {
+		name        string
+		opt         Options
+		wantReserve mem.Bytes
+		feasible    bool
+	}{
+		{"budget alone", Options{Budget: need}, 0, true},
+		{"reserve leaves only static memory", Options{Budget: need, Reserve: all.Peak}, all.Peak, false},
+		{"room for it", Options{Budget: need + 4096, Reserve: 4096}, 4096, true},
+		{"device default", Options{Device: "h100-80gb"}, h100.Reserve(), true},
+		{"device, reserve replaced", Options{Device: "h100-80gb", Reserve: 5 << 20}, 5 << 20, true},
+		{"device, no reserve", Options{Device: "h100-80gb", Reserve: NoReserve}, 0, true},
+		{"device memory all reserved", Options{Device: "h100-80gb", Reserve: h100.MemoryBytes}, h100.MemoryBytes, false},
+	} {
+		opt := tc.opt
+		opt.Strategy = Optimal
+		plan, err := p.Plan(&opt)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if plan.ReserveBytes != tc.wantReserve || plan.Feasible != tc.feasible {
+			t.Errorf("%s: reserve %d feasible %v, want %d %v", tc.name, plan.ReserveBytes, plan.Feasible, tc.wantReserve, tc.feasible)
+		}
+		if plan.Feasible && plan.PeakBytes+plan.ReserveBytes > plan.BudgetBytes {
+			t.Errorf("%s: peak %d + reserve %d > budget %d", tc.name, plan.PeakBytes, plan.ReserveBytes, plan.BudgetBytes)
+		}
+		if !plan.Feasible && plan.MinBudgetBytes > 0 && plan.MinBudgetBytes <= plan.BudgetBytes {
+			t.Errorf("%s: infeasible, but says %d is enough of %d", tc.name, plan.MinBudgetBytes, plan.BudgetBytes)
 		}
 	}
 }

@@ -88,6 +88,7 @@ func TestPlanGolden(t *testing.T) {
 		{"tiny-llama", []string{"plan", "tiny-llama", "--budget", "5MiB"}},
 		{"tiny-gpt2-json", []string{"plan", "tiny-gpt2", "--budget", "4MiB", "--format", "json"}},
 		{"tiny-gpt2-every-k-yaml", []string{"plan", "tiny-gpt2", "--budget", "8MiB", "--solver", "every-k", "--format", "yaml"}},
+		{"llama-3-8b-device-reserve", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--reserve", "3GiB", "--lora-rank", "16", "--seq", "2048", "--solver", "optimal"}},
 		{"chain", []string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}},
 		{"compare-llama-3-8b", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "40GiB"}},
 		{"compare-llama-3-8b-200", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "200GiB"}},

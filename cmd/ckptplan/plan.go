@@ -19,12 +19,46 @@ import (
 
 // planFlags are the flags of plan and compare.
 type planFlags struct {
-	setup  *setupFlags
-	budget mem.Bytes
-	solver string
-	device string
-	slots  int
-	k      int
+	setup   *setupFlags
+	budget  mem.Bytes
+	solver  string
+	device  string
+	reserve reserveFlag
+	slots   int
+	k       int
+}
+
+// reserveFlag is --reserve: unset, the device's default reserve.
+type reserveFlag struct {
+	set   bool
+	bytes mem.Bytes
+}
+
+func (r *reserveFlag) String() string {
+	if !r.set {
+		return ""
+	}
+	return r.bytes.String()
+}
+
+func (r *reserveFlag) Set(s string) error {
+	b, err := mem.ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	r.set, r.bytes = true, b
+	return nil
+}
+
+// value is the planner's Options.Reserve.
+func (r *reserveFlag) value() mem.Bytes {
+	switch {
+	case !r.set:
+		return 0
+	case r.bytes == 0:
+		return planner.NoReserve
+	}
+	return r.bytes
 }
 
 func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
@@ -39,6 +73,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 		fs.StringVar(&p.solver, "solver", planner.Selective.Name, "strategy: "+strings.Join(names, " | "))
 	}
 	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
+	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
 	return p
@@ -81,7 +116,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 			return nil, nil, fmt.Errorf("%s: %w", arg, err)
 		}
 	}
-	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device}, nil
+	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value()}, nil
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -143,15 +178,23 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 }
 
 func infeasible(p *planner.Plan) error {
-	if p.MinBudgetBytes > 0 {
-		return fmt.Errorf("%s does not fit in %v with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes)
+	reserve := ""
+	if p.ReserveBytes > 0 {
+		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
-	return fmt.Errorf("%s does not fit in %v with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, p.Solver, p.StaticBytes)
+	if p.MinBudgetBytes > 0 {
+		return fmt.Errorf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes)
+	}
+	return fmt.Errorf("%s does not fit in %v%s with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes)
 }
 
 func writePlanText(w io.Writer, p *planner.Plan) error {
-	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v (static %v + activations %v)\n",
+	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v (static %v + activations %v)",
 		p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.StaticBytes, p.ActivationPeakBytes)
+	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
+	if s := p.Setup; s != nil {
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, s.DType, s.Attention, s.Profile)
+	}
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
 	selective := false
 	for _, s := range p.Stages {
@@ -215,7 +258,7 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 	if format.value == "json" {
 		return writeJSON(stdout, plans)
 	}
-	fmt.Fprintf(stdout, "%s in %v (static %v)\n\n", plans[0].Model, plans[0].BudgetBytes, plans[0].StaticBytes)
+	fmt.Fprintf(stdout, "%s in %v (static %v, reserve %v)\n\n", plans[0].Model, plans[0].BudgetBytes, plans[0].StaticBytes, plans[0].ReserveBytes)
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "solver\tfits\tpeak\toverhead\n")
 	for _, p := range plans {
