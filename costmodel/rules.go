@@ -41,18 +41,20 @@ func (a *analyzer) keeps(n *ir.Node) {
 			a.keepLoRA(n)
 		}
 	case ir.MatMul:
-		if grad(1) {
-			a.keep(n, a.operand(n, 0))
-		}
+		// Autograd saves the second operand (the first's gradient needs
+		// it) before the first, as it packs them.
 		if grad(0) {
 			a.keep(n, a.operand(n, 1))
 		}
-	case ir.Mul:
 		if grad(1) {
-			a.keep(n, in(0))
+			a.keep(n, a.operand(n, 0))
 		}
+	case ir.Mul:
 		if grad(0) {
 			a.keep(n, in(1))
+		}
+		if grad(1) {
+			a.keep(n, in(0))
 		}
 	case ir.LayerNorm:
 		a.keep(n, in(0))
@@ -179,12 +181,19 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 // probabilities, and with dropout the mask and the dropped probabilities.
 func (a *analyzer) keepAttention(n *ir.Node) {
 	q := &a.g.Nodes[n.Inputs[0]]
-	for i := range n.Inputs {
-		// The kernel works on contiguous q, k, v; a strided one is copied.
-		a.keep(n, a.operand(n, i))
+	// Autograd packs k before q: sdpa's key and q·kᵀ's second operand.
+	// PyTorch 2's sdpa saves q, k and v as they are passed, views
+	// included; elsewhere the kernel works on contiguous q, k, v and a
+	// strided one is copied.
+	operand := a.operand
+	if n.Attrs.Flash && a.profile == Transformers {
+		operand = func(n *ir.Node, i int) int { return a.lay.out[n.Inputs[i]] }
 	}
+	a.keep(n, operand(n, 1))
+	a.keep(n, operand(n, 0))
 	sh := a.shard[n.ID]
 	if n.Attrs.Flash {
+		a.keep(n, operand(n, 2))
 		out := a.lay.out[n.ID]
 		lse := a.extra(n, LogSumExp, q.Shape[:3].Clone(), ir.FP32, sh)
 		if a.profile == Transformers {
@@ -197,6 +206,8 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 		a.keep(n, lse)
 		return
 	}
+	// softmax(q·kᵀ) keeps its output, dropout its mask, and the product
+	// with v keeps v, then the (dropped) probabilities.
 	probs := ir.Shape{q.Shape[0], q.Shape[1], q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}
 	a.keep(n, a.extra(n, Probs, probs, q.DType, sh))
 	if n.Attrs.P > 0 {
@@ -205,8 +216,11 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 			dt = ir.Bool
 		}
 		a.keep(n, a.extra(n, Mask, probs, dt, sh))
+		a.keep(n, a.operand(n, 2))
 		a.keep(n, a.extra(n, Dropped, probs, q.DType, sh))
+		return
 	}
+	a.keep(n, a.operand(n, 2))
 }
 
 // operand returns the storage a matmul or linear keeps for input i: the

@@ -34,7 +34,12 @@ type layout struct {
 func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 	switch n.Op {
 	case ir.Reshape:
-		// A reshape of a non-contiguous tensor copies (torch.reshape).
+		// A reshape of a non-contiguous tensor copies (torch.reshape),
+		// unless the strides allow a view: a part of a split, whose last
+		// axis is dense, viewed with only that axis split (GPT-2's heads).
+		if !inContig && g.Nodes[n.Inputs[0]].Op == ir.Split && splitsLastAxis(g.Nodes[n.Inputs[0]].Shape, n.Shape) {
+			return true, false
+		}
 		return inContig, true
 	case ir.Transpose:
 		// sdpa's output is a [b, heads, s, d] view of a [b, s, heads, d]
@@ -57,4 +62,23 @@ func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 		}
 	}
 	return false, true
+}
+
+// splitsLastAxis reports whether reshaping in to out only splits in's last
+// axis: every other axis is kept.
+func splitsLastAxis(in, out ir.Shape) bool {
+	k := len(in) - 1
+	if k < 0 || len(out) < len(in) {
+		return false
+	}
+	for i := 0; i < k; i++ {
+		if in[i] != out[i] {
+			return false
+		}
+	}
+	p := int64(1)
+	for _, d := range out[k:] {
+		p *= d
+	}
+	return p == in[k]
 }

@@ -157,11 +157,13 @@ class _Planned:
 
 
 class _Recorder(TorchDispatchMode):
-    """Records each op call: its number and the storages of its outputs."""
+    """Records each op call: its number, and for every storage, the last op
+    that made it (an address freed and allocated again is a new storage,
+    made by the later op)."""
 
     def __init__(self):
         super().__init__()
-        self.made: dict[int, int] = {}  # storage address -> op number that made it
+        self.made: dict[int, int] = {}  # storage address -> op number that last made it
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -175,7 +177,7 @@ class _Recorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                 p = t.untyped_storage().data_ptr()
                 if p not in inputs:
-                    self.made.setdefault(p, n)
+                    self.made[p] = n
         return out
 
 
@@ -192,7 +194,12 @@ class _Policy:
         fixed = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
         fixed |= {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor)}
-        order: list[tuple[int, int]] = []  # (address, bytes) in first-saved order
+        rec = _Recorder()
+        # (bytes, the op that made the storage) in first-saved order. A
+        # saved storage is alive from the op that made it to its packing,
+        # and held from then on, so the last op to make its address before
+        # the packing made it.
+        order: list[tuple[int, Optional[int]]] = []
         seen: set[int] = set()
         held = []
 
@@ -201,23 +208,27 @@ class _Policy:
             p = st.data_ptr()
             if st.nbytes() > 0 and p not in fixed and p not in seen:
                 seen.add(p)
-                order.append((p, st.nbytes()))
-            held.append(t)  # no address is reused while recording
-            return t
+                order.append((st.nbytes(), rec.made.get(p)))
+            # Held here, so that no address is reused while recording; the
+            # graph gets a placeholder, for a tensor packed as itself by its
+            # own node would make a cycle through autograd that Python's
+            # collector cannot see, and the probe's graph would never be
+            # freed. Its backward never runs.
+            held.append(t)
+            return None
 
-        rec = _Recorder()
         with torch.random.fork_rng(devices=_devices(args, kwargs)), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
             out = inner(*args, **kwargs)
         del out, held
         saved = entry.saved
-        sizes = [n for _, n in order]
+        sizes = [n for n, _ in order]
         if sizes != [s.bytes for s in saved]:
             raise ValueError(
                 f"ckptplan: {entry.name} saves activations of {sizes} bytes, in that order, but the "
                 f"plan lists {[s.bytes for s in saved]}: the model is not the one planned "
                 "(plan again from this model)")
-        save = frozenset(rec.made[p] for (p, _), s in zip(order, saved) if s.keep and p in rec.made)
+        save = frozenset(op for (_, op), s in zip(order, saved) if s.keep and op is not None)
         return cls(save, entry.name)
 
     def contexts(self):

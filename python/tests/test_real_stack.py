@@ -73,10 +73,11 @@ def grads_equal(a, b) -> bool:
 
 
 @pytest.mark.parametrize("family,attention,dtype", WHOLE)
-@pytest.mark.parametrize("solver", ["optimal", "every-k"])
-def test_whole_layer_plans_hold(ckptplan_binary, family, attention, dtype, solver):
-    """Plans that store or checkpoint whole layers, at three budgets: each
-    layer holds what the plan says, the gradients are those of the run
+@pytest.mark.parametrize("solver", ["selective", "optimal", "every-k"])
+def test_plans_hold(ckptplan_binary, family, attention, dtype, solver):
+    """Plans at three budgets, applied with ckptplan.apply (selective
+    layers through selective activation checkpointing): each layer holds
+    what the plan says, the gradients are those of the run
     without a plan, and the FLOPs recomputed in backward are the plan's."""
     ref = build(family, attention, dtype)
     base = measure(copy.deepcopy(ref), batch())
@@ -84,7 +85,7 @@ def test_whole_layer_plans_hold(ckptplan_binary, family, attention, dtype, solve
     # Budgets between checkpointing everything and storing everything.
     every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
     low, high = every.peak_bytes, store.peak_bytes
-    budgets = [low + (high - low) * f // 4 for f in (1, 2, 3)] if solver == "optimal" else [low, (low + high) // 2, high]
+    budgets = [low, (low + high) // 2, high] if solver == "every-k" else [low + (high - low) * f // 4 for f in (1, 2, 3)]
     modes = set()
     for budget in budgets:
         plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver)
@@ -99,7 +100,7 @@ def test_whole_layer_plans_hold(ckptplan_binary, family, attention, dtype, solve
             assert got.kept_bytes == layer.kept_bytes, f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
         assert m.recomputed_flops == plan.recompute_flops, f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}"
         assert m.backward_flops - base.backward_flops == plan.recompute_flops
-    assert "checkpoint" in modes
+    assert ("selective" if solver == "selective" else "checkpoint") in modes
 
 
 def test_other_shapes_are_refused(ckptplan_binary):
