@@ -63,6 +63,13 @@ func (a *analyzer) flops(n *ir.Node) (fwd, bwd int64) {
 		if a.shard[n.ID] {
 			fwd, bwd = fwd/a.tp, bwd/a.tp
 		}
+	case ir.RoPE:
+		if n.Attrs.Tables {
+			// The layer makes its cos/sin tables: inv_freq [d/2, 1] times
+			// the positions [1, s], one batch of positions, no gradient.
+			x := g.Nodes[n.Inputs[0]].Shape
+			fwd = a.mul(x[3], x[2])
+		}
 	}
 	if !a.grad[n.ID] {
 		bwd = 0

@@ -100,6 +100,12 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		if i+1 < len(plan.Stages) {
 			out = plan.Stages[i+1].InputBytes
 		}
+		// The layer's output stays after the forward when something
+		// saves it: its own ops or the next stage's, or the next layer's
+		// checkpoint, which keeps its input. A stage that is not a layer
+		// runs plainly, storing.
+		outFreed := st.OutputUnsaved && i+1 < len(plan.Stages) &&
+			(plan.Stages[i+1].Decision == "store" || !layerName.MatchString(plan.Stages[i+1].Name))
 		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
 		rerun := st.Forward
 		if st.Rerun > 0 {
@@ -130,6 +136,9 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			}
 		default:
 			return nil, fmt.Errorf("%s: unknown decision %q", comment(st.Name), st.Decision)
+		}
+		if outFreed {
+			l.KeptBytes -= out
 		}
 		e.nothing = append(e.nothing, st.Decision == "recompute")
 		if forwards[i] > 2 {

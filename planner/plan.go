@@ -115,6 +115,12 @@ type Stage struct {
 	Rerun      float64   `json:"rerun,omitempty" yaml:"rerun,omitempty"`
 	InputBytes mem.Bytes `json:"input_bytes" yaml:"input_bytes"`
 	SavedBytes mem.Bytes `json:"saved_bytes" yaml:"saved_bytes"` // the tape a storing forward that keeps everything keeps
+	// OutputUnsaved says that no op of this stage or the next saves
+	// a_{i+1} (a bf16 layer's output, which the next layer's norm reads
+	// through an fp32 copy): when the next stage stores, PyTorch frees it
+	// once that stage's forward has read it, though the chain's tape
+	// holds it until the backward.
+	OutputUnsaved bool `json:"output_unsaved,omitempty" yaml:"output_unsaved,omitempty"`
 	// Decision: "store" (the first forward keeps the tape), "selective"
 	// (it keeps part of the tape: the keep set Option), "checkpoint" (it
 	// keeps only its input), or "recompute" (it keeps nothing).
@@ -265,6 +271,9 @@ func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 			if r := float64(p.Stages[i].RerunFLOPs()); r != st.Forward {
 				st.Rerun = r
 			}
+			out := p.Stages[i].Output
+			st.OutputUnsaved = i+1 < len(p.Stages) && out >= 0 &&
+				!p.Stages[i].Saves(out) && !p.Stages[i+1].Saves(out)
 		}
 		plan.Stages = append(plan.Stages, st)
 	}

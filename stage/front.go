@@ -416,6 +416,9 @@ func (k *search) keepSet(nb namedBits) KeepSet {
 	for _, id := range ks.Recompute {
 		ks.ExtraFLOPs += k.c.Nodes[id].ForwardFLOPs
 	}
+	if k.c.Profile == costmodel.Transformers {
+		ks.ExtraFLOPs += k.cachedWorkFLOPs(nb.kept, ks.Recompute)
+	}
 	ks.FAllTempBytes = st.StoringProgram(&ks).Peak() - ks.TapeBytes
 	ks.BackwardTempBytes = append(st.RecomputeProgram(&ks), st.BackwardProgram()...).Peak()
 	return ks

@@ -44,6 +44,28 @@ func (k *search) sacRerun(kept bitset) []int {
 	return out
 }
 
+// cachedWorkFLOPs returns the FLOPs the replay under keep set kept spends
+// in ops whose output the policy caches but which do more than make it:
+// rotary embedding with its tables made in the layer (Mistral in older
+// transformers) caches its rotated output, but the product that makes
+// the tables is an op of its own and runs again.
+func (k *search) cachedWorkFLOPs(kept bitset, rerun []int) int64 {
+	if len(rerun) == 0 {
+		return 0
+	}
+	again := map[int]bool{}
+	for _, id := range rerun {
+		again[id] = true
+	}
+	var f int64
+	for _, id := range k.st.rerunUpToStop() {
+		if n := &k.c.Graph.Nodes[id]; !again[id] && n.Op == ir.RoPE && n.Attrs.Tables {
+			f += k.c.Nodes[id].ForwardFLOPs
+		}
+	}
+	return f
+}
+
 // rerunUpToStop returns the stage's nodes a checkpoint's replay reaches
 // before its early stop, in order.
 func (st *Stage) rerunUpToStop() []int {

@@ -201,6 +201,17 @@ func (st *Stage) Holds(k *KeepSet, s int) bool {
 	return st.inTape(s)
 }
 
+// Saves reports whether one of the stage's ops saves storage s for
+// backward.
+func (st *Stage) Saves(s int) bool {
+	for _, id := range st.Nodes {
+		if slices.Contains(st.c.Nodes[id].Saved, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // SavedOrder returns the activation storages the stage's own nodes
 // allocate and its ops save for backward, a_{i+1} included when an op
 // saves it, in the order they are first saved: the order in which

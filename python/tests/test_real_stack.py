@@ -44,15 +44,9 @@ def batch() -> dict:
 
 ALL = [(f, a, d) for f in ("llama", "mistral", "qwen2", "gpt2")
        for a in ("eager", "sdpa") for d in ("fp32", "bf16")]
-# Known gaps (docs/validation.md): in bf16 a Llama-family layer's output is
-# freed once the next layer has upcast it, but the plan counts it as held;
-# Mistral's in-layer rotary tables are not yet placed right in checkpointed
-# layers.
-STORED = [s for s in ALL if not (s[0] != "gpt2" and s[2] == "bf16")]
-WHOLE = [s for s in STORED if s[0] != "mistral"]
 
 
-@pytest.mark.parametrize("family,attention,dtype", STORED)
+@pytest.mark.parametrize("family,attention,dtype", ALL)
 def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype):
     """Bytes each layer saves (saved-tensor hooks, one count per storage)
     and holds after the forward equal the plan's, every layer stored."""
@@ -72,7 +66,7 @@ def grads_equal(a, b) -> bool:
                for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("family,attention,dtype", WHOLE)
+@pytest.mark.parametrize("family,attention,dtype", ALL)
 @pytest.mark.parametrize("solver", ["selective", "optimal", "every-k"])
 def test_plans_hold(ckptplan_binary, family, attention, dtype, solver):
     """Plans at three budgets, applied with ckptplan.apply (selective
