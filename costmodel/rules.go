@@ -72,12 +72,9 @@ func (a *analyzer) keeps(n *ir.Node) {
 	case ir.Softmax, ir.LogSoftmax:
 		a.keep(n, a.lay.out[n.ID])
 	case ir.Dropout:
-		// The CPU kernel keeps the scaled mask in the input dtype; Megatron's
-		// fused kernel a 1-byte mask.
-		dt := x().DType
-		if a.profile == Megatron {
-			dt = ir.Bool
-		}
+		// The CPU kernel keeps the scaled mask in the input dtype; CUDA's
+		// fused kernel (and Megatron's) a 1-byte mask.
+		dt := a.maskDType(x().DType)
 		a.keep(n, a.extra(n, Mask, x().Shape, dt, a.shard[n.Inputs[0]]))
 	case ir.GELU, ir.SiLU:
 		a.keep(n, in(0))
@@ -114,6 +111,14 @@ func (a *analyzer) keeps(n *ir.Node) {
 	}
 }
 
+// maskDType is the dtype a dropout of an input in dt keeps its mask in.
+func (a *analyzer) maskDType(dt ir.DType) ir.DType {
+	if a.profile == Megatron || a.g.Setup.Numerics.ByteMasks {
+		return ir.Bool
+	}
+	return dt
+}
+
 // keepLoRA keeps what an adapter y += B(A(dropout(x)))·(alpha/r) needs:
 // A's gradient needs its input (x itself, or the dropout's mask and output
 // when the adapter has dropout); B's gradient needs A's output, r wide.
@@ -121,7 +126,7 @@ func (a *analyzer) keepLoRA(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]
 	if n.Attrs.LoRADrop > 0 {
-		a.keep(n, a.extra(n, LoRADropoutMask, x.Shape, x.DType, sh))
+		a.keep(n, a.extra(n, LoRADropoutMask, x.Shape, a.maskDType(x.DType), sh))
 		a.keep(n, a.extra(n, LoRADropout, x.Shape, x.DType, sh))
 	} else {
 		a.keep(n, a.operand(n, 0))
@@ -211,11 +216,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	probs := ir.Shape{q.Shape[0], q.Shape[1], q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}
 	a.keep(n, a.extra(n, Probs, probs, q.DType, sh))
 	if n.Attrs.P > 0 {
-		dt := q.DType
-		if a.profile == Megatron {
-			dt = ir.Bool
-		}
-		a.keep(n, a.extra(n, Mask, probs, dt, sh))
+		a.keep(n, a.extra(n, Mask, probs, a.maskDType(q.DType), sh))
 		a.keep(n, a.operand(n, 2))
 		a.keep(n, a.extra(n, Dropped, probs, q.DType, sh))
 		return

@@ -165,6 +165,9 @@ func (b *builder) core(q, k, v int) int {
 	if t.Attention == "flash" {
 		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
 	}
+	if t.Attention == "sdpa-math" {
+		return b.sdpaMath(q, k, v)
+	}
 	if t.Attention == "sdpa" {
 		// transformers expands K and V to every query head before
 		// F.scaled_dot_product_attention, whose fused kernels keep what
@@ -203,6 +206,31 @@ func (b *builder) core(q, k, v int) int {
 		o = b.op("attn.ungroup_o", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, m.HeadDim()}}, o)
 	}
 	return o
+}
+
+// sdpaMath is F.scaled_dot_product_attention on its math path, which
+// PyTorch runs where no fused kernel applies (on CPU, any dropout): q, k
+// and v upcast to fp32 from 16 bits, q and k each scaled by the root of
+// the scale, softmax(q·kᵀ), dropout, the product with v, cast back.
+func (b *builder) sdpaMath(q, k, v int) int {
+	m := b.m
+	if m.KVHeads < m.Heads {
+		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
+		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+	}
+	dt := b.dt
+	q = b.cast("attn.q_acc", ir.FP32, q)
+	k = b.cast("attn.k_acc", ir.FP32, k)
+	v = b.cast("attn.v_acc", ir.FP32, v)
+	root := math.Sqrt(1 / math.Sqrt(float64(m.HeadDim())))
+	q = b.op("attn.q_scaled", ir.Scale, ir.Attrs{Factor: root}, q)
+	k = b.op("attn.k_scaled", ir.Scale, ir.Attrs{Factor: root}, k)
+	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
+	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{}, s)
+	s = b.dropout("attn.attn_dropout", s)
+	o := b.op("attn.av_matmul", ir.MatMul, ir.Attrs{}, s, v)
+	return b.cast("attn.out_cast", dt, o)
 }
 
 func (b *builder) gpt2Layer(x int) int {

@@ -135,6 +135,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	// dtype.
 	m.Training.Profile, m.Training.Attention = "transformers", "sdpa"
 	m.Training.Numerics.LogitsFP32 = true
+	m.Training.Numerics.ByteMasks = true // the GPU a config trains on
 	m.Training.Numerics.SoftmaxFP32 = family != "gpt2"
 	r.keys["name"] = "_name_or_path"
 	if err := r.dtype(&c, m); err != nil {

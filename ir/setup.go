@@ -32,6 +32,9 @@ type Numerics struct {
 	// RopeInLayer: each layer computes its rotary cos/sin tables itself
 	// (Mistral in transformers before 4.48), so they are its activations.
 	RopeInLayer bool `yaml:"rope_in_layer,omitempty" json:"rope_in_layer,omitempty"`
+	// ByteMasks: dropout keeps a 1-byte mask, as PyTorch's fused CUDA
+	// kernel does; otherwise a mask in its input's dtype (the CPU kernel).
+	ByteMasks bool `yaml:"byte_masks,omitempty" json:"byte_masks,omitempty"`
 }
 
 // LoRA describes low-rank adapters. Rank 0 means full fine-tuning.
@@ -52,7 +55,7 @@ type Parallel struct {
 
 // Enumerated values of the setup's string fields.
 var (
-	Attentions  = []string{"eager", "sdpa", "flash"}
+	Attentions  = []string{"eager", "sdpa", "sdpa-math", "flash"}
 	Profiles    = []string{"transformers", "torch-eager", "megatron"}
 	Optimizers  = []string{"adamw", "sgd", "none"}
 	GQAs        = []string{"repeat", "grouped"}

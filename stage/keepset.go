@@ -95,6 +95,7 @@ func newBitset(n int) bitset { return make(bitset, (n+63)/64) }
 
 func (b bitset) has(j int) bool { return b[j/64]&(1<<(j%64)) != 0 }
 func (b bitset) set(j int)      { b[j/64] |= 1 << (j % 64) }
+func (b bitset) clear(j int)    { b[j/64] &^= 1 << (j % 64) }
 
 func (b bitset) key() string {
 	var s strings.Builder

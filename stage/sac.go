@@ -102,19 +102,30 @@ func (st *Stage) RerunFLOPs() int64 {
 }
 
 // closeOutputs adds to kept the other outputs of every op one of whose
-// outputs it keeps, for the transformers profile's runtime.
+// outputs it keeps, for the transformers profile's runtime, and takes
+// out what that runtime cannot cache: the CPU's dropout mask, which one
+// op allocates and the next ones fill in place (the policy may cache
+// only what no later op mutates); it is recomputed, at no FLOPs, from the
+// RNG state the checkpoint restores.
 func (k *search) closeOutputs(kept bitset) bitset {
 	if k.c.Profile != costmodel.Transformers {
 		return kept
 	}
 	out := newBitset(len(k.st.Saved))
 	copy(out, kept)
+	if !k.c.Graph.Setup.Numerics.ByteMasks {
+		for j, s := range k.st.Saved {
+			if r := k.c.Storages[s].Role; r == costmodel.Mask || r == costmodel.LoRADropoutMask {
+				out.clear(j)
+			}
+		}
+	}
 	for j, s := range k.st.Saved {
 		if !kept.has(j) {
 			continue
 		}
 		id := k.c.Storages[s].Node
-		if !multiOutput(&k.c.Graph.Nodes[id]) {
+		if !k.multiOutput(&k.c.Graph.Nodes[id]) {
 			continue
 		}
 		for _, o := range k.c.Owned(id) {
@@ -129,7 +140,8 @@ func (k *search) closeOutputs(kept bitset) bitset {
 }
 
 // multiOutput reports whether one ATen op makes the node's output and its
-// statistics or mask together.
-func multiOutput(n *ir.Node) bool {
-	return (n.Op == ir.Attention && n.Attrs.Flash) || n.Op == ir.LayerNorm || n.Op == ir.Dropout
+// statistics or mask together (dropout: CUDA's fused kernel).
+func (k *search) multiOutput(n *ir.Node) bool {
+	return (n.Op == ir.Attention && n.Attrs.Flash) || n.Op == ir.LayerNorm ||
+		(n.Op == ir.Dropout && k.c.Graph.Setup.Numerics.ByteMasks)
 }

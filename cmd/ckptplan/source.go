@@ -26,6 +26,7 @@ type setupFlags struct {
 	loraTargets        string
 	loraDropout        float64
 	ropeTables         string
+	dropoutMask        string
 	set                map[string]bool // flags given on the command line
 }
 
@@ -45,6 +46,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
 	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
+	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
 	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
@@ -67,6 +69,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.LogitsFP32 = s.logits == "fp32"
 		case "lora-targets":
 			t.LoRA.Targets = strings.Split(s.loraTargets, ",")
+		case "dropout-mask":
+			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":
 			t.Numerics.RopeInLayer = s.ropeTables == "layer"
 		case "lora-dropout":
@@ -98,6 +102,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
 		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	}
+	if s.dropoutMask != "" && s.dropoutMask != "byte" && s.dropoutMask != "dtype" {
+		return nil, usagef("--dropout-mask: unknown value %q (valid: byte, dtype)", s.dropoutMask)
 	}
 	if s.logits != "" && s.logits != "fp32" && s.logits != "model" {
 		return nil, usagef("--logits-dtype: unknown value %q (valid: fp32, model)", s.logits)

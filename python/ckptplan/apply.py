@@ -164,6 +164,7 @@ class _Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.made: dict[int, int] = {}  # storage address -> op number that last made it
+        self.mutated: dict[int, int] = {}  # storage address -> op number that last wrote it in place
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -173,11 +174,14 @@ class _Recorder(TorchDispatchMode):
         n, self.count = self.count, self.count + 1
         inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        mutable = func._schema.is_mutable
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                 p = t.untyped_storage().data_ptr()
                 if p not in inputs:
                     self.made[p] = n
+                elif mutable:
+                    self.mutated[p] = n
         return out
 
 
@@ -199,7 +203,7 @@ class _Policy:
         # saved storage is alive from the op that made it to its packing,
         # and held from then on, so the last op to make its address before
         # the packing made it.
-        order: list[tuple[int, Optional[int]]] = []
+        order: list[tuple[int, Optional[int], int]] = []
         seen: set[int] = set()
         held = []
 
@@ -208,7 +212,7 @@ class _Policy:
             p = st.data_ptr()
             if st.nbytes() > 0 and p not in fixed and p not in seen:
                 seen.add(p)
-                order.append((st.nbytes(), rec.made.get(p)))
+                order.append((st.nbytes(), rec.made.get(p), p))
             # Held here, so that no address is reused while recording; the
             # graph gets a placeholder, for a tensor packed as itself by its
             # own node would make a cycle through autograd that Python's
@@ -222,14 +226,25 @@ class _Policy:
             out = inner(*args, **kwargs)
         del out, held
         saved = entry.saved
-        sizes = [n for n, _ in order]
+        sizes = [n for n, _, _ in order]
         if sizes != [s.bytes for s in saved]:
             raise ValueError(
                 f"ckptplan: {entry.name} saves activations of {sizes} bytes, in that order, but the "
                 f"plan lists {[s.bytes for s in saved]}: the model is not the one planned "
                 "(plan again from this model)")
-        save = frozenset(op for (_, op), s in zip(order, saved) if s.keep and op is not None)
-        return cls(save, entry.name)
+        save = set()
+        for (_, op, p), s in zip(order, saved):
+            if not s.keep or op is None:
+                continue
+            if rec.mutated.get(p, -1) > op:
+                # Selective checkpointing caches an op's output as it is
+                # returned; one changed in place afterwards cannot be.
+                raise ValueError(
+                    f"ckptplan: {entry.name}: the plan keeps {s.name}, which the layer changes in place "
+                    "after making it, so selective checkpointing cannot keep it: plan again with this "
+                    "version of ckptplan, or with --solver optimal")
+            save.add(op)
+        return cls(frozenset(save), entry.name)
 
     def contexts(self):
         """The checkpoint's context_fn: the forward and the recomputation

@@ -44,6 +44,7 @@ class Setup:
     dropout: Optional[float] = None
     logits_dtype: str = "fp32"
     rope_tables: str = "model"
+    dropout_mask: str = "byte"  # byte: CUDA's fused dropout; dtype: CPU's
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
@@ -52,7 +53,8 @@ class Setup:
         """The ckptplan command-line flags for this setup."""
         f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
              "--attention", self.attention, "--profile", "transformers",
-             "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables]
+             "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables,
+             "--dropout-mask", self.dropout_mask]
         if self.dropout is not None:
             f += ["--dropout", repr(self.dropout)]
         if self.lora_rank:
@@ -95,8 +97,15 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     layer_rope = attn is not None and hasattr(attn, "rotary_emb") and not hasattr(inner, "rotary_emb")
     rope = "layer" if layer_rope else "model"
     dropout = None if model.training else 0.0
-    setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=_ATTENTION[impl],
-                  dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope)
+    attention = _ATTENTION[impl]
+    attn_p = cfg.get("attention_dropout", cfg.get("attn_pdrop", 0.0)) or 0.0
+    on_cpu = all(p.device.type == "cpu" for p in layers.parameters())
+    if attention == "sdpa" and model.training and attn_p > 0 and on_cpu:
+        # PyTorch's fused CPU kernel has no dropout: sdpa runs its math path.
+        attention = "sdpa-math"
+    setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
+                  dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
+                  dropout_mask="dtype" if on_cpu else "byte")
     _lora(model, setup)
     return setup
 

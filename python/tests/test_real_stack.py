@@ -22,15 +22,17 @@ BATCH, SEQ, VOCAB = 2, 16, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build(family: str, attention: str, dtype: str) -> "torch.nn.Module":
+def build(family: str, attention: str, dtype: str, dropout: float = 0.0) -> "torch.nn.Module":
+    """A tiny model of family with random weights, in training mode."""
     if family == "gpt2":
         config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB,
-                                         attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+                                         attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "qwen2": transformers.Qwen2Config}[family]
         config = cls(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64)
+                     intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64,
+                     attention_dropout=dropout)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
                                                           torch_dtype=DTYPES[dtype])
@@ -42,18 +44,19 @@ def batch() -> dict:
     return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
 
 
-ALL = [(f, a, d) for f in ("llama", "mistral", "qwen2", "gpt2")
-       for a in ("eager", "sdpa") for d in ("fp32", "bf16")]
+ALL = [(f, a, d, p) for f in ("llama", "mistral", "qwen2", "gpt2")
+       for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p in (0.0, 0.1)]
 
 
-@pytest.mark.parametrize("family,attention,dtype", ALL)
-def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype):
+@pytest.mark.parametrize("family,attention,dtype,dropout", ALL)
+def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype, dropout):
     """Bytes each layer saves (saved-tensor hooks, one count per storage)
     and holds after the forward equal the plan's, every layer stored."""
-    model = build(family, attention, dtype)
+    model = build(family, attention, dtype, dropout)
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
     assert plan.batch == BATCH and plan.seq == SEQ and plan.dtype == dtype
-    assert plan.attention == attention
+    # On CPU, sdpa with dropout runs PyTorch's math path.
+    assert plan.attention == ("sdpa-math" if attention == "sdpa" and dropout else attention)
     m = measure(model, batch())
     for layer, got in zip(plan.layers, m.layers):
         assert layer.mode == "store"
@@ -66,14 +69,14 @@ def grads_equal(a, b) -> bool:
                for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("family,attention,dtype", ALL)
+@pytest.mark.parametrize("family,attention,dtype,dropout", ALL)
 @pytest.mark.parametrize("solver", ["selective", "optimal", "every-k"])
-def test_plans_hold(ckptplan_binary, family, attention, dtype, solver):
+def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, solver):
     """Plans at three budgets, applied with ckptplan.apply (selective
     layers through selective activation checkpointing): each layer holds
     what the plan says, the gradients are those of the run
     without a plan, and the FLOPs recomputed in backward are the plan's."""
-    ref = build(family, attention, dtype)
+    ref = build(family, attention, dtype, dropout)
     base = measure(copy.deepcopy(ref), batch())
     store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none")
     # Budgets between checkpointing everything and storing everything.
@@ -85,8 +88,10 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, solver):
         plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver)
         model = copy.deepcopy(ref)
         apply(model, plan)
+        torch.manual_seed(2)  # the same dropout masks in both runs
         m = measure(model, batch())
         base_model = copy.deepcopy(ref)
+        torch.manual_seed(2)
         measure(base_model, batch())
         assert grads_equal(model, base_model), f"{solver} at {budget}: gradients differ"
         for layer, got in zip(plan.layers, m.layers):
@@ -109,3 +114,23 @@ def test_unplannable_budget_is_a_clear_error(ckptplan_binary):
     model = build("llama", "sdpa", "fp32")
     with pytest.raises(ckptplan.CkptplanError, match="does not fit"):
         ckptplan.plan(model, "1KiB", batch=BATCH, seq=SEQ)
+
+
+def test_a_mask_changed_in_place_cannot_be_kept(ckptplan_binary):
+    """A plan that keeps the CPU dropout's mask, which PyTorch fills in
+    place after allocating it, is refused with a message, not PyTorch's
+    error from inside the backward."""
+    import dataclasses
+
+    model = build("gpt2", "eager", "fp32", 0.1)
+    low = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
+    high = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes
+    plan = ckptplan.plan(model, (low + high) // 2, batch=BATCH, seq=SEQ, solver="selective")
+    layers = list(plan.layers)
+    i = next(i for i, l in enumerate(layers) if l.mode == "selective")
+    saved = tuple(dataclasses.replace(s, keep=s.name.endswith("attn_dropout:mask")) for s in layers[i].saved)
+    assert any(s.keep for s in saved)
+    layers[i] = dataclasses.replace(layers[i], saved=saved)
+    apply(model, dataclasses.replace(plan, layers=tuple(layers)))
+    with pytest.raises(ValueError, match="changes in place"):
+        model(**batch(), labels=batch()["input_ids"])
