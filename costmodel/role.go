@@ -35,6 +35,7 @@ const (
 	Divisor                     // scale by a tensor: the 0-dim divisor
 	RopeCos                     // rotary embedding computing its tables: cos
 	RopeSin                     // and sin
+	LoRAInput                   // LoRA adapter in fp32 over 16-bit weights: its input cast to fp32
 )
 
 var roleNames = [...]string{
@@ -43,6 +44,7 @@ var roleNames = [...]string{
 	LoRADropoutMask: "lora_dropout_mask", LoRADropout: "lora_dropout", LoRAA: "lora_a",
 	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
 	Tanh: "tanh", HalfX: "half_x", OnePlusTanh: "one_plus_tanh", Divisor: "divisor", RopeCos: "cos", RopeSin: "sin",
+	LoRAInput: "lora_input",
 }
 
 // String returns the role's name as plans, saved-tensor names and JSON

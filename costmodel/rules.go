@@ -120,20 +120,30 @@ func (a *analyzer) maskDType(dt ir.DType) ir.DType {
 }
 
 // keepLoRA keeps what an adapter y += B(A(dropout(x)))·(alpha/r) needs:
-// A's gradient needs its input (x itself, or the dropout's mask and output
-// when the adapter has dropout); B's gradient needs A's output, r wide.
+// A's gradient needs its input (x itself, or the dropout's output, with
+// the mask when x needs a gradient); B's gradient needs A's output, r
+// wide. fp32 adapters over 16-bit weights (PEFT's default) first cast x
+// to fp32, and the dropout and both products run in fp32.
 func (a *analyzer) keepLoRA(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]
+	dt, in := x.DType, a.operand(n, 0)
+	if a.g.Setup.LoRA.FP32 && dt != ir.FP32 {
+		dt = ir.FP32
+		in = a.extra(n, LoRAInput, x.Shape, dt, sh)
+	}
 	if n.Attrs.LoRADrop > 0 {
-		a.keep(n, a.extra(n, LoRADropoutMask, x.Shape, a.maskDType(x.DType), sh))
-		a.keep(n, a.extra(n, LoRADropout, x.Shape, x.DType, sh))
+		mask := a.extra(n, LoRADropoutMask, x.Shape, a.maskDType(dt), sh)
+		if a.grad[n.Inputs[0]] {
+			a.keep(n, mask) // only x's gradient reads it
+		}
+		a.keep(n, a.extra(n, LoRADropout, x.Shape, dt, sh))
 	} else {
-		a.keep(n, a.operand(n, 0))
+		a.keep(n, in)
 	}
 	s := x.Shape.Clone()
 	s[len(s)-1] = n.Attrs.LoRARank
-	a.keep(n, a.extra(n, LoRAA, s, x.DType, false))
+	a.keep(n, a.extra(n, LoRAA, s, dt, false))
 }
 
 // keepRMSNorm follows Hugging Face's LlamaRMSNorm: x.to(fp32);

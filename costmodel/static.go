@@ -31,7 +31,8 @@ func (s Static) Total() int64 {
 // LoRA) have gradients and optimizer state. Tensor parallelism splits the
 // weights of linears and embeddings over tp ranks (norms are replicated);
 // ZeRO stage 1 splits the optimizer state over dp ranks, stage 2 also the
-// gradients, stage 3 (FSDP's full sharding) also the weights.
+// gradients, stage 3 (FSDP's full sharding) also the weights. LoRA
+// adapters kept in fp32 over 16-bit weights need no master copy.
 func staticMemory(g *ir.Graph) (Static, error) {
 	s := g.Setup
 	e := g.DType.Size()
@@ -60,8 +61,9 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	default:
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: adamw, sgd, none)", s.Optimizer)
 	}
-	if e < 4 && s.Optimizer != "none" {
-		perParam += 4
+	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
+	if e < 4 && s.Optimizer != "none" && !fp32Adapters {
+		perParam += 4 // the fp32 master copy
 	}
 	// Each count fits (ir checks every weight's size); their sums and
 	// products with bytes per parameter must too.
@@ -73,6 +75,11 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		WeightsBytes:   rankParams * e,
 		GradientsBytes: rankTrainable * e,
 		OptimizerBytes: rankTrainable * perParam,
+	}
+	if fp32Adapters {
+		// PEFT's adapters over 16-bit weights: fp32 weights and gradients.
+		st.WeightsBytes = (rankParams-rankTrainable)*e + rankTrainable*4
+		st.GradientsBytes = rankTrainable * 4
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)

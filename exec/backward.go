@@ -167,7 +167,10 @@ func (r *Runner) linearBackward(id int, dx, dy []float32) {
 	if rank := int(n.Attrs.LoRARank); rank > 0 {
 		ax, mask := x, []float32(nil)
 		if n.Attrs.LoRADrop > 0 {
-			ax, mask = r.extra(id, costmodel.LoRADropout), r.extra(id, costmodel.LoRADropoutMask)
+			ax = r.extra(id, costmodel.LoRADropout)
+			if dx != nil { // the mask is kept only for x's gradient
+				mask = r.extra(id, costmodel.LoRADropoutMask)
+			}
 		}
 		kernel.LoRABackward(dx, p.dLoraA, p.dLoraB, dy, ax, r.extra(id, costmodel.LoRAA), p.loraA, p.loraB, mask, r.work.F, loraScale, rw, in, rank, out)
 	}

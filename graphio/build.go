@@ -267,9 +267,10 @@ func (b *builder) llamaLayer(x int) int {
 	o = b.linear("attn.o_proj", "o", m.Hidden, false, o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("post_attention_layernorm", x)
+	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it.
 	gate := b.linear("mlp.gate_proj", "gate", m.FFN, false, h)
-	up := b.linear("mlp.up_proj", "up", m.FFN, false, h)
 	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
+	up := b.linear("mlp.up_proj", "up", m.FFN, false, h)
 	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
 	h = b.linear("mlp.down_proj", "down", m.Hidden, false, h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)

@@ -42,6 +42,9 @@ type LoRA struct {
 	Rank    int64    `yaml:"rank" json:"rank"`
 	Targets []string `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
 	Dropout float64  `yaml:"dropout" json:"dropout"` // dropout on each adapter's input
+	// FP32: the adapters' weights are fp32 over 16-bit base weights, as
+	// PEFT makes them by default (autocast_adapter_dtype).
+	FP32 bool `yaml:"fp32,omitempty" json:"fp32,omitempty"`
 }
 
 // Parallel is the data, tensor and sequence parallel layout and the ZeRO

@@ -413,11 +413,12 @@ func (k *search) keepSet(nb namedBits) KeepSet {
 		}
 	}
 	ks.Recompute = k.recompute(nb.kept)
-	for _, id := range ks.Recompute {
-		ks.ExtraFLOPs += k.c.Nodes[id].ForwardFLOPs
-	}
 	if k.c.Profile == costmodel.Transformers {
-		ks.ExtraFLOPs += k.cachedWorkFLOPs(nb.kept, ks.Recompute)
+		ks.ExtraFLOPs = k.sacFLOPs(nb.kept)
+	} else {
+		for _, id := range ks.Recompute {
+			ks.ExtraFLOPs += k.c.Nodes[id].ForwardFLOPs
+		}
 	}
 	ks.FAllTempBytes = st.StoringProgram(&ks).Peak() - ks.TapeBytes
 	ks.BackwardTempBytes = append(st.RecomputeProgram(&ks), st.BackwardProgram()...).Peak()

@@ -44,26 +44,20 @@ func (k *search) sacRerun(kept bitset) []int {
 	return out
 }
 
-// cachedWorkFLOPs returns the FLOPs the replay under keep set kept spends
-// in ops whose output the policy caches but which do more than make it:
-// rotary embedding with its tables made in the layer (Mistral in older
-// transformers) caches its rotated output, but the product that makes
-// the tables is an op of its own and runs again.
-func (k *search) cachedWorkFLOPs(kept bitset, rerun []int) int64 {
-	if len(rerun) == 0 {
+// sacFLOPs returns the FLOPs the checkpoint's replay spends under keep
+// set kept: none when it keeps everything (no checkpoint).
+func (k *search) sacFLOPs(kept bitset) int64 {
+	all := true
+	for j := range k.st.Saved {
+		all = all && kept.has(j)
+	}
+	if all {
 		return 0
 	}
-	again := map[int]bool{}
-	for _, id := range rerun {
-		again[id] = true
-	}
-	var f int64
-	for _, id := range k.st.rerunUpToStop() {
-		if n := &k.c.Graph.Nodes[id]; !again[id] && n.Op == ir.RoPE && n.Attrs.Tables {
-			f += k.c.Nodes[id].ForwardFLOPs
-		}
-	}
-	return f
+	return k.st.replayFLOPs(func(s int) bool {
+		j, ok := k.st.index[s]
+		return ok && kept.has(j)
+	})
 }
 
 // rerunUpToStop returns the stage's nodes a checkpoint's replay reaches
@@ -90,13 +84,48 @@ func (st *Stage) rerunUpToStop() []int {
 // in backward: with the transformers profile, those before the early
 // stop; otherwise the whole forward.
 func (st *Stage) RerunFLOPs() int64 {
-	nodes := st.Nodes
 	if st.c.Profile == costmodel.Transformers {
-		nodes = st.rerunUpToStop()
+		return st.replayFLOPs(func(int) bool { return false })
 	}
 	var f int64
-	for _, id := range nodes {
+	for _, id := range st.Nodes {
 		f += st.c.Nodes[id].ForwardFLOPs
+	}
+	return f
+}
+
+// replayFLOPs returns the FLOPs of the ops the replay runs again up to its
+// early stop, cached(s) saying whether the policy caches what makes
+// storage s. A node is one op, with two exceptions. A LoRA projection is
+// the frozen product, A's, B's, a scaling and a sum, ops of their own: the
+// policy may cache A's output (B saves it) but no other product, and when
+// the projection is the last op that saves, the replay stops as B saves
+// its input, before B runs. Rotary embedding that makes its tables in the
+// layer makes them with a product of its own, which no policy caches.
+func (st *Stage) replayFLOPs(cached func(s int) bool) int64 {
+	nodes := st.rerunUpToStop()
+	var f int64
+	for i, id := range nodes {
+		n, c := &st.c.Graph.Nodes[id], &st.c.Nodes[id]
+		switch {
+		case n.Op == ir.Linear && n.Attrs.LoRARank > 0:
+			x := st.c.Graph.Nodes[n.Inputs[0]].Shape
+			rows, in, r := x.NumElements()/x.Last(), x.Last(), n.Attrs.LoRARank
+			a, b := 2*rows*in*r, 2*rows*r*n.Attrs.Out
+			base := max(c.ForwardFLOPs-a-b, 0)
+			if s := st.c.OwnedAs(id, costmodel.LoRAA); s >= 0 && cached(s) {
+				a = 0
+			}
+			if i == len(nodes)-1 {
+				b = 0
+			}
+			f += base + a + b
+		case n.Op == ir.RoPE && n.Attrs.Tables:
+			f += c.ForwardFLOPs // the tables' product; the rotation is pointwise
+		case len(st.c.Owned(id)) > 0 && cached(st.c.OutputStorage(id)):
+		default:
+			f += c.ForwardFLOPs
+		}
 	}
 	return f
 }

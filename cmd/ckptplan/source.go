@@ -25,6 +25,7 @@ type setupFlags struct {
 	logits             string
 	loraTargets        string
 	loraDropout        float64
+	loraDType          string
 	ropeTables         string
 	dropoutMask        string
 	set                map[string]bool // flags given on the command line
@@ -49,6 +50,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
 	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
+	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
@@ -75,6 +77,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.RopeInLayer = s.ropeTables == "layer"
 		case "lora-dropout":
 			t.LoRA.Dropout = s.loraDropout
+		case "lora-dtype":
+			t.LoRA.FP32 = s.loraDType == "fp32"
 		case "lora-rank":
 			t.LoRA.Rank = s.loraRank
 		case "tp":
@@ -102,6 +106,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
 		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	}
+	if s.loraDType != "" && s.loraDType != "fp32" && s.loraDType != "model" {
+		return nil, usagef("--lora-dtype: unknown value %q (valid: fp32, model)", s.loraDType)
 	}
 	if s.dropoutMask != "" && s.dropoutMask != "byte" && s.dropoutMask != "dtype" {
 		return nil, usagef("--dropout-mask: unknown value %q (valid: byte, dtype)", s.dropoutMask)

@@ -25,11 +25,14 @@ import torch.nn as nn
 from .layers import decoder_layers, unwrap
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_TORCH = {v: k for k, v in _DTYPES.items()}
 _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 # PEFT module names → ckptplan's LoRA targets.
-_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
-            "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
-            "c_attn": "q", "c_proj": "o", "c_fc": "up"}
+# GPT-2's c_attn is q, k and v in one; c_proj names both the attention's
+# output and the MLP's down projection.
+_TARGETS = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",),
+            "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
+            "c_attn": ("q", "k", "v"), "c_proj": ("o", "down"), "c_fc": ("up",)}
 
 
 @dataclasses.dataclass
@@ -48,6 +51,7 @@ class Setup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
+    lora_dtype: str = "model"  # fp32: PEFT's adapters over 16-bit weights
 
     def flags(self) -> list[str]:
         """The ckptplan command-line flags for this setup."""
@@ -59,7 +63,7 @@ class Setup:
             f += ["--dropout", repr(self.dropout)]
         if self.lora_rank:
             f += ["--lora-rank", str(self.lora_rank), "--lora-targets", ",".join(self.lora_targets),
-                  "--lora-dropout", repr(self.lora_dropout)]
+                  "--lora-dropout", repr(self.lora_dropout), "--lora-dtype", self.lora_dtype]
         return f
 
 
@@ -80,7 +84,9 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         raise ValueError("planning under torch.autocast is not supported yet: plan the model in the "
                          "dtype it computes in (model.to(torch.bfloat16))")
     layers = decoder_layers(model)
-    dtypes = {p.dtype for p in layers.parameters() if p.is_floating_point()}
+    # PEFT keeps LoRA adapters in fp32 over 16-bit weights by default;
+    # they are described apart.
+    dtypes = {p.dtype for n, p in layers.named_parameters() if p.is_floating_point() and "lora_" not in n}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
         raise ValueError(f"the decoder layers' weights are in {sorted(map(str, dtypes))}: ckptplan "
                          "plans one of float32, bfloat16, float16")
@@ -127,7 +133,15 @@ def _lora(model: nn.Module, setup: Setup) -> None:
         if n not in _TARGETS:
             raise ValueError(f"LoRA target module {n!r} is not one ckptplan models "
                              f"({', '.join(sorted(_TARGETS))})")
-        mapped.append(_TARGETS[n])
+        mapped.extend(_TARGETS[n])
     setup.lora_rank = int(cfg.r)
     setup.lora_targets = tuple(dict.fromkeys(mapped))
     setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)
+    adapters = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
+    if len(adapters) > 1:
+        raise ValueError(f"the LoRA adapters' weights are in {sorted(map(str, adapters))}: ckptplan plans one dtype")
+    if adapters == {torch.float32} and setup.dtype != "fp32":
+        setup.lora_dtype = "fp32"
+    elif adapters and adapters != {_TORCH[setup.dtype]}:
+        raise ValueError(f"the LoRA adapters' weights are in {next(iter(adapters))} over {setup.dtype} "
+                         "weights: ckptplan plans adapters in fp32 or in the model's dtype")
