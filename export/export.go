@@ -50,8 +50,10 @@ type Export struct {
 	Layers         []Layer  `json:"layers"`
 	Notes          []string `json:"notes,omitempty"`
 
-	nothing     []bool // per layer: the plan keeps not even its input
-	nothingNote string // the note saying so, which Megatron's uniform method makes moot
+	nothing     []bool    // per layer: the plan keeps not even its input
+	nothingNote string    // the note saying so, which Megatron's uniform method makes moot
+	wholeRerun  []float64 // per layer: what checkpointing it whole reruns
+	baseline    float64   // the step's work without recomputation
 }
 
 var layerName = regexp.MustCompile(`^layers\.(\d+)$`)
@@ -141,6 +143,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			l.KeptBytes -= out
 		}
 		e.nothing = append(e.nothing, st.Decision == "recompute")
+		e.wholeRerun = append(e.wholeRerun, rerun)
 		if forwards[i] > 2 {
 			nested = append(nested, st.Name)
 		}
@@ -150,6 +153,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.RecomputeFLOPs += l.RecomputeFLOPs
 		e.Layers = append(e.Layers, l)
 	}
+	e.baseline = plan.BaselineCost
 	if plan.BaselineCost > 0 {
 		// What the runtime pays, layer by layer, which may differ from the
 		// schedule's own cost (a rerun that stops early, one that reruns
@@ -201,6 +205,24 @@ func (e *Export) indexes(mode string) []int {
 		}
 	}
 	return out
+}
+
+// spans writes increasing layer numbers compactly: "0, 2–5, 7".
+func spans(xs []int) string {
+	var parts []string
+	for i := 0; i < len(xs); {
+		j := i
+		for j+1 < len(xs) && xs[j+1] == xs[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d–%d", xs[i], xs[j]))
+		} else {
+			parts = append(parts, strconv.Itoa(xs[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
 }
 
 func ints(xs []int) string {

@@ -27,18 +27,45 @@ func (e *Export) HF(w io.Writer) error {
 	if len(ckpt) == len(e.Layers) {
 		b.WriteString("# Checkpoint every layer.\n")
 	} else {
-		fmt.Fprintf(&b, "# Checkpoint layers %s; store the others.\n", ints(ckpt))
+		fmt.Fprintf(&b, "# Checkpoint layers %s; store the others.\n", spans(ckpt))
 	}
 	if sel := e.indexes("selective"); len(sel) > 0 {
-		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed here (less memory, more compute). ckptplan export --to pytorch keeps them as planned.\n", ints(sel))
+		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed whole here: ", spans(sel))
+		if len(e.wholeRerun) == len(e.Layers) && e.baseline > 0 {
+			var rerun float64
+			for i, l := range e.Layers {
+				switch l.Mode {
+				case "checkpoint":
+					rerun += l.RecomputeFLOPs
+				case "selective":
+					rerun += e.wholeRerun[i]
+				}
+			}
+			fmt.Fprintf(&b, "this runtime recomputes %.4g FLOPs, %+.1f%% compute where the\n# plan's runtime pays %+.1f%%, and", rerun, 100*rerun/e.baseline, 100*e.Overhead)
+		} else {
+			b.WriteString("more compute than the plan's runtime, and")
+		}
+		fmt.Fprintf(&b, " holds at most the plan's peak of %v. ckptplan.apply(model, plan)\n# in Python, or ckptplan export --to pytorch, keeps them as planned.\n", e.PeakBytes)
 	}
 	for _, n := range e.Notes {
 		fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
 	}
+	// Non-reentrant checkpointing needs no input that requires a gradient,
+	// so a PEFT model's frozen embeddings need no enable_input_require_grads.
+	b.WriteString("# Non-reentrant, as PEFT models need (their frozen embeddings need no enable_input_require_grads).\n")
+	if len(ckpt) < len(e.Layers) {
+		b.WriteString("# Per-layer control needs transformers 4.52 or later, whose decoder layers each read their\n" +
+			"# gradient_checkpointing flag; before, gradient_checkpointing_enable checkpoints every layer.\n")
+		b.WriteString("try:\n    from transformers.modeling_layers import GradientCheckpointingLayer\n" +
+			"except ImportError:\n    raise ImportError(\"this plan checkpoints some layers and stores others, which needs \"\n" +
+			"                      \"transformers >= 4.52: use ckptplan.apply(model, plan), or ckptplan export --to pytorch\") from None\n")
+	}
 	fmt.Fprintf(&b, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n")
 	if len(ckpt) < len(e.Layers) {
 		fmt.Fprintf(&b, "CHECKPOINTED = {%s}\n", ints(ckpt))
-		b.WriteString("for i, layer in enumerate(model.model.layers):  # GPT-2: model.transformer.h\n")
+		b.WriteString("base = model.get_base_model() if hasattr(model, \"get_base_model\") else model  # PEFT\n")
+		b.WriteString("for i, layer in enumerate(base.model.layers):  # GPT-2: base.transformer.h\n")
+		b.WriteString("    assert isinstance(layer, GradientCheckpointingLayer), type(layer)\n")
 		b.WriteString("    layer.gradient_checkpointing = i in CHECKPOINTED\n")
 	}
 	_, err := io.WriteString(w, b.String())

@@ -94,6 +94,7 @@ func TestPlanGolden(t *testing.T) {
 		{"compare-llama-3-8b-200", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "200GiB"}},
 		{"compare-tiny-llama-device", []string{"compare", "tiny-llama", "--device", "l4"}},
 		{"compare-tiny-llama-json", []string{"compare", "tiny-llama", "--budget", "5MiB", "--format", "json"}},
+		{"export-hf-selective", []string{"export", "../../graphio/testdata/hf/llama-3-8b.json", "--lora-rank", "16", "--seq", "8192", "--budget", "50GiB", "--to", "hf"}},
 		{"export-hf", []string{"export", "tiny-llama", "--budget", "5MiB", "--solver", "optimal", "--to", "hf"}},
 		{"export-megatron", []string{"export", "gpt3-175b", "--tp", "8", "--seq", "2048", "--zero", "1", "--dp", "64", "--budget", "120GiB", "--solver", "megatron-selective", "--to", "megatron"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
