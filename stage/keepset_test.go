@@ -123,7 +123,10 @@ func TestKeepSetFrontIsExhaustive(t *testing.T) {
 func TestKeepSetPolicies(t *testing.T) {
 	for _, model := range []string{"tiny-gpt2", "tiny-llama", "gpt2", "llama-3-8b", "qwen2-1.5b"} {
 		t.Run(model, func(t *testing.T) {
-			st := build(t, model, nil)[1]
+			// Megatron's policy needs the eager attention core, and reruns
+			// only it where recomputation follows what a tensor needs (not
+			// under selective checkpointing's replay).
+			st := build(t, model, func(s *ir.Setup) { s.Attention, s.Profile = "eager", "torch-eager" })[1]
 			core := costmodel.AttentionCore(st.c.Graph)
 			byName := map[string]KeepSet{}
 			for _, o := range st.KeepSets {

@@ -108,8 +108,8 @@ class Plan:
         """The plan in a few lines, as the command line prints it."""
         lines = [f"{self.model}: batch {self.batch}, sequence {self.seq}, {self.dtype}, "
                  f"{self.attention} attention; solver {self.solver}",
-                 f"peak {_gib(self.peak_bytes)} + reserve {_gib(self.reserve_bytes)} "
-                 f"within {_gib(self.budget_bytes)}, {100 * self.overhead:+.1f}% compute"]
+                 f"peak {_size(self.peak_bytes)} + reserve {_size(self.reserve_bytes)} "
+                 f"within {_size(self.budget_bytes)}, {100 * self.overhead:+.1f}% compute"]
         for l in self.layers:
             how = f"selective ({l.policy})" if l.mode == "selective" else l.mode
             lines.append(f"  {l.name:10s} {how}: keeps {l.kept_bytes} bytes")
@@ -117,8 +117,12 @@ class Plan:
         return "\n".join(lines)
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _size(n: int) -> str:
+    """n bytes in the largest binary unit that keeps a whole part: "1.50 GiB"."""
+    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.2f} {unit}"
+    return f"{n} B"
 
 
 def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
@@ -153,4 +157,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         with open(path, "w", encoding="utf-8") as f:
             json.dump(setup.config, f)
         out = _binary.call([*args, *setup.flags(), *extra_args, path])
-    return Plan.from_json(out)
+    # Named after the model (its name or path, or its class), not the
+    # temporary file the binary read.
+    name = setup.config.get("_name_or_path") or type(model).__name__
+    return dataclasses.replace(Plan.from_json(out), model=name)

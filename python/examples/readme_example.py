@@ -1,19 +1,18 @@
-"""The README's Python example: plan a model's activations, apply the plan,
-train a step. (A placeholder until the README shows one; CI runs this file
-against the installed wheel.)"""
 import torch
 import transformers
 
 import ckptplan
 
-config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
-                                  num_attention_heads=2, intermediate_size=64, vocab_size=64)
-model = transformers.LlamaForCausalLM(config)
+config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=192, vocab_size=128)
+model = transformers.LlamaForCausalLM(config)  # or a PEFT model; random weights here
+ids = torch.randint(0, config.vocab_size, (2, 32))
 
-plan = ckptplan.plan(model, budget="64MiB", batch=2, seq=16)
-print(ckptplan.apply(model, plan))
-
-ids = torch.randint(0, config.vocab_size, (2, 16))
-loss = model(input_ids=ids, labels=ids).loss
-loss.backward()
-print("loss %.3f" % loss.item())
+store = ckptplan.plan(model, batch=2, seq=32, budget="1GiB", solver="none")
+plan = ckptplan.plan(model, batch=2, seq=32, budget=store.peak_bytes * 95 // 100)
+print(plan.summary())
+ckptplan.apply(model, plan)
+m = ckptplan.measure(model, {"input_ids": ids})
+for layer, got in zip(plan.layers, m.layers):
+    print(f"{layer.name}: plan keeps {layer.kept_bytes} bytes, PyTorch kept {got.kept_bytes}")
+print(f"recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}")
