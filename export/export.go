@@ -37,6 +37,7 @@ type Export struct {
 	// ReserveBytes is the part of the budget left for what is not a
 	// tensor (CUDA context, workspaces, allocator slack).
 	ReserveBytes mem.Bytes `json:"reserve_bytes"`
+	StaticBytes  mem.Bytes `json:"static_bytes"` // weights, gradients, optimizer state: part of the peak
 	PeakBytes    mem.Bytes `json:"peak_bytes"`
 	Overhead     float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
@@ -63,7 +64,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if !plan.Feasible {
 		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
-	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
+	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile = s.Batch, s.Seq, s.DType, s.Attention, s.Profile
 	}

@@ -3,6 +3,7 @@ package export
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -220,5 +221,50 @@ func TestPyTorchModule(t *testing.T) {
 	}
 	if len(sel.Saved) != 18 {
 		t.Errorf("%d saved storages, PyTorch saves 18 in a tiny-llama layer", len(sel.Saved))
+	}
+}
+
+// TestTransformersPlanSaysWhatTheRuntimePays: under the transformers
+// profile, the overhead a plan prints is the one its export promises,
+// which the Python package's runtime pays (python/tests measure it):
+// checkpoints rerun up to their early stop, selective layers replay what
+// their policy does not cache.
+func TestTransformersPlanSaysWhatTheRuntimePays(t *testing.T) {
+	src, err := graphio.Load("smollm-135m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Seq = 256
+	p, err := planner.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := p.Plan(&planner.Options{Budget: 1 << 40, Strategy: planner.Strategies[0]})
+	if err != nil || !all.Feasible {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, s := range planner.Strategies {
+		for k := 1; k <= 19; k++ {
+			budget := all.StaticBytes + (all.PeakBytes-all.StaticBytes)*mem.Bytes(k)/20
+			plan, err := p.Plan(&planner.Options{Budget: budget, Strategy: s, K: 1})
+			if err != nil || !plan.Feasible {
+				continue
+			}
+			e, err := FromPlan(plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.Stages[0].Decision != "store" || plan.Stages[len(plan.Stages)-1].Decision != "store" {
+				continue // trainers run embed and head plainly: the export differs, and says so
+			}
+			if math.Abs(e.Overhead-plan.Overhead) > 1e-12 {
+				t.Errorf("%s at %v: the plan prints %+.4f%%, its runtime pays %+.4f%%", s.Name, budget, 100*plan.Overhead, 100*e.Overhead)
+			}
+			checked++
+		}
+	}
+	if checked < 10 {
+		t.Errorf("only %d plans compared", checked)
 	}
 }

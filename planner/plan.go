@@ -259,13 +259,13 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit,
-		BudgetBytes: budget, StaticBytes: p.Static, BaselineCost: baselineCost(p.Chain), Notes: p.Notes}
+		BudgetBytes: budget, StaticBytes: p.Static, BaselineCost: p.baseline(), Notes: p.Notes}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s
 	}
 	for i, name := range p.names {
-		st := Stage{Index: i, Name: name, Forward: p.Chain.Forward[i], Backward: p.Chain.Backward[i],
+		st := Stage{Index: i, Name: name, Forward: p.forward[i], Backward: p.Chain.Backward[i],
 			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]}
 		if p.Stages != nil && i < len(p.Stages) {
 			if r := float64(p.Stages[i].RerunFLOPs()); r != st.Forward {
@@ -285,7 +285,7 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	plan.Feasible = true
 	plan.ActivationPeakBytes = r.Peak
 	plan.PeakBytes = p.total(r.Peak)
-	plan.Cost = r.Cost
+	plan.Cost = p.cost(r.Cost)
 	if plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1
 	}

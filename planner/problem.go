@@ -29,7 +29,22 @@ type Problem struct {
 	// searched says the stages' keep sets have been searched and are the
 	// chain's options (SearchKeepSets).
 	searched bool
+	// forward is each stage's whole forward. Under the transformers
+	// profile a recomputation stops early (stage.Stage.RerunFLOPs), so
+	// the chain costs every forward of stage i at its rerun; every
+	// schedule runs each stage forward at least once, so its true cost is
+	// the chain's plus offset, Σ (forward − rerun): the same for all, and
+	// the solvers' choice is unchanged by it.
+	forward []float64
+	offset  float64
 }
+
+// cost is the true cost of a schedule the chain costs at chainCost.
+func (p *Problem) cost(chainCost float64) float64 { return chainCost + p.offset }
+
+// baseline is the cost of storing everything: every forward and backward
+// once.
+func (p *Problem) baseline() float64 { return p.cost(baselineCost(p.Chain)) }
 
 // New computes the costs of a source and cuts it into a chain: models at
 // their blocks, graphs at their cut points, profiled chains as given.
@@ -74,8 +89,14 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: mem.Bytes(c.Static.Total()), Chain: toChain(stages, out), Costs: c, Stages: stages}
-	for _, st := range stages {
+	for i, st := range stages {
 		p.names = append(p.names, st.Name)
+		p.forward = append(p.forward, p.Chain.Forward[i])
+		if c.Profile == costmodel.Transformers {
+			rerun := float64(st.RerunFLOPs())
+			p.offset += p.Chain.Forward[i] - rerun
+			p.Chain.Forward[i] = rerun
+		}
 	}
 	if src.Kind == graphio.KindGraph && len(stages) == 1 {
 		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
@@ -94,6 +115,7 @@ func chainProblem(c *graphio.Chain) *Problem {
 		ch.ForwardTempBytes = append(ch.ForwardTempBytes, s.ForwardTempBytes)
 		ch.BackwardTempBytes = append(ch.BackwardTempBytes, s.BackwardTempBytes)
 		p.names = append(p.names, s.Name)
+		p.forward = append(p.forward, s.Forward)
 	}
 	return p
 }

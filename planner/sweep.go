@@ -49,11 +49,11 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sweep{Model: p.Name, Unit: p.Unit, StaticBytes: p.Static, BaselineCost: baselineCost(c)}
+	s := &Sweep{Model: p.Name, Unit: p.Unit, StaticBytes: p.Static, BaselineCost: p.baseline()}
 	var peaks []mem.Bytes // activation peaks of s.Strategies
 	add := func(name string, sched solver.Schedule) {
 		if r, err := solver.Simulate(c, sched); err == nil {
-			s.Strategies = append(s.Strategies, StrategyPoint{name, p.total(r.Peak), r.Cost, s.overhead(r.Cost)})
+			s.Strategies = append(s.Strategies, StrategyPoint{name, p.total(r.Peak), p.cost(r.Cost), s.overhead(p.cost(r.Cost))})
 			peaks = append(peaks, r.Peak)
 		}
 	}
@@ -132,7 +132,7 @@ func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.
 		if math.IsInf(cost, 1) {
 			continue
 		}
-		out = append(out, SweepPoint{p.total(b), cost, s.overhead(cost)})
+		out = append(out, SweepPoint{p.total(b), p.cost(cost), s.overhead(p.cost(cost))})
 	}
 	return out, nil
 }

@@ -26,6 +26,12 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	}
 	// The executor computes in float32 on the CPU.
 	if src.Kind == graphio.KindModel {
+		if t := &src.Model.Training; t.Profile == "transformers" {
+			// The executor runs the torch-eager profile's ops and its
+			// minimal recomputation; the transformers profile's plans are
+			// proven on PyTorch itself, by the Python package.
+			return fmt.Errorf("%s plans for transformers on PyTorch 2, which run does not execute: add --profile torch-eager --attention eager to prove a plan here, or measure the transformers plan with the Python package (ckptplan.apply and ckptplan.measure)", src.Name)
+		}
 		src.Model.Training.DType = "fp32"
 	} else {
 		src.Graph.DType = ir.FP32

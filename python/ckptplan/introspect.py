@@ -92,6 +92,14 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
                          "plans one of float32, bfloat16, float16")
     dtype = _DTYPES[next(iter(dtypes))]
     impl = getattr(config, "_attn_implementation", None) or "eager"
+    # Before transformers 4.48 the attention's class is chosen when the
+    # model is built; the class, not a config changed since, is what runs.
+    attn_module = getattr(layers[0], "self_attn", None) or getattr(layers[0], "attn", None)
+    kind = type(attn_module).__name__ if attn_module is not None else ""
+    if "Sdpa" in kind:
+        impl = "sdpa"
+    elif "Flash" in kind:
+        impl = "flash_attention_2"
     if impl not in _ATTENTION:
         raise ValueError(f"attention implementation {impl!r} is not one ckptplan models "
                          f"(it models {', '.join(_ATTENTION)})")

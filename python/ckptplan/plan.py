@@ -63,7 +63,7 @@ class Plan:
     feasible: bool
     budget_bytes: int
     reserve_bytes: int
-    peak_bytes: int
+    peak_bytes: int  # static_bytes included
     overhead: float
     recompute_flops: int
     batch: Optional[int]
@@ -72,6 +72,7 @@ class Plan:
     attention: str
     layers: tuple[Layer, ...]
     notes: tuple[str, ...] = ()
+    static_bytes: int = 0  # weights, gradients and optimizer state
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -90,6 +91,7 @@ class Plan:
                    recompute_flops=int(d.get("recompute_flops", 0)),
                    batch=d.get("batch"), seq=d.get("seq"), dtype=d.get("dtype", ""),
                    attention=d.get("attention", ""), layers=layers,
+                   static_bytes=int(d.get("static_bytes", 0)),
                    notes=tuple(d.get("notes") or ()), raw=d)
 
     @classmethod
@@ -152,12 +154,15 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--device", device]
     if reserve is not None:
         args += ["--reserve", str(reserve)]
+    # Named after the model (its name or path, or its class), not the
+    # temporary file the binary reads, in the plan and in its errors.
+    name = setup.config.get("_name_or_path") or type(model).__name__
     with tempfile.TemporaryDirectory(prefix="ckptplan-") as tmp:
         path = os.path.join(tmp, "config.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(setup.config, f)
-        out = _binary.call([*args, *setup.flags(), *extra_args, path])
-    # Named after the model (its name or path, or its class), not the
-    # temporary file the binary read.
-    name = setup.config.get("_name_or_path") or type(model).__name__
+        try:
+            out = _binary.call([*args, *setup.flags(), *extra_args, path])
+        except _binary.CkptplanError as err:
+            raise _binary.CkptplanError(err.message.replace(path, name), err.code) from None
     return dataclasses.replace(Plan.from_json(out), model=name)

@@ -136,7 +136,7 @@ def test_other_shapes_are_refused(ckptplan_binary):
 
 def test_unplannable_budget_is_a_clear_error(ckptplan_binary):
     model = build("llama", "sdpa", "fp32")
-    with pytest.raises(ckptplan.CkptplanError, match="does not fit"):
+    with pytest.raises(ckptplan.CkptplanError, match="LlamaForCausalLM does not fit"):
         ckptplan.plan(model, "1KiB", batch=BATCH, seq=SEQ)
 
 
