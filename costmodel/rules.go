@@ -33,9 +33,22 @@ func (a *analyzer) keeps(n *ir.Node) {
 	x := func() *ir.Node { return inNode(0) }
 	switch n.Op {
 	case ir.Linear:
+		// The weight's gradient needs the input; under torch.autocast the
+		// input's needs the weight's 16-bit copy, an activation. Autograd
+		// packs mm's weight first, addmm's (with a bias) second.
+		var copy16 int
+		if n.Attrs.Autocast && grad(0) {
+			w := ir.Shape{n.Attrs.Out, x().Shape.Last()}
+			copy16 = a.extra(n, WeightCopy, w, x().DType, a.shard[n.ID])
+			if !n.Attrs.Bias {
+				a.keep(n, copy16)
+			}
+		}
 		if !n.Attrs.Frozen {
-			// The weight gradient needs the input.
 			a.keep(n, a.operand(n, 0))
+		}
+		if n.Attrs.Autocast && grad(0) && n.Attrs.Bias {
+			a.keep(n, copy16)
 		}
 		if n.Attrs.LoRARank > 0 {
 			a.keepLoRA(n)

@@ -46,6 +46,7 @@ type Export struct {
 	Batch          int64    `json:"batch,omitempty"`
 	Seq            int64    `json:"seq,omitempty"`
 	DType          string   `json:"dtype,omitempty"`
+	Autocast       string   `json:"autocast,omitempty"`
 	Attention      string   `json:"attention,omitempty"`
 	Profile        string   `json:"profile,omitempty"`
 	Layers         []Layer  `json:"layers"`
@@ -66,7 +67,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	}
 	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
 	if s := plan.Setup; s != nil {
-		e.Batch, e.Seq, e.DType, e.Attention, e.Profile = s.Batch, s.Seq, s.DType, s.Attention, s.Profile
+		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
 	}
 	forwards := make([]int, len(plan.Stages))
 	recomputedWith := map[int]string{}

@@ -50,6 +50,10 @@ func (e *Export) HF(w io.Writer) error {
 	for _, n := range e.Notes {
 		fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
 	}
+	if e.Autocast != "" {
+		b.WriteString("# Note: under torch.autocast the checkpointed layers' 16-bit weight copies stay in autocast's\n" +
+			"# cache until the forward ends, above the plan's peak; ckptplan.apply clears it around each layer.\n")
+	}
 	// Non-reentrant checkpointing needs no input that requires a gradient,
 	// so a PEFT model's frozen embeddings need no enable_input_require_grads.
 	b.WriteString("# Non-reentrant, as PEFT models need (their frozen embeddings need no enable_input_require_grads).\n")

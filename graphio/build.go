@@ -26,6 +26,9 @@ func Build(model *Model) (*ir.Graph, error) {
 	}
 	dt := m.Training.ModelDType()
 	b := &builder{m: &m, g: ir.NewGraph(m.Name, dt), dt: dt}
+	if m.Training.Autocast != "" {
+		b.half, _ = ir.ParseDType(m.Training.Autocast)
+	}
 	b.g.Setup = m.Training
 	x := b.embed()
 	for l := int64(0); l < m.Layers; l++ {
@@ -49,8 +52,18 @@ type builder struct {
 	m     *Model
 	g     *ir.Graph
 	dt    ir.DType
+	half  ir.DType // torch.autocast's 16-bit dtype for products; Invalid without autocast
 	block string
 	err   error
+}
+
+// autocast returns x as torch.autocast hands it to a product: cast to the
+// 16-bit dtype, a copy unless it is in it already; x without autocast.
+func (b *builder) autocast(region string, x int) int {
+	if b.half == ir.Invalid {
+		return x
+	}
+	return b.cast(region, b.half, x)
 }
 
 func (b *builder) op(region string, op ir.Op, a ir.Attrs, in ...int) int {
@@ -84,6 +97,11 @@ func (b *builder) linear(region, role string, out int64, bias bool, x int) int {
 		role == "qkv" && slices.ContainsFunc(targets, func(t string) bool { return t == "q" || t == "k" || t == "v" })) {
 		a.LoRARank = b.m.Training.LoRA.Rank
 		a.LoRADrop = b.m.Training.LoRA.Dropout
+	}
+	if b.half != ir.Invalid {
+		// Each product casts its input (again, for every consumer) and
+		// its weight.
+		x, a.Autocast = b.autocast(region+"_cast", x), true
 	}
 	return b.op(region, ir.Linear, a, x)
 }
@@ -136,6 +154,9 @@ func (b *builder) head(x int) int {
 	if b.m.TiedEmbeddings {
 		a.Tied = "embed.wte"
 	}
+	if b.half != ir.Invalid {
+		x, a.Autocast = b.autocast("lm_head_cast", x), true
+	}
 	logits := b.op("lm_head", ir.Linear, a, x)
 	if t.Numerics.LogitsFP32 {
 		logits = b.cast("logits_fp32", ir.FP32, logits)
@@ -176,6 +197,9 @@ func (b *builder) core(q, k, v int) int {
 			k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
 			v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
 		}
+		// Under autocast sdpa takes q, k and v in 16 bits (copies of the
+		// fp32 rotated q and k).
+		q, k, v = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k), b.autocast("attn.v_cast", v)
 		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: true, Causal: true, P: t.Dropout}, q, k, v)
 	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
@@ -187,16 +211,20 @@ func (b *builder) core(q, k, v int) int {
 		g := m.Heads / m.KVHeads
 		q = b.op("attn.group_q", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.KVHeads, g * t.Seq, m.HeadDim()}}, q)
 	}
+	qdt := b.g.Nodes[q].DType // the probabilities come back to it
+	q, k = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k)
 	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
 	if grouped {
 		s = b.op("attn.ungroup_s", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq}}, s)
 	}
 	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
 	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim())), TensorConst: m.Family == "gpt2"}, s)
-	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
+	// Under autocast the scores meet the fp32 mask and become fp32.
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
-	s = b.cast("attn.softmax_cast", b.dt, s)
+	s = b.cast("attn.softmax_cast", qdt, s)
 	s = b.dropout("attn.attn_dropout", s)
+	s, v = b.autocast("attn.p_cast", s), b.autocast("attn.v_cast", v)
 	if grouped {
 		g := m.Heads / m.KVHeads
 		s = b.op("attn.group_p", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.KVHeads, g * t.Seq, t.Seq}}, s)
@@ -261,8 +289,11 @@ func (b *builder) llamaLayer(x int) int {
 	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Hidden, m.QKVBias, h))
 	k := b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
 	v := b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
-	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer}, q)
-	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta}, k)
+	// Under autocast the 16-bit q and k meet fp32 cos and sin and become
+	// fp32, unless the layer makes its tables, in q's dtype.
+	fp32 := b.half != ir.Invalid && !m.Training.Numerics.RopeInLayer
+	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer, Upcast: fp32}, q)
+	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, false, o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)

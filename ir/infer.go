@@ -75,18 +75,31 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		if err != nil {
 			return Tensor{}, fmt.Errorf("%v: %w", op, err)
 		}
+		dt := x.DType
 		if x.DType != in[1].DType {
-			return Tensor{}, fmt.Errorf("%v of %v and %v: dtypes differ", op, x.DType, in[1].DType)
+			// Floating-point operands promote to the wider, as PyTorch's do.
+			if !x.DType.IsFloat() || !in[1].DType.IsFloat() {
+				return Tensor{}, fmt.Errorf("%v of %v and %v: dtypes differ", op, x.DType, in[1].DType)
+			}
+			if in[1].DType.Size() > dt.Size() {
+				dt = in[1].DType
+			}
 		}
-		return Tensor{s, x.DType}, needFloat()
+		return Tensor{s, dt}, needFloat()
 	case CausalMask:
 		if len(x.Shape) < 2 {
 			return Tensor{}, fmt.Errorf("causal_mask needs at least two axes, got %v", x.Shape)
+		}
+		if a.Upcast {
+			same.DType = FP32
 		}
 		return same, needFloat()
 	case RoPE:
 		if len(x.Shape) < 2 || x.Shape.Last()%2 != 0 {
 			return Tensor{}, fmt.Errorf("rope needs [..., s, d] with an even d, got %v", x.Shape)
+		}
+		if a.Upcast {
+			same.DType = FP32
 		}
 		return same, needFloat()
 	case RepeatKV:

@@ -120,7 +120,8 @@ type Attrs struct {
 	Tied        string  // Linear, Embedding: name of the node whose weight this one shares
 	LoRARank    int64   // Linear: rank of a trainable low-rank adapter (0: none)
 	LoRADrop    float64 // Linear: dropout probability on the adapter's input
-	Upcast      bool    // RMSNorm, LayerNorm, Softmax: compute in fp32
+	Upcast      bool    // RMSNorm, LayerNorm, Softmax: compute in fp32; RoPE, CausalMask: return fp32 (fp32 tables or mask)
+	Autocast    bool    // Linear: the weight is cast to the input's 16-bit dtype (torch.autocast)
 	P           float64 // Dropout, Attention: drop probability
 	Factor      float64 // Scale: the constant
 	Heads       int64   // RepeatKV, Attention, RoPE: query heads

@@ -10,12 +10,15 @@ import (
 // framework profile whose rules say what autograd keeps, optimizer, LoRA
 // and parallelism. The cost model gives these fields their meaning.
 type Setup struct {
-	Batch     int64    `yaml:"batch" json:"batch"`
-	Seq       int64    `yaml:"seq" json:"seq"`
-	DType     string   `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
-	Dropout   float64  `yaml:"dropout" json:"dropout"`     // in [0, 1)
-	Attention string   `yaml:"attention" json:"attention"` // eager | sdpa | flash
-	Profile   string   `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
+	Batch     int64   `yaml:"batch" json:"batch"`
+	Seq       int64   `yaml:"seq" json:"seq"`
+	DType     string  `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
+	Dropout   float64 `yaml:"dropout" json:"dropout"`     // in [0, 1)
+	Attention string  `yaml:"attention" json:"attention"` // eager | sdpa | flash
+	Profile   string  `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
+	// Autocast is the 16-bit dtype torch.autocast computes products in
+	// over fp32 weights (DType fp32), "" without autocast.
+	Autocast  string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
 	Numerics  Numerics `yaml:"numerics" json:"numerics"`
 	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | sgd | none
 	LoRA      LoRA     `yaml:"lora" json:"lora"`
@@ -114,6 +117,14 @@ func (s *Setup) Validate(prefix string) error {
 	}
 	if d, err := ParseDType(s.DType); err != nil || !slices.Contains(TrainDTypes, d) {
 		return &FieldError{f("dtype"), fmt.Sprintf("unknown value %q (valid: fp32, bf16, fp16)", s.DType)}
+	}
+	if s.Autocast != "" {
+		if d, err := ParseDType(s.Autocast); err != nil || !(d == BF16 || d == FP16) {
+			return &FieldError{f("autocast"), fmt.Sprintf("unknown value %q (valid: bf16, fp16)", s.Autocast)}
+		}
+		if s.DType != "fp32" {
+			return &FieldError{f("autocast"), fmt.Sprintf("autocast runs over fp32 weights, but dtype is %s", s.DType)}
+		}
 	}
 	if s.Dropout < 0 || s.Dropout >= 1 || s.Dropout != s.Dropout {
 		return &FieldError{f("dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.Dropout)}

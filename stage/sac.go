@@ -71,7 +71,10 @@ func (st *Stage) rerunUpToStop() []int {
 		}
 		stop, runs = p, false
 		for _, s := range saved {
-			runs = runs || st.c.Storages[s].Node == id
+			// A weight's autocast copy is made by a cast before the
+			// product, which saves it with its input before it computes.
+			sto := &st.c.Storages[s]
+			runs = runs || sto.Node == id && sto.Role != costmodel.WeightCopy
 		}
 	}
 	if !runs {

@@ -19,6 +19,7 @@ type costReport struct {
 	Batch     int64         `json:"batch"`
 	Seq       int64         `json:"seq"`
 	DType     string        `json:"dtype"`
+	Autocast  string        `json:"autocast,omitempty"`
 	Attention string        `json:"attention"`
 	Parallel  ir.Parallel   `json:"parallel"`
 	LoRARank  int64         `json:"lora_rank"`
@@ -101,7 +102,7 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 func newCostReport(name string, c *costmodel.Costs) *costReport {
 	g, s := c.Graph, c.Graph.Setup
 	r := &costReport{
-		Model: name, Profile: string(c.Profile), Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(),
+		Model: name, Profile: string(c.Profile), Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(), Autocast: s.Autocast,
 		Attention: s.Attention, Parallel: s.Parallel, LoRARank: s.LoRA.Rank,
 		Static: staticReport{
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
@@ -127,7 +128,11 @@ const layersShown = 4
 
 func writeCostText(w io.Writer, r *costReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, r.DType, r.Attention)
+	dtype := r.DType
+	if r.Autocast != "" {
+		dtype += " weights under " + r.Autocast + " autocast"
+	}
+	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, dtype, r.Attention)
 	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
 		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
 	}

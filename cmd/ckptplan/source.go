@@ -28,6 +28,7 @@ type setupFlags struct {
 	loraDType          string
 	ropeTables         string
 	dropoutMask        string
+	autocast           string
 	set                map[string]bool // flags given on the command line
 }
 
@@ -42,6 +43,7 @@ func addSetupFlags(fs *flag.FlagSet) *setupFlags {
 // addTrainingFlags registers the flags that change how a model trains.
 func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+strings.Join(ir.Profiles, " | ")+" (default: the model's)")
+	fs.StringVar(&s.autocast, "autocast", "", "16-bit dtype torch.autocast computes products in over fp32 weights: bf16 | fp16 | none (default: the model's)")
 	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+strings.Join(ir.Attentions, " | ")+" (default: the model's)")
 	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
 	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
@@ -65,6 +67,13 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Profile = s.profile
 		case "attention":
 			t.Attention = s.attention
+		case "autocast":
+			t.Autocast = s.autocast
+			if s.autocast == "none" {
+				t.Autocast = ""
+			} else {
+				t.DType = "fp32" // the weights autocast computes over
+			}
 		case "dropout":
 			t.Dropout = s.dropout
 		case "logits-dtype":
@@ -106,6 +115,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
 		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	}
+	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
+		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)
 	}
 	if s.loraDType != "" && s.loraDType != "fp32" && s.loraDType != "model" {
 		return nil, usagef("--lora-dtype: unknown value %q (valid: fp32, model)", s.loraDType)

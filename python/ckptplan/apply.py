@@ -134,11 +134,26 @@ class _Planned:
         if not torch.is_grad_enabled():
             return self.inner(*args, **kwargs)
         self._check_shapes(args, kwargs)
+        if not _autocasting(args):
+            return self._run(args, kwargs)
+        # torch.autocast caches its casts of the weights until it exits.
+        # Cleared around the layer, its weights are cast inside it every
+        # time — the forward, the policy's probe and the recomputation then
+        # run the same ops — and the copies it does not save go with it.
+        torch.clear_autocast_cache()
+        try:
+            return self._run(args, kwargs)
+        finally:
+            torch.clear_autocast_cache()
+
+    def _run(self, args, kwargs):
         fn = functools.partial(self.inner, **kwargs) if kwargs else self.inner
         if self.ckptplan_mode == "checkpoint":
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         if self.policy is None:
             self.policy = _Policy.find(self.inner, self.layer, args, kwargs, self.entry)
+            if _autocasting(args):
+                torch.clear_autocast_cache()  # the probe's casts
         return torch.utils.checkpoint.checkpoint(
             fn, *args, use_reentrant=False, context_fn=self.policy.contexts)
 
@@ -260,6 +275,16 @@ class _Policy:
             return cp.CheckpointPolicy.MUST_SAVE if i in save else cp.CheckpointPolicy.PREFER_RECOMPUTE
 
         return cp.create_selective_checkpoint_contexts(policy)
+
+
+def _autocasting(args) -> bool:
+    """Whether torch.autocast is on for the device of the layer's input."""
+    x = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
+    device = x.device.type if x is not None else "cpu"
+    try:
+        return torch.is_autocast_enabled(device)
+    except TypeError:  # PyTorch before 2.4 takes no device
+        return torch.is_autocast_cpu_enabled() if device == "cpu" else torch.is_autocast_enabled()
 
 
 def _devices(args, kwargs) -> list[int]:

@@ -48,6 +48,7 @@ class Setup:
     logits_dtype: str = "fp32"
     rope_tables: str = "model"
     dropout_mask: str = "byte"  # byte: CUDA's fused dropout; dtype: CPU's
+    autocast: Optional[str] = None  # bf16 or fp16: torch.autocast over the fp32 weights
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
@@ -61,6 +62,8 @@ class Setup:
              "--dropout-mask", self.dropout_mask]
         if self.dropout is not None:
             f += ["--dropout", repr(self.dropout)]
+        if self.autocast:
+            f += ["--autocast", self.autocast]
         if self.lora_rank:
             f += ["--lora-rank", str(self.lora_rank), "--lora-targets", ",".join(self.lora_targets),
                   "--lora-dropout", repr(self.lora_dropout), "--lora-dtype", self.lora_dtype]
@@ -80,9 +83,8 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"a {type(model).__name__} has no transformers config: ckptplan plans "
                          "transformers models (Llama, Mistral, Qwen2, GPT-2)")
-    if autocast is not None:
-        raise ValueError("planning under torch.autocast is not supported yet: plan the model in the "
-                         "dtype it computes in (model.to(torch.bfloat16))")
+    if autocast not in (None, "bf16", "fp16"):
+        raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     layers = decoder_layers(model)
     # PEFT keeps LoRA adapters in fp32 over 16-bit weights by default;
     # they are described apart.
@@ -91,6 +93,9 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         raise ValueError(f"the decoder layers' weights are in {sorted(map(str, dtypes))}: ckptplan "
                          "plans one of float32, bfloat16, float16")
     dtype = _DTYPES[next(iter(dtypes))]
+    if autocast is not None and dtype != "fp32":
+        raise ValueError(f"autocast={autocast!r} runs over fp32 weights, but the model's are {dtype}: "
+                         "plan it without autocast")
     impl = getattr(config, "_attn_implementation", None) or "eager"
     # Before transformers 4.48 the attention's class is chosen when the
     # model is built; the class, not a config changed since, is what runs.
@@ -119,7 +124,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         attention = "sdpa-math"
     setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
-                  dropout_mask="dtype" if on_cpu else "byte")
+                  dropout_mask="dtype" if on_cpu else "byte", autocast=autocast)
     _lora(model, setup)
     return setup
 

@@ -78,13 +78,16 @@ class Measurement:
 
 def measure(model: nn.Module, batch: Mapping[str, Any], *,
             loss_fn: Optional[Callable[[Any], torch.Tensor]] = None,
-            layers: Optional[nn.ModuleList] = None) -> Measurement:
+            layers: Optional[nn.ModuleList] = None,
+            autocast: Optional[torch.dtype] = None) -> Measurement:
     """Run one forward and backward of model on batch and measure it.
 
     batch is passed as keyword arguments (``input_ids``, ``labels``, ...);
     without ``labels`` the input ids are used as labels. loss_fn maps the
-    model's output to the loss (default: ``output.loss``). Gradients are
-    accumulated into the parameters as a training step would.
+    model's output to the loss (default: ``output.loss``). autocast runs
+    the forward under ``torch.autocast`` in that dtype, as a trainer with
+    mixed precision does. Gradients are accumulated into the parameters as
+    a training step would.
     """
     layers = decoder_layers(model) if layers is None else layers
     batch = dict(batch)
@@ -97,6 +100,14 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+    device = next(model.parameters()).device.type
+
+    def run_forward():
+        if autocast is None:
+            return loss_fn(model(**batch))
+        with torch.autocast(device, dtype=autocast):
+            return loss_fn(model(**batch))
+
     saved = _SavedBytes(model, layers)
     alloc = _Allocations(len(layers))
     counter = _flop_counter()
@@ -104,7 +115,7 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
         for i, layer in enumerate(layers):
             stack.enter_context(_in_layer(layer, i, (saved, alloc)))
         with counter, saved.hooks(), alloc:
-            loss = loss_fn(model(**batch))
+            loss = run_forward()
     forward = counter.get_total_flops()
     kept = alloc.alive()
     counter = _flop_counter()
@@ -119,7 +130,7 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
     from .apply import applied, suspended  # a plan's runtime, if any
     if applied(model) is not None:
         with suspended(model):
-            out = loss_fn(model(**batch))
+            out = run_forward()
             counter = _flop_counter()
             with counter:
                 # The parameters' gradients must not change: backward into

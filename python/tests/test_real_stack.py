@@ -61,12 +61,17 @@ def batch() -> dict:
     return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
 
 
-ALL = [(f, a, d, p, lora) for f in ("llama", "mistral", "qwen2", "gpt2")
+ALL = [(f, a, d, p, lora, None) for f in ("llama", "mistral", "qwen2", "gpt2")
        for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p in (0.0, 0.1) for lora in ("", "attn", "all")]
+# fp32 weights under bf16 autocast (the Trainer's bf16=True), as planned so
+# far: the Llama family without LoRA, off sdpa's CPU math path (dropout).
+ALL += [(f, a, "fp32", p, "", "bf16") for f in ("llama", "mistral", "qwen2")
+        for a in ("eager", "sdpa") for p in (0.0, 0.1) if not (a == "sdpa" and p)]
+AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
-@pytest.mark.parametrize("family,attention,dtype,dropout,lora", ALL)
-def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype, dropout, lora):
+@pytest.mark.parametrize("family,attention,dtype,dropout,lora,autocast", ALL)
+def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype, dropout, lora, autocast):
     """Bytes each layer saves (saved-tensor hooks, one count per storage)
     and holds after the forward equal the plan's, every layer stored.
 
@@ -76,11 +81,11 @@ def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, atte
     whose input (the frozen embedding's) needs no gradient: its hooks count
     lacks the output that the kept bytes have."""
     model = build(family, attention, dtype, dropout, lora)
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
     assert plan.batch == BATCH and plan.seq == SEQ and plan.dtype == dtype
     # On CPU, sdpa with dropout runs PyTorch's math path.
     assert plan.attention == ("sdpa-math" if attention == "sdpa" and dropout else attention)
-    m = measure(model, batch())
+    m = measure(model, batch(), autocast=AUTOCAST[autocast])
     for i, (layer, got) in enumerate(zip(plan.layers, m.layers)):
         assert layer.mode == "store"
         if not (lora and i == 0):
@@ -93,30 +98,31 @@ def grads_equal(a, b) -> bool:
                for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("family,attention,dtype,dropout,lora", ALL)
+@pytest.mark.parametrize("family,attention,dtype,dropout,lora,autocast", ALL)
 @pytest.mark.parametrize("solver", ["selective", "optimal", "every-k"])
-def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, solver):
+def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, autocast, solver):
     """Plans at three budgets, applied with ckptplan.apply (selective
     layers through selective activation checkpointing): each layer holds
     what the plan says, the gradients are those of the run
     without a plan, and the FLOPs recomputed in backward are the plan's."""
     ref = build(family, attention, dtype, dropout, lora)
-    base = measure(copy.deepcopy(ref), batch())
-    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    cast = AUTOCAST[autocast]
+    base = measure(copy.deepcopy(ref), batch(), autocast=cast)
+    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
     # Budgets between checkpointing everything and storing everything.
-    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
+    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", autocast=autocast)
     low, high = every.peak_bytes, store.peak_bytes
     budgets = [low, (low + high) // 2, high] if solver == "every-k" else [low + (high - low) * f // 4 for f in (1, 2, 3)]
     modes = set()
     for budget in budgets:
-        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver)
+        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver, autocast=autocast)
         model = copy.deepcopy(ref)
         apply(model, plan)
         torch.manual_seed(2)  # the same dropout masks in both runs
-        m = measure(model, batch())
+        m = measure(model, batch(), autocast=cast)
         base_model = copy.deepcopy(ref)
         torch.manual_seed(2)
-        measure(base_model, batch())
+        measure(base_model, batch(), autocast=cast)
         assert grads_equal(model, base_model), f"{solver} at {budget}: gradients differ"
         for layer, got in zip(plan.layers, m.layers):
             modes.add(layer.mode)
