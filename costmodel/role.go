@@ -37,6 +37,8 @@ const (
 	RopeSin                     // and sin
 	LoRAInput                   // LoRA adapter in fp32 over 16-bit weights: its input cast to fp32
 	WeightCopy                  // a product under torch.autocast: its weight cast to 16 bits
+	LoRAAWeight                 // LoRA adapter under torch.autocast: A's weight cast to 16 bits
+	LoRABWeight                 // and B's
 )
 
 var roleNames = [...]string{
@@ -45,7 +47,7 @@ var roleNames = [...]string{
 	LoRADropoutMask: "lora_dropout_mask", LoRADropout: "lora_dropout", LoRAA: "lora_a",
 	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
 	Tanh: "tanh", HalfX: "half_x", OnePlusTanh: "one_plus_tanh", Divisor: "divisor", RopeCos: "cos", RopeSin: "sin",
-	LoRAInput: "lora_input", WeightCopy: "weight_16",
+	LoRAInput: "lora_input", WeightCopy: "weight_16", LoRAAWeight: "lora_a_weight_16", LoRABWeight: "lora_b_weight_16",
 }
 
 // String returns the role's name as plans, saved-tensor names and JSON

@@ -138,6 +138,10 @@ func (a *analyzer) maskDType(dt ir.DType) ir.DType {
 // wide. fp32 adapters over 16-bit weights (PEFT's default) first cast x
 // to fp32, and the dropout and both products run in fp32.
 func (a *analyzer) keepLoRA(n *ir.Node) {
+	if n.Attrs.Autocast {
+		a.keepLoRAAutocast(n)
+		return
+	}
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]
 	dt, in := x.DType, a.operand(n, 0)
@@ -157,6 +161,32 @@ func (a *analyzer) keepLoRA(n *ir.Node) {
 	s := x.Shape.Clone()
 	s[len(s)-1] = n.Attrs.LoRARank
 	a.keep(n, a.extra(n, LoRAA, s, dt, false))
+}
+
+// keepLoRAAutocast is keepLoRA under torch.autocast over fp32 weights:
+// PEFT casts x to the adapter's fp32 (a copy when x is 16-bit) and drops
+// out in fp32 (its mask kept when x needs a gradient); A's product casts
+// that to 16 bits again (a new copy, kept) and its weight (kept when x
+// needs a gradient); B's keeps its weight's copy and A's 16-bit output.
+// Autograd packs each product's weight copy before its input.
+func (a *analyzer) keepLoRAAutocast(n *ir.Node) {
+	x := &a.g.Nodes[n.Inputs[0]]
+	sh, r, in := a.shard[n.Inputs[0]], n.Attrs.LoRARank, x.Shape.Last()
+	if n.Attrs.LoRADrop > 0 {
+		mask := a.extra(n, LoRADropoutMask, x.Shape, a.maskDType(ir.FP32), sh)
+		if a.grad[n.Inputs[0]] {
+			a.keep(n, mask)
+		}
+		a.extra(n, LoRADropout, x.Shape, ir.FP32, sh) // read by A's cast only
+	}
+	if a.grad[n.Inputs[0]] {
+		a.keep(n, a.extra(n, LoRAAWeight, ir.Shape{r, in}, x.DType, false))
+	}
+	a.keep(n, a.extra(n, LoRAInput, x.Shape, x.DType, sh))
+	a.keep(n, a.extra(n, LoRABWeight, ir.Shape{n.Attrs.Out, r}, x.DType, false))
+	s := x.Shape.Clone()
+	s[len(s)-1] = r
+	a.keep(n, a.extra(n, LoRAA, s, x.DType, false))
 }
 
 // keepRMSNorm follows Hugging Face's LlamaRMSNorm: x.to(fp32);

@@ -219,8 +219,9 @@ func (b *builder) core(q, k, v int) int {
 	}
 	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
 	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim())), TensorConst: m.Family == "gpt2"}, s)
-	// Under autocast the scores meet the fp32 mask and become fp32.
-	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid}, s)
+	// Under autocast Llama's scores meet its fp32 additive mask and become
+	// fp32; GPT-2's torch.where fills in the scores' own dtype.
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && m.Family != "gpt2"}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
 	s = b.cast("attn.softmax_cast", qdt, s)
 	s = b.dropout("attn.attn_dropout", s)
@@ -246,7 +247,10 @@ func (b *builder) sdpaMath(q, k, v int) int {
 		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
 		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
 	}
-	dt := b.dt
+	// Under autocast, sdpa takes 16-bit q, k and v before its math path
+	// upcasts them again.
+	q, k, v = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k), b.autocast("attn.v_cast", v)
+	dt := b.g.Nodes[q].DType
 	q = b.cast("attn.q_acc", ir.FP32, q)
 	k = b.cast("attn.k_acc", ir.FP32, k)
 	v = b.cast("attn.v_acc", ir.FP32, v)

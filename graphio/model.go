@@ -127,8 +127,8 @@ func (m *Model) Validate() error {
 	if m.Family == "llama" && m.HeadDim()%2 != 0 {
 		return fe("heads", "head size %d is odd; rotary embeddings need an even one", m.HeadDim())
 	}
-	if m.Training.Autocast != "" && (m.Family == "gpt2" || m.Training.LoRA.Rank > 0 || m.Training.Profile != "transformers" || m.Training.Attention == "sdpa-math") {
-		return fe("training.autocast", "autocast is planned for the llama family under the transformers profile, without LoRA and off sdpa's math path")
+	if m.Training.Autocast != "" && m.Training.Profile != "transformers" {
+		return fe("training.autocast", "autocast is planned under the transformers profile")
 	}
 	if err := m.Training.Validate("training"); err != nil {
 		return err
