@@ -52,7 +52,8 @@ def apply_plan(layers, plan=None):
             if isinstance(layer.forward, _Planned):
                 layer.forward = forward
         else:
-            layer.forward = _Planned(forward, layer, name, mode, entry.get("saved"))
+            layer.forward = _Planned(forward, layer, name, mode, entry.get("saved"),
+                                     (plan.get("batch"), plan.get("seq")))
         counts[mode] += 1
     return counts
 
@@ -61,8 +62,9 @@ class _Planned:
     """A layer's forward as its plan entry says. An object rather than a
     closure, so that a deep copy of the model runs its own layers."""
 
-    def __init__(self, inner, layer, name, mode, saved):
+    def __init__(self, inner, layer, name, mode, saved, shape=(None, None)):
         self.inner, self.layer, self.name, self.ckptplan_mode = inner, layer, name, mode
+        self.shape = shape  # the planned (batch, sequence), when the plan says
         if mode == "selective":
             self.keep = [bool(s.get("keep")) for s in saved]
             self.sizes = [int(s["bytes"]) for s in saved]
@@ -70,6 +72,14 @@ class _Planned:
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.inner(*args, **kwargs)
+        x = args[0] if args else kwargs.get("hidden_states")
+        if None not in self.shape and isinstance(x, torch.Tensor) and x.dim() >= 2 and \
+                tuple(x.shape[:2]) != tuple(self.shape):
+            raise ValueError(
+                f"ckptplan: {self.name} was planned for batch {self.shape[0]} and sequence "
+                f"{self.shape[1]} but is called with batch {x.shape[0]} and sequence {x.shape[1]}: "
+                "what it keeps and recomputes differs with the shape; export a plan for these "
+                "shapes (ckptplan export ... --batch B --seq S)")
         if self.ckptplan_mode == "checkpoint":
             # Bind keyword arguments: checkpoint takes some of its own.
             fn = functools.partial(self.inner, **kwargs) if kwargs else self.inner
