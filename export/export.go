@@ -39,7 +39,11 @@ type Export struct {
 	ReserveBytes mem.Bytes `json:"reserve_bytes"`
 	StaticBytes  mem.Bytes `json:"static_bytes"` // weights, gradients, optimizer state: part of the peak
 	PeakBytes    mem.Bytes `json:"peak_bytes"`
-	Overhead     float64   `json:"overhead"`
+	// RuntimePeakBytes is the peak run layer by layer (each layer stored,
+	// kept in part or checkpointed once; other stages stored), as trainers
+	// and ckptplan.apply run it, when known.
+	RuntimePeakBytes mem.Bytes `json:"runtime_peak_bytes,omitempty"`
+	Overhead         float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
 	RecomputeFLOPs float64  `json:"recompute_flops"`

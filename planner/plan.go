@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
@@ -351,6 +352,40 @@ func keepSetRecord(st *stage.Stage, k *stage.KeepSet) KeepSet {
 		r.Saved = append(r.Saved, SavedTensor{Name: c.StorageName(s), Bytes: mem.Bytes(c.Storages[s].Bytes), Keep: st.Holds(k, s)})
 	}
 	return r
+}
+
+// LayerRuntime plans what a runtime that handles each layer on its own
+// runs for plan (ckptplan.apply, the exported PyTorch module, a trainer's
+// per-layer checkpointing): each layer stored, run with its first
+// forward's keep set, or checkpointed (a layer the plan recomputes from an
+// earlier checkpoint keeps its input), and rerun once, right before its
+// backward; stages that are not layers stored. Its peak is what such a
+// runtime holds where the plan recomputes a layer more than once.
+func (p *Problem) LayerRuntime(plan *Plan) (*Plan, error) {
+	if p.Stages == nil {
+		return nil, errors.New("a profiled chain has no layers to run one by one")
+	}
+	if len(plan.Stages) != p.Chain.Len() {
+		return nil, fmt.Errorf("the plan has %d stages, the model %d", len(plan.Stages), p.Chain.Len())
+	}
+	ck := make([]bool, len(plan.Stages))
+	opts := make([]int, len(plan.Stages))
+	for i, st := range plan.Stages {
+		if !strings.HasPrefix(st.Name, "layers.") {
+			continue
+		}
+		switch st.Decision {
+		case "checkpoint", "recompute":
+			ck[i] = true
+		case "selective":
+			j, ok := p.resolveKeepSet(plan, i, st.Option)
+			if !ok {
+				return nil, fmt.Errorf("%s: no keep set %q", st.Name, st.Option)
+			}
+			opts[i] = j
+		}
+	}
+	return p.PlanSchedule(plan.Solver+", layer by layer", 0, solver.PerStage(ck, opts))
 }
 
 // Schedule turns a plan's steps back into a solver schedule for this

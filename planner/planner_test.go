@@ -209,3 +209,59 @@ func TestReserve(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerRuntime: run layer by layer, a plan of whole layers each stored
+// or checkpointed once is the plan itself: every-k's segments of one
+// layer and the per-layer schedule replay to the same peak and cost; a
+// plan that recomputes a layer twice holds more run that way.
+func TestLayerRuntime(t *testing.T) {
+	p := load(t, "tiny-llama")
+	all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	least, err := p.Plan(&Options{Budget: p.Static + 1, Strategy: Optimal})
+	if err != nil || least.MinBudgetBytes == 0 {
+		t.Fatalf("no least budget: %v", err)
+	}
+	var budgets []mem.Bytes
+	for k := 0; k <= 4; k++ { // the least budget and a little more: plans that nest
+		budgets = append(budgets, least.MinBudgetBytes+least.MinBudgetBytes*mem.Bytes(k)/200)
+	}
+	for k := 3; k <= 12; k++ {
+		budgets = append(budgets, p.Static+all.Peak*mem.Bytes(k)/13)
+	}
+	nested := 0
+	for _, budget := range budgets {
+		for _, s := range []Strategy{EveryK, Optimal} {
+			plan, err := p.Plan(&Options{Budget: budget, Strategy: s, K: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !plan.Feasible {
+				continue
+			}
+			rt, err := p.LayerRuntime(plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			twice := false
+			seen := map[int]int{}
+			for _, st := range plan.Schedule {
+				if st.Op != "B" && st.Op != "loss" {
+					seen[st.Stage]++
+					twice = twice || seen[st.Stage] > 2
+				}
+			}
+			switch {
+			case s.Name == EveryK.Name && (rt.PeakBytes != plan.PeakBytes || rt.Cost != plan.Cost):
+				t.Errorf("every-k at %v: layer by layer %d bytes %v FLOPs, the plan %d %v", budget, rt.PeakBytes, rt.Cost, plan.PeakBytes, plan.Cost)
+			case twice:
+				nested++
+				if rt.PeakBytes <= plan.PeakBytes {
+					t.Errorf("optimal at %v recomputes a layer twice, yet layer by layer it holds %d ≤ %d", budget, rt.PeakBytes, plan.PeakBytes)
+				}
+			}
+		}
+	}
+	if nested == 0 {
+		t.Error("no plan recomputed a layer twice")
+	}
+}

@@ -65,3 +65,31 @@ func EveryK(c *Chain, k int) Schedule {
 	}
 	return Segments(c, starts)
 }
+
+// PerStage returns the schedule a runtime that handles each stage on its
+// own runs (a trainer's per-layer checkpointing): stage i's forward keeps
+// its tape under option options[i] (nil: every option 0), or only its
+// input when checkpointed[i]; after the loss, each checkpointed stage
+// reruns keeping its tape right before its backward.
+func PerStage(checkpointed []bool, options []int) Schedule {
+	l := len(checkpointed)
+	s := make(Schedule, 0, 2*l+1)
+	for i := 0; i < l; i++ {
+		switch {
+		case checkpointed[i]:
+			s = append(s, Op{Kind: FCk, Stage: i})
+		case options != nil:
+			s = append(s, Op{Kind: FAll, Stage: i, Option: options[i]})
+		default:
+			s = append(s, Op{Kind: FAll, Stage: i})
+		}
+	}
+	s = append(s, Op{Kind: Loss, Stage: l})
+	for i := l - 1; i >= 0; i-- {
+		if checkpointed[i] {
+			s = append(s, Op{Kind: FAll, Stage: i})
+		}
+		s = append(s, Op{Kind: B, Stage: i})
+	}
+	return s
+}

@@ -27,13 +27,18 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		fs.Usage()
 		return usagef("export: need --to pytorch, hf, megatron or json")
 	}
-	plan, err := exportPlan(fs, pf, arg, stderr)
+	plan, p, err := exportPlan(fs, pf, arg, stderr)
 	if err != nil {
 		return err
 	}
 	e, err := export.FromPlan(plan)
 	if err != nil {
 		return err
+	}
+	if p != nil {
+		if err := layerByLayer(p, plan, e); err != nil {
+			return err
+		}
 	}
 	write := func(w io.Writer) error {
 		switch to.value {
@@ -58,43 +63,81 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	return writeFile(*out, write)
 }
 
-// exportPlan reads a saved JSON plan, or plans MODEL with the flags.
-func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, error) {
+// layerByLayer checks the plan as trainers and ckptplan.apply run it,
+// each layer on its own: stored, kept in part or checkpointed once, every
+// other stage stored. The export records that runtime's peak; where it
+// exceeds the budget because the plan recomputes layers more than once,
+// which such a runtime cannot, the export fails.
+func layerByLayer(p *planner.Problem, plan *planner.Plan, e *export.Export) error {
+	rt, err := p.LayerRuntime(plan)
+	if err != nil {
+		return nil
+	}
+	e.RuntimePeakBytes = rt.PeakBytes
+	if rt.PeakBytes <= plan.PeakBytes {
+		return nil
+	}
+	forwards := map[int]int{}
+	nested := false
+	for _, s := range plan.Schedule {
+		if s.Op != "B" && s.Op != "loss" {
+			forwards[s.Stage]++
+			nested = nested || forwards[s.Stage] > 2
+		}
+	}
+	if nested && rt.PeakBytes+plan.ReserveBytes > plan.BudgetBytes {
+		return fmt.Errorf("%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it recomputes layers more than once, which they cannot; export with a budget of at least %v",
+			plan.Model, plan.Solver, rt.PeakBytes, rt.PeakBytes, plan.BudgetBytes, reserveClause(plan), rt.PeakBytes+plan.ReserveBytes)
+	}
+	e.Notes = append(e.Notes, fmt.Sprintf("run layer by layer, as trainers run it, the plan peaks at %v, above its own %v", rt.PeakBytes, plan.PeakBytes))
+	return nil
+}
+
+func reserveClause(plan *planner.Plan) string {
+	if plan.ReserveBytes == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" less its %v reserve", plan.ReserveBytes)
+}
+
+// exportPlan reads a saved JSON plan, or plans MODEL with the flags; it
+// returns the problem too when it planned one.
+func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, *planner.Problem, error) {
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		var probe map[string]json.RawMessage
 		if err := json.Unmarshal(data, &probe); err != nil {
 			_, err := graphio.Parse(arg, data) // names the line and column
-			return nil, err
+			return nil, nil, err
 		}
 		if probe["schedule"] != nil && probe["schema"] != nil {
 			plan, err := planner.ReadPlan(bytes.NewReader(data))
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", arg, err)
+				return nil, nil, fmt.Errorf("%s: %w", arg, err)
 			}
-			return plan, nil
+			return plan, nil, nil
 		}
 	}
 	src, opt, err := pf.load(fs, arg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p, err := planner.New(src)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	plan, err := p.Plan(opt)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, n := range plan.Notes {
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
 	if !plan.Feasible {
-		return nil, infeasible(plan)
+		return nil, nil, infeasible(plan)
 	}
-	return plan, nil
+	return plan, p, nil
 }

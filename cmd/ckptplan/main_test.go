@@ -207,6 +207,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"cost", "tiny-llama", "--attention", "sdpa2"}, true, `--attention: unknown value "sdpa2"`},
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB", "--profile", "torch-eager"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "smollm-135m", "--seq", "64", "--budget", "5GiB"}, false, "plans for transformers on PyTorch 2, which run does not execute"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--solver", "optimal", "--to", "json"}, false, "recomputes layers more than once, which they cannot"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, hf, megatron or json"},

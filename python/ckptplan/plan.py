@@ -73,6 +73,7 @@ class Plan:
     layers: tuple[Layer, ...]
     notes: tuple[str, ...] = ()
     static_bytes: int = 0  # weights, gradients and optimizer state
+    runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -92,6 +93,7 @@ class Plan:
                    batch=d.get("batch"), seq=d.get("seq"), dtype=d.get("dtype", ""),
                    attention=d.get("attention", ""), layers=layers,
                    static_bytes=int(d.get("static_bytes", 0)),
+                   runtime_peak_bytes=int(d.get("runtime_peak_bytes", 0)),
                    notes=tuple(d.get("notes") or ()), raw=d)
 
     @classmethod
@@ -110,7 +112,10 @@ class Plan:
         """The plan in a few lines, as the command line prints it."""
         lines = [f"{self.model}: batch {self.batch}, sequence {self.seq}, {self.dtype}, "
                  f"{self.attention} attention; solver {self.solver}",
-                 f"peak {_size(self.peak_bytes)} + reserve {_size(self.reserve_bytes)} "
+                 f"peak {_size(self.peak_bytes)}"
+                 + (f" (layer by layer: {_size(self.runtime_peak_bytes)})"
+                    if self.runtime_peak_bytes not in (0, self.peak_bytes) else "")
+                 + f" + reserve {_size(self.reserve_bytes)} "
                  f"within {_size(self.budget_bytes)}, {100 * self.overhead:+.1f}% compute"]
         for l in self.layers:
             how = f"selective ({l.policy})" if l.mode == "selective" else l.mode

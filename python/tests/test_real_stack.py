@@ -65,7 +65,7 @@ ALL = [(f, a, d, p, lora, None) for f in ("llama", "mistral", "qwen2", "gpt2")
        for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p in (0.0, 0.1) for lora in ("", "attn", "all")]
 # fp32 weights under bf16 autocast (the Trainer's bf16=True).
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("llama", "mistral", "qwen2", "gpt2")
-        for a in ("eager", "sdpa") for p in (0.0, 0.1) for lora in ("", "all")]
+        for a in ("eager", "sdpa") for p in (0.0, 0.1) for lora in ("", "attn", "all")]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
