@@ -169,5 +169,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         try:
             out = _binary.call([*args, *setup.flags(), *extra_args, path])
         except _binary.CkptplanError as err:
-            raise _binary.CkptplanError(err.message.replace(path, name), err.code) from None
+            message = err.message.replace(path, name)
+            if err.code == 2:  # a bad argument: the reason, not the command's usage
+                message = message.split("\nusage:")[0]
+            raise _binary.CkptplanError(message, err.code) from None
     return dataclasses.replace(Plan.from_json(out), model=name)

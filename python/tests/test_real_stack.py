@@ -163,3 +163,13 @@ def test_a_mask_changed_in_place_cannot_be_kept(ckptplan_binary):
     apply(model, dataclasses.replace(plan, layers=tuple(layers)))
     with pytest.raises(ValueError, match="changes in place"):
         model(**batch(), labels=batch()["input_ids"])
+
+
+def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
+    """An argument the binary refuses comes back as its one-line reason."""
+    model = build("llama", "sdpa", "fp32")
+    with pytest.raises(ckptplan.CkptplanError, match="invalid byte count") as err:
+        ckptplan.plan(model, "lots", batch=BATCH, seq=SEQ)
+    assert err.value.code == 2 and "usage:" not in str(err.value)
+    with pytest.raises(ckptplan.CkptplanError, match="unknown device"):
+        ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
