@@ -175,7 +175,7 @@ func (b *builder) heads(region string, n int64, x int) int {
 func (b *builder) merge(x int) int {
 	t := &b.m.Training
 	x = b.op("attn.merge_t", ir.Transpose, ir.Attrs{Axis: 1, Axis2: 2}, x)
-	return b.op("attn.merge", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, t.Seq, b.m.Hidden}}, x)
+	return b.op("attn.merge", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, t.Seq, b.m.Heads * b.m.HeadDim()}}, x)
 }
 
 // core is the attention of q [b, a, s, d] over k, v [b, kv, s, d]: the
@@ -290,7 +290,7 @@ func (b *builder) llamaLayer(x int) int {
 	m := b.m
 	kvDim := m.KVHeads * m.HeadDim()
 	h := b.norm("input_layernorm", x)
-	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Hidden, m.QKVBias, h))
+	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Heads*m.HeadDim(), m.QKVBias, h))
 	k := b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
 	v := b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
 	// Under autocast the 16-bit q and k meet fp32 cos and sin and become

@@ -234,11 +234,13 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		return r.d.errField("rope_theta", "rope_theta: must be positive, got %v", m.RopeTheta)
 	}
 	r.maxPos(m, c.MaxPos, "max_position_embeddings")
-	// Validate reports heads that do not divide hidden; head_dim is
-	// checked only once the division is known to be exact.
-	if c.HeadDim != nil && m.Heads > 0 && m.Hidden%m.Heads == 0 && *c.HeadDim != m.Hidden/m.Heads {
-		return r.d.errField("head_dim", "head_dim: %d differs from hidden_size/num_attention_heads = %d; a head size of its own is unsupported",
-			*c.HeadDim, m.Hidden/m.Heads)
+	if c.HeadDim != nil {
+		if *c.HeadDim <= 0 {
+			return r.d.errField("head_dim", "head_dim: must be positive, got %d", *c.HeadDim)
+		}
+		if m.Heads <= 0 || m.Hidden%m.Heads != 0 || *c.HeadDim != m.Hidden/m.Heads {
+			m.HeadSize = *c.HeadDim // a head size of its own (Mistral-NeMo)
+		}
 	}
 	return nil
 }

@@ -19,12 +19,15 @@ const maxLayers = solver.MaxStages - 2
 // ffn = 4·hidden for gpt2); Training fields left out take
 // ir.DefaultSetup's.
 type Model struct {
-	Name           string   `yaml:"name" json:"name"`
-	Family         string   `yaml:"family" json:"family"` // gpt2 | llama
-	Layers         int64    `yaml:"layers" json:"layers"`
-	Hidden         int64    `yaml:"hidden" json:"hidden"`
-	Heads          int64    `yaml:"heads" json:"heads"`
-	KVHeads        int64    `yaml:"kv_heads" json:"kv_heads"`
+	Name    string `yaml:"name" json:"name"`
+	Family  string `yaml:"family" json:"family"` // gpt2 | llama
+	Layers  int64  `yaml:"layers" json:"layers"`
+	Hidden  int64  `yaml:"hidden" json:"hidden"`
+	Heads   int64  `yaml:"heads" json:"heads"`
+	KVHeads int64  `yaml:"kv_heads" json:"kv_heads"`
+	// HeadSize is the size of one attention head, when it is not
+	// hidden/heads (Mistral-NeMo, Gemma): 0 for hidden/heads.
+	HeadSize       int64    `yaml:"head_dim,omitempty" json:"head_dim,omitempty"`
 	FFN            int64    `yaml:"ffn" json:"ffn"`
 	Vocab          int64    `yaml:"vocab" json:"vocab"`
 	TiedEmbeddings bool     `yaml:"tied_embeddings" json:"tied_embeddings"`
@@ -38,8 +41,14 @@ type Model struct {
 // Families lists the model families the builders know.
 var Families = []string{"gpt2", "llama"}
 
-// HeadDim returns hidden/heads.
-func (m *Model) HeadDim() int64 { return m.Hidden / m.Heads }
+// HeadDim returns the size of one attention head: HeadSize, or
+// hidden/heads.
+func (m *Model) HeadDim() int64 {
+	if m.HeadSize > 0 {
+		return m.HeadSize
+	}
+	return m.Hidden / m.Heads
+}
 
 // ParseModel reads a model YAML document. file names it in errors.
 func ParseModel(file string, data []byte) (*Model, error) {
@@ -115,8 +124,11 @@ func (m *Model) Validate() error {
 	if m.NormEps <= 0 {
 		return fe("norm_eps", "must be positive, got %v", m.NormEps)
 	}
-	if m.Hidden%m.Heads != 0 {
-		return fe("heads", "%d heads do not divide hidden size %d", m.Heads, m.Hidden)
+	if m.HeadSize < 0 || m.HeadSize > 0 && m.Family == "gpt2" && m.HeadSize != m.Hidden/m.Heads {
+		return fe("head_dim", "must be positive, and hidden/heads for gpt2, got %d", m.HeadSize)
+	}
+	if m.HeadSize == 0 && m.Hidden%m.Heads != 0 {
+		return fe("heads", "%d heads do not divide hidden size %d (give head_dim for a head size of its own)", m.Heads, m.Hidden)
 	}
 	if m.Heads%m.KVHeads != 0 {
 		return fe("kv_heads", "%d kv_heads do not divide %d heads", m.KVHeads, m.Heads)

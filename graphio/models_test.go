@@ -57,3 +57,27 @@ func TestBundledModelsBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestHeadSizeOfItsOwn: Mistral-NeMo's heads are 128 wide where
+// hidden/heads is 160. Its count, from its config.json by the Llama
+// formula with q and o of heads·head_dim: V·h twice (embeddings and head,
+// untied), and per layer h·(a+2kv)·d + a·d·h + 3·h·f + 2h, and the final
+// norm: 12,247,782,400, Mistral AI's "12B".
+func TestHeadSizeOfItsOwn(t *testing.T) {
+	src, err := Load("testdata/hf/mistral-nemo.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Model.HeadDim() != 128 {
+		t.Fatalf("head size %d, want 128", src.Model.HeadDim())
+	}
+	g, err := Build(src.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const h, a, kv, d, f, v, l = 5120, 32, 8, 128, 14336, 131072, 40
+	want := int64(2*v*h + l*(h*(a+2*kv)*d+a*d*h+3*h*f+2*h) + h)
+	if got := g.NumParams(); got != want {
+		t.Errorf("%d parameters, want %d", got, want)
+	}
+}

@@ -39,10 +39,13 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                          attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "qwen2": transformers.Qwen2Config}[family]
+               "mistral-hd": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[family]
+        # mistral-hd: heads of their own size (32, where hidden/heads is 16),
+        # as Mistral-NeMo's.
+        extra = {"head_dim": 32} if family == "mistral-hd" else {}
         config = cls(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64,
-                     attention_dropout=dropout)
+                     attention_dropout=dropout, **extra)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
                                                           torch_dtype=DTYPES[dtype])
@@ -66,6 +69,8 @@ ALL = [(f, a, d, p, lora, None) for f in ("llama", "mistral", "qwen2", "gpt2")
 # fp32 weights under bf16 autocast (the Trainer's bf16=True).
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("llama", "mistral", "qwen2", "gpt2")
         for a in ("eager", "sdpa") for p in (0.0, 0.1) for lora in ("", "attn", "all")]
+ALL += [("mistral-hd", a, d, 0.0, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+        for lora in ("", "all")]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -173,3 +178,20 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
     assert err.value.code == 2 and "usage:" not in str(err.value)
     with pytest.raises(ckptplan.CkptplanError, match="unknown device"):
         ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
+
+
+def test_parameters_of_a_full_size_config(ckptplan_binary, tmp_path):
+    """Mistral-NeMo's config (heads of 128 where hidden/heads is 160):
+    ckptplan counts the parameters transformers builds, on the meta device."""
+    import json
+    import os
+
+    from ckptplan import _binary
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "graphio", "testdata", "hf", "mistral-nemo.json")
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in json.load(open(path)).items()
+                                                   if k not in ("architectures", "transformers_version")})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    out = json.loads(_binary.call(["inspect", "--format", "json", path]))
+    assert out["parameters"] == model.num_parameters()
