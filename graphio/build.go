@@ -299,14 +299,14 @@ func (b *builder) llamaLayer(x int) int {
 	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer, Upcast: fp32}, q)
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
-	o = b.linear("attn.o_proj", "o", m.Hidden, false, o)
+	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("post_attention_layernorm", x)
 	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it.
-	gate := b.linear("mlp.gate_proj", "gate", m.FFN, false, h)
+	gate := b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h)
 	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
-	up := b.linear("mlp.up_proj", "up", m.FFN, false, h)
+	up := b.linear("mlp.up_proj", "up", m.FFN, m.MLPBias, h)
 	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
-	h = b.linear("mlp.down_proj", "down", m.Hidden, false, h)
+	h = b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }

@@ -65,6 +65,11 @@ type hfLlama struct {
 	RopeTheta     *float64 `yaml:"rope_theta"`
 	MaxPos        *int64   `yaml:"max_position_embeddings"`
 	AttentionBias *bool    `yaml:"attention_bias"`
+	MLPBias       *bool    `yaml:"mlp_bias"`
+	// Mixture-of-experts keys, which a dense builder must not ignore.
+	LocalExperts  *int64   `yaml:"num_local_experts"`
+	Experts       *int64   `yaml:"num_experts"`
+	RoutedExperts *int64   `yaml:"n_routed_experts"`
 	HeadDim       *int64   `yaml:"head_dim"`
 	Dropout       *float64 `yaml:"attention_dropout"`
 }
@@ -224,9 +229,21 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	setField(r, &m.RopeTheta, c.RopeTheta, "rope_theta", "rope_theta")
 	setField(r, &m.Training.Dropout, c.Dropout, "training.dropout", "attention_dropout")
 	setField(r, &m.TiedEmbeddings, c.Tied, "tied_embeddings", "tie_word_embeddings")
+	for _, e := range []struct {
+		n   *int64
+		key string
+	}{{c.LocalExperts, "num_local_experts"}, {c.Experts, "num_experts"}, {c.RoutedExperts, "n_routed_experts"}} {
+		if e.n != nil && *e.n > 1 {
+			return r.d.errField(e.key, "%s: %d experts: mixture-of-experts models are not planned yet, and a %s without them would be another model", e.key, *e.n, modelType)
+		}
+	}
 	switch modelType {
 	case "llama":
+		// LlamaAttention biases q, k, v and o alike; LlamaMLP its three
+		// projections.
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
+		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
+		setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
 	case "qwen2":
 		m.QKVBias = true // Qwen2Attention always biases q, k and v
 	}

@@ -32,6 +32,8 @@ type Model struct {
 	Vocab          int64    `yaml:"vocab" json:"vocab"`
 	TiedEmbeddings bool     `yaml:"tied_embeddings" json:"tied_embeddings"`
 	QKVBias        bool     `yaml:"qkv_bias" json:"qkv_bias"`
+	OBias          bool     `yaml:"o_bias,omitempty" json:"o_bias,omitempty"`     // llama: the attention's output projection has a bias
+	MLPBias        bool     `yaml:"mlp_bias,omitempty" json:"mlp_bias,omitempty"` // llama: gate, up and down have biases
 	NormEps        float64  `yaml:"norm_eps" json:"norm_eps"`
 	RopeTheta      float64  `yaml:"rope_theta" json:"rope_theta"`
 	MaxSeq         int64    `yaml:"max_seq" json:"max_seq"`

@@ -39,10 +39,12 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                          attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "mistral-hd": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[family]
+               "mistral-hd": transformers.MistralConfig, "llama-bias": transformers.LlamaConfig,
+               "qwen2": transformers.Qwen2Config}[family]
         # mistral-hd: heads of their own size (32, where hidden/heads is 16),
-        # as Mistral-NeMo's.
-        extra = {"head_dim": 32} if family == "mistral-hd" else {}
+        # as Mistral-NeMo's; llama-bias: biases on every projection.
+        extra = {"mistral-hd": {"head_dim": 32},
+                 "llama-bias": {"attention_bias": True, "mlp_bias": True}}.get(family, {})
         config = cls(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64,
                      attention_dropout=dropout, **extra)
@@ -69,8 +71,9 @@ ALL = [(f, a, d, p, lora, None) for f in ("llama", "mistral", "qwen2", "gpt2")
 # fp32 weights under bf16 autocast (the Trainer's bf16=True).
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("llama", "mistral", "qwen2", "gpt2")
         for a in ("eager", "sdpa") for p in (0.0, 0.1) for lora in ("", "attn", "all")]
-ALL += [("mistral-hd", a, d, 0.0, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
-        for lora in ("", "all")]
+ALL += [(f, a, d, 0.0, lora, None) for f in ("mistral-hd", "llama-bias") for a in ("eager", "sdpa")
+        for d in ("fp32", "bf16") for lora in ("", "all")]
+ALL += [("llama-bias", "sdpa", "fp32", 0.0, "", "bf16")]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
