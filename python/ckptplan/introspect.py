@@ -93,7 +93,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         raise ValueError(f"the decoder layers' weights are in {sorted(map(str, dtypes))}: ckptplan "
                          "plans one of float32, bfloat16, float16")
     dtype = _DTYPES[next(iter(dtypes))]
-    if autocast is not None and cfg_type(config) == "gpt2" and any(p.is_cuda for p in layers.parameters()):
+    if autocast is not None and _model_type(config) == "gpt2" and any(p.is_cuda for p in layers.parameters()):
         raise ValueError("GPT-2 under torch.autocast on CUDA is not modelled yet: CUDA's autocast runs "
                          "gelu_new's pow and the softmax in fp32, the CPU's does not")
     if autocast is not None and dtype != "fp32":
@@ -132,7 +132,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     return setup
 
 
-def cfg_type(config) -> str:
+def _model_type(config) -> str:
     """The config's model_type ("llama", "gpt2", ...)."""
     return str(getattr(config, "model_type", ""))
 
