@@ -104,9 +104,9 @@ type hfRead struct {
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
 // transformers does by default (the transformers profile, sdpa attention,
-// fp32 logits in the loss), the config's dtype (torch_dtype; bf16 if
-// absent) and dropout, and a sequence length of max_position_embeddings
-// (n_positions) capped at 8192.
+// fp32 logits in the loss), bf16 training whatever dtype the checkpoint
+// was saved in (torch_dtype), the config's dropout, and a sequence length
+// of max_position_embeddings (n_positions) capped at 8192.
 //
 // Errors are *PosError values at the offending value: JSON syntax, wrong
 // types, missing or unsupported keys, and whatever Model.Validate
@@ -179,6 +179,10 @@ func fileStem(file string) string {
 	return strings.TrimSuffix(base, filepath.Ext(base))
 }
 
+// dtype checks the dtype the checkpoint was saved in. It is not the
+// dtype the model trains in: that is bf16 (with an fp32 master copy)
+// unless --dtype says otherwise, whatever the checkpoint's; a dtype
+// ckptplan cannot train in (a quantized checkpoint) is an error.
 func (r *hfRead) dtype(c *hfCommon, m *Model) error {
 	key, v := "torch_dtype", c.TorchDType
 	if v == nil {
@@ -191,8 +195,6 @@ func (r *hfRead) dtype(c *hfCommon, m *Model) error {
 	if err != nil || !slices.Contains(ir.TrainDTypes, dt) {
 		return r.d.errField(key, "%s: unsupported dtype %q (supported: float32, bfloat16, float16)", key, *v)
 	}
-	m.Training.DType = dt.String()
-	r.keys["training.dtype"] = key
 	return nil
 }
 

@@ -101,10 +101,9 @@ func TestParseHFConfigKeys(t *testing.T) {
 		{"llama defaults", `{` + llama + `}`, small("llama", func(m *Model) {})},
 		{"name_or_path", `{"_name_or_path": "meta-llama/Meta-Llama-3-8B", ` + llama + `}`,
 			small("llama", func(m *Model) { m.Name = "meta-llama/Meta-Llama-3-8B" })},
-		{"float32", `{"torch_dtype": "float32", ` + llama + `}`,
-			small("llama", func(m *Model) { m.Training.DType = "fp32" })},
-		{"float16 as dtype", `{"dtype": "float16", ` + llama + `}`,
-			small("llama", func(m *Model) { m.Training.DType = "fp16" })},
+		// A checkpoint saved in fp32 or fp16 still trains in bf16 by default.
+		{"float32 checkpoint", `{"torch_dtype": "float32", ` + llama + `}`, small("llama", func(m *Model) {})},
+		{"float16 as dtype", `{"dtype": "float16", ` + llama + `}`, small("llama", func(m *Model) {})},
 		{"llama attention_bias", `{"attention_bias": true, ` + llama + `}`,
 			small("llama", func(m *Model) { m.QKVBias, m.OBias = true, true })},
 		{"llama mlp_bias", `{"mlp_bias": true, ` + llama + `}`,
