@@ -60,6 +60,7 @@ type Export struct {
 	nothingNote string    // the note saying so, which Megatron's uniform method makes moot
 	wholeRerun  []float64 // per layer: what checkpointing it whole reruns
 	baseline    float64   // the step's work without recomputation
+	nested      bool      // the plan recomputes a layer more than once
 }
 
 var layerName = regexp.MustCompile(`^layers\.(\d+)$`)
@@ -173,28 +174,42 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.nothingNote = fmt.Sprintf("the plan keeps no input for %s (recomputed from an earlier checkpoint); a trainer checkpoints each layer, keeping its input: %v more after the forward", list(keptNothing), mem.Bytes(nothingBytes))
 		e.Notes = append(e.Notes, e.nothingNote)
 	}
+	e.nested = len(nested) > 0
 	if len(nested) > 0 {
 		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), mem.Bytes(plan.PeakBytes)))
 	}
 	return e, nil
 }
 
+// LayerByLayer records rt, the plan as trainers and ckptplan.apply run
+// it, each layer on its own (planner.Problem.LayerRuntime): its peak, and
+// a note where that exceeds the plan's. Where the plan recomputes a layer
+// more than once, which such a runtime cannot, and that takes it past the
+// budget, it is an error.
+func (e *Export) LayerByLayer(rt *planner.Plan) error {
+	e.RuntimePeakBytes = rt.PeakBytes
+	if rt.PeakBytes <= e.PeakBytes {
+		return nil
+	}
+	if e.nested && rt.PeakBytes+e.ReserveBytes > e.BudgetBytes {
+		reserve := ""
+		if e.ReserveBytes > 0 {
+			reserve = fmt.Sprintf(" less its %v reserve", e.ReserveBytes)
+		}
+		return fmt.Errorf("%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it recomputes layers more than once, which they cannot; export with a budget of at least %v",
+			comment(e.Model), e.Solver, rt.PeakBytes, rt.PeakBytes, e.BudgetBytes, reserve, rt.PeakBytes+e.ReserveBytes)
+	}
+	e.Notes = append(e.Notes, fmt.Sprintf("run layer by layer, as trainers run it, the plan peaks at %v, above its own %v", rt.PeakBytes, e.PeakBytes))
+	return nil
+}
+
 // list names layers compactly: "layers.1–3, layers.7".
 func list(names []string) string {
-	var parts []string
-	for i := 0; i < len(names); {
-		j := i
-		for j+1 < len(names) && index(names[j+1]) == index(names[j])+1 {
-			j++
-		}
-		if j > i {
-			parts = append(parts, fmt.Sprintf("%s–%d", names[i], index(names[j])))
-		} else {
-			parts = append(parts, names[i])
-		}
-		i = j + 1
+	xs := make([]int, len(names))
+	for i, n := range names {
+		xs[i] = index(n)
 	}
-	return strings.Join(parts, ", ")
+	return spans(xs, "layers.")
 }
 
 func index(name string) int {
@@ -213,8 +228,9 @@ func (e *Export) indexes(mode string) []int {
 	return out
 }
 
-// spans writes increasing layer numbers compactly: "0, 2–5, 7".
-func spans(xs []int) string {
+// spans writes increasing layer numbers compactly, each run after
+// prefix: "0, 2–5, 7", or with "layers." "layers.0, layers.2–5".
+func spans(xs []int, prefix string) string {
 	var parts []string
 	for i := 0; i < len(xs); {
 		j := i
@@ -222,9 +238,9 @@ func spans(xs []int) string {
 			j++
 		}
 		if j > i {
-			parts = append(parts, fmt.Sprintf("%d–%d", xs[i], xs[j]))
+			parts = append(parts, fmt.Sprintf("%s%d–%d", prefix, xs[i], xs[j]))
 		} else {
-			parts = append(parts, strconv.Itoa(xs[i]))
+			parts = append(parts, prefix+strconv.Itoa(xs[i]))
 		}
 		i = j + 1
 	}

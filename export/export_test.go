@@ -159,7 +159,7 @@ func TestHF(t *testing.T) {
 	}{
 		{"store", []int{0, 0, 0, 0, 0, 0}, []string{"leave gradient checkpointing off"}},
 		{"two", []int{0, ck, 0, ck, 0, 0}, []string{"CHECKPOINTED = {0, 2}", "gradient_checkpointing_enable(", "layer.gradient_checkpointing = i in CHECKPOINTED"}},
-		{"selective", []int{0, 0, ms, 0, 0, 0}, []string{"CHECKPOINTED = {1}", "Layers 1 keep part", "plan's runtime pays", "at most the plan's peak", "transformers >= 4.52"}},
+		{"selective", []int{0, 0, ms, 0, 0, 0}, []string{"CHECKPOINTED = {1}", "Layers 1 keep part", "plan's runtime pays", "no more than the plan run layer by layer", "transformers >= 4.52"}},
 		{"all", []int{0, ck, ck, ck, ck, 0}, []string{"Checkpoint every layer", "gradient_checkpointing_enable("}},
 		{"nothing kept", []int{0, ck, n, 0, 0, 0}, []string{"CHECKPOINTED = {0, 1}", "keeps no input for layers.1"}},
 	}

@@ -27,10 +27,10 @@ func (e *Export) HF(w io.Writer) error {
 	if len(ckpt) == len(e.Layers) {
 		b.WriteString("# Checkpoint every layer.\n")
 	} else {
-		fmt.Fprintf(&b, "# Checkpoint layers %s; store the others.\n", spans(ckpt))
+		fmt.Fprintf(&b, "# Checkpoint layers %s; store the others.\n", spans(ckpt, ""))
 	}
 	if sel := e.indexes("selective"); len(sel) > 0 {
-		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed whole here: ", spans(sel))
+		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed whole here: ", spans(sel, ""))
 		if len(e.wholeRerun) == len(e.Layers) && e.baseline > 0 {
 			var rerun float64
 			for i, l := range e.Layers {
@@ -45,7 +45,13 @@ func (e *Export) HF(w io.Writer) error {
 		} else {
 			b.WriteString("more compute than the plan's runtime, and")
 		}
-		fmt.Fprintf(&b, " holds at most the plan's peak of %v. ckptplan.apply(model, plan)\n# in Python, or ckptplan export --to pytorch, keeps them as planned.\n", e.PeakBytes)
+		// Checkpointed whole, a layer holds less than kept in part, and the
+		// same in its backward: no more than the plan run layer by layer.
+		b.WriteString(" holds no more than the plan run layer by layer")
+		if e.RuntimePeakBytes > 0 {
+			fmt.Fprintf(&b, " (%v)", e.RuntimePeakBytes)
+		}
+		b.WriteString(". ckptplan.apply(model, plan)\n# in Python, or ckptplan export --to pytorch, keeps them as planned.\n")
 	}
 	for _, n := range e.Notes {
 		fmt.Fprintf(&b, "# Note: %s.\n", comment(n))

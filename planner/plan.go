@@ -269,8 +269,8 @@ func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 		st := Stage{Index: i, Name: name, Forward: p.forward[i], Backward: p.Chain.Backward[i],
 			InputBytes: p.Chain.ActBytes[i], SavedBytes: p.Chain.TapeBytes[i]}
 		if p.Stages != nil && i < len(p.Stages) {
-			if r := float64(p.Stages[i].RerunFLOPs()); r != st.Forward {
-				st.Rerun = r
+			if r := p.Chain.Forward[i]; r != st.Forward {
+				st.Rerun = r // the chain's forward is the early-stopping rerun
 			}
 			out := p.Stages[i].Output
 			st.OutputUnsaved = i+1 < len(p.Stages) && out >= 0 &&

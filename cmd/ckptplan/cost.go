@@ -128,11 +128,7 @@ const layersShown = 4
 
 func writeCostText(w io.Writer, r *costReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	dtype := r.DType
-	if r.Autocast != "" {
-		dtype += " weights under " + r.Autocast + " autocast"
-	}
-	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, dtype, r.Attention)
+	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
 	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
 		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
 	}
@@ -189,4 +185,13 @@ func flops(f int64) string {
 		}
 	}
 	return fmt.Sprintf("%d FLOP", f)
+}
+
+// precision names the dtype a step trains in: "bf16", or "fp32 weights
+// under bf16 autocast".
+func precision(dtype, autocast string) string {
+	if autocast == "" {
+		return dtype
+	}
+	return dtype + " weights under " + autocast + " autocast"
 }

@@ -35,9 +35,11 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if p != nil {
-		if err := layerByLayer(p, plan, e); err != nil {
-			return err
+	if p != nil { // only the model can say what the plan holds layer by layer
+		if rt, err := p.LayerRuntime(plan); err == nil {
+			if err := e.LayerByLayer(rt); err != nil {
+				return err
+			}
 		}
 	}
 	write := func(w io.Writer) error {
@@ -61,43 +63,6 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	return writeFile(*out, write)
-}
-
-// layerByLayer checks the plan as trainers and ckptplan.apply run it,
-// each layer on its own: stored, kept in part or checkpointed once, every
-// other stage stored. The export records that runtime's peak; where it
-// exceeds the budget because the plan recomputes layers more than once,
-// which such a runtime cannot, the export fails.
-func layerByLayer(p *planner.Problem, plan *planner.Plan, e *export.Export) error {
-	rt, err := p.LayerRuntime(plan)
-	if err != nil {
-		return nil
-	}
-	e.RuntimePeakBytes = rt.PeakBytes
-	if rt.PeakBytes <= plan.PeakBytes {
-		return nil
-	}
-	forwards := map[int]int{}
-	nested := false
-	for _, s := range plan.Schedule {
-		if s.Op != "B" && s.Op != "loss" {
-			forwards[s.Stage]++
-			nested = nested || forwards[s.Stage] > 2
-		}
-	}
-	if nested && rt.PeakBytes+plan.ReserveBytes > plan.BudgetBytes {
-		return fmt.Errorf("%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it recomputes layers more than once, which they cannot; export with a budget of at least %v",
-			plan.Model, plan.Solver, rt.PeakBytes, rt.PeakBytes, plan.BudgetBytes, reserveClause(plan), rt.PeakBytes+plan.ReserveBytes)
-	}
-	e.Notes = append(e.Notes, fmt.Sprintf("run layer by layer, as trainers run it, the plan peaks at %v, above its own %v", rt.PeakBytes, plan.PeakBytes))
-	return nil
-}
-
-func reserveClause(plan *planner.Plan) string {
-	if plan.ReserveBytes == 0 {
-		return ""
-	}
-	return fmt.Sprintf(" less its %v reserve", plan.ReserveBytes)
 }
 
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags; it

@@ -262,9 +262,9 @@ func TestExportSavedPlan(t *testing.T) {
 		}
 		if to == "pytorch" {
 			fromPlan, direct = strip(fromPlan), strip(direct)
-			// Only the model can say what the plan holds layer by layer.
-			direct = regexp.MustCompile(`\n  "runtime_peak_bytes": \d+,`).ReplaceAllString(direct, "")
 		}
+		// Only the model can say what the plan holds layer by layer.
+		direct = regexp.MustCompile(`\n  "runtime_peak_bytes": \d+,| \(\d+(\.\d+)? [KMG]iB\)`).ReplaceAllString(direct, "")
 		if fromPlan != direct {
 			t.Errorf("--to %s: the saved plan exports differently:\n%s\n---\n%s", to, fromPlan, direct)
 		}

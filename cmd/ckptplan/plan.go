@@ -193,11 +193,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.StaticBytes, p.ActivationPeakBytes)
 	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
 	if s := p.Setup; s != nil {
-		dtype := s.DType
-		if s.Autocast != "" {
-			dtype += " weights under " + s.Autocast + " autocast"
-		}
-		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, dtype, s.Attention, s.Profile)
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, s.Profile)
 	}
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
 	selective := false
