@@ -193,7 +193,9 @@ func (a *analyzer) keepLoRAAutocast(n *ir.Node) {
 // pow(2).mean(-1) keeps x and x² (mean keeps its input); rsqrt keeps its
 // result; x·rstd keeps both (already counted); .to(dtype) copies; the
 // multiply by the weight keeps the normalized x if the weight trains.
-// Without the upcast every intermediate is in the model dtype. Megatron's
+// Without the upcast every intermediate is in the model dtype. Gemma's
+// (OnePlus) always computes in fp32 and scales by 1 + w before the cast.
+// Megatron's
 // fused kernel keeps the input alone (its statistics are not counted).
 func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
@@ -205,7 +207,7 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 		return
 	}
 	dt := x.DType
-	if n.Attrs.Upcast {
+	if n.Attrs.Upcast || n.Attrs.OnePlus {
 		dt = ir.FP32
 	}
 	xf := a.lay.out[n.Inputs[0]]
@@ -225,6 +227,21 @@ func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	a.keep(n, xf)
 	a.keep(n, rstd)
 	normed := a.extra(n, Normalized, x.Shape, dt, sh)
+	if n.Attrs.OnePlus {
+		// Gemma: (x·rstd)·(1 + w.float()), then cast back. The product
+		// keeps 1 + w for the input's gradient, x·rstd for the weight's.
+		w := a.extra(n, OnePlusWeight, ir.Shape{x.Shape.Last()}, ir.FP32, false)
+		if a.grad[n.Inputs[0]] {
+			a.keep(n, w)
+		}
+		if !n.Attrs.Frozen {
+			a.keep(n, normed)
+		}
+		if n.DType != ir.FP32 {
+			a.extra(n, Scaled, x.Shape, ir.FP32, sh)
+		}
+		return
+	}
 	if dt != n.DType {
 		normed = a.extra(n, NormalizedCast, x.Shape, n.DType, sh)
 	}

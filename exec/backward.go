@@ -124,7 +124,8 @@ func (r *Runner) viewBackward(id int, dx, dy []float32) {
 	// view is taken over the input's contiguous layout.
 	rel := view{strides: relativeStrides(n, r.node(n.Inputs[0]).Shape)}
 	if n.Op == ir.Split {
-		rel.off = n.Attrs.Index * int(n.Shape.Last())
+		off, _ := n.Attrs.SplitPart(r.node(n.Inputs[0]).Shape.Last())
+		rel.off = int(off)
 	}
 	scatterAdd(dx, dy, n.Shape, rel)
 }

@@ -46,8 +46,8 @@ func layouts(c *costmodel.Costs) []view {
 			out[i] = view{off: in.off, strides: st, contig: a == b && in.contig}
 		case ir.Split:
 			st := in.strides
-			part := int(n.Shape.Last())
-			out[i] = view{off: in.off + n.Attrs.Index*part*st[len(st)-1], strides: st, contig: n.Attrs.Parts == 1 && in.contig}
+			off, _ := n.Attrs.SplitPart(g.Nodes[n.Inputs[0]].Shape.Last())
+			out[i] = view{off: in.off + int(off)*st[len(st)-1], strides: st, contig: n.Attrs.Parts == 1 && in.contig}
 		case ir.RepeatKV:
 			// One key/value head and one sequence: expand's view, every
 			// query head reading the same rows (stride 0 over heads).

@@ -3,6 +3,7 @@ package exec
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -165,6 +166,23 @@ func TestFlashDropoutRefused(t *testing.T) {
 	}
 }
 
+// TestStridedPointwiseRefused: Phi-3's SiLU reads the gate, a strided
+// part of the fused gate/up projection, which the pointwise kernels cannot.
+func TestStridedPointwiseRefused(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Family = "phi3"
+	p, err := planner.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRunner(p, 1); err == nil || !strings.Contains(err.Error(), "mlp.silu") {
+		t.Errorf("NewRunner = %v, want a refusal naming the SiLU", err)
+	}
+}
+
 // TestUnusualShapes runs setups that take paths of their own: one
 // key/value head and one sequence, where repeat_kv is a view with a zero
 // stride; and a GPT-2 whose vocabulary is smaller than its position
@@ -177,6 +195,8 @@ func TestUnusualShapes(t *testing.T) {
 	}{
 		{"one kv head, batch 1", "tiny-llama", func(m *graphio.Model) { m.KVHeads, m.Training.Batch = 1, 1 }},
 		{"vocabulary below positions", "tiny-gpt2", func(m *graphio.Model) { m.Vocab = 16 }},
+		// Gemma's norm scales by 1 + w: the executor's weight plays 1 + w.
+		{"gemma", "tiny-llama", func(m *graphio.Model) { m.Family, m.HeadSize = "gemma", 32 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src, err := graphio.Load(tt.model)

@@ -63,6 +63,20 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
 	}
 	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), seed: uint64(seed)}
+	// Pointwise kernels read their inputs whole; views, products (through
+	// their contiguous copies) and the ops that gather take strided ones.
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		switch n.Op {
+		case ir.Reshape, ir.Transpose, ir.Split, ir.Cast, ir.RoPE, ir.RepeatKV, ir.Linear, ir.MatMul, ir.Attention:
+			continue
+		}
+		for _, in := range n.Inputs {
+			if !r.layout[in].contig {
+				return nil, fmt.Errorf("%s: the executor's %v kernel reads contiguous tensors, and %s is a strided view (a fused projection's part); plan it without running it", n.Name, n.Op, g.Nodes[in].Name)
+			}
+		}
+	}
 	r.static(seed)
 	r.workspace = r.tr.AllocOverhead(gemm.Workspace(), "gemm workspace")
 	r.inputOf = make([]int, len(r.stages))

@@ -33,9 +33,12 @@ func Build(model *Model) (*ir.Graph, error) {
 	x := b.embed()
 	for l := int64(0); l < m.Layers; l++ {
 		b.block = fmt.Sprintf("layers.%d", l)
-		if m.Family == "gpt2" {
+		switch m.Family {
+		case "gpt2":
 			x = b.gpt2Layer(x)
-		} else {
+		case "phi3":
+			x = b.phi3Layer(x)
+		default:
 			x = b.llamaLayer(x)
 		}
 	}
@@ -88,13 +91,17 @@ func (b *builder) input(name string, shape ir.Shape) int {
 	return id
 }
 
-// linear adds a projection; role is the LoRA target it answers to ("qkv"
-// for GPT-2's fused projection answers to q, k and v).
+// fusedRoles are the LoRA targets a fused projection answers to: GPT-2's
+// and Phi-3's q, k and v in one, Phi-3's gate and up.
+var fusedRoles = map[string][]string{"qkv": {"q", "k", "v"}, "gate_up": {"gate", "up"}}
+
+// linear adds a projection; role is the LoRA target it answers to, or a
+// fused projection's (fusedRoles).
 func (b *builder) linear(region, role string, out int64, bias bool, x int) int {
 	a := ir.Attrs{Out: out, Bias: bias, Frozen: b.m.Training.LoRA.Rank > 0}
 	targets := b.m.Training.LoRA.Targets
 	if a.Frozen && (slices.Contains(targets, role) ||
-		role == "qkv" && slices.ContainsFunc(targets, func(t string) bool { return t == "q" || t == "k" || t == "v" })) {
+		slices.ContainsFunc(fusedRoles[role], func(t string) bool { return slices.Contains(targets, t) })) {
 		a.LoRARank = b.m.Training.LoRA.Rank
 		a.LoRADrop = b.m.Training.LoRA.Dropout
 	}
@@ -119,6 +126,7 @@ func (b *builder) norm(region string, x int) int {
 		return b.op(region, ir.LayerNorm, a, x)
 	}
 	a.Upcast = b.m.Training.Numerics.NormFP32
+	a.OnePlus = b.m.Family == "gemma"
 	return b.op(region, ir.RMSNorm, a, x)
 }
 
@@ -141,6 +149,11 @@ func (b *builder) embed() int {
 		wpe := b.op("wpe", ir.Embedding, ir.Attrs{Vocab: maxSeq, Out: m.Hidden, Frozen: frozen}, pos)
 		x = b.op("add", ir.Add, ir.Attrs{}, x, wpe)
 		x = b.dropout("dropout", x)
+	}
+	if m.Family == "gemma" {
+		// Gemma scales its embeddings by √hidden, a 0-dim tensor in the
+		// model dtype.
+		x = b.op("normalizer", ir.Scale, ir.Attrs{Factor: math.Sqrt(float64(m.Hidden)), TensorConst: true}, x)
 	}
 	return x
 }
@@ -302,11 +315,51 @@ func (b *builder) llamaLayer(x int) int {
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("post_attention_layernorm", x)
-	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it.
+	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it:
+	// SiLU, or Gemma's GELU (tanh approximation, one op).
 	gate := b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h)
-	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
+	var act int
+	if m.Family == "gemma" {
+		act = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, gate)
+	} else {
+		act = b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
+	}
 	up := b.linear("mlp.up_proj", "up", m.FFN, m.MLPBias, h)
 	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
 	h = b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+}
+
+// phi3Layer is Phi-3's decoder layer: Llama's, with q, k and v in one
+// projection (sliced, so q, k and v are views of it), gate and up in one
+// (chunked), up·act(gate) in that order, and dropout on each branch before
+// its residual add.
+func (b *builder) phi3Layer(x int) int {
+	m := b.m
+	d, kvDim := m.HeadDim(), m.KVHeads*m.HeadDim()
+	h := b.norm("input_layernorm", x)
+	qkv := b.linear("attn.qkv_proj", "qkv", m.Heads*d+2*kvDim, m.QKVBias, h)
+	sizes := ir.Shape{m.Heads * d, kvDim, kvDim}
+	var qkvs [3]int
+	for i, name := range []string{"q", "k", "v"} {
+		part := b.op("attn."+name, ir.Split, ir.Attrs{Parts: 3, Index: i, Sizes: sizes}, qkv)
+		qkvs[i] = b.heads("attn."+name, []int64{m.Heads, m.KVHeads, m.KVHeads}[i], part)
+	}
+	q, k, v := qkvs[0], qkvs[1], qkvs[2]
+	fp32 := b.half != ir.Invalid && !m.Training.Numerics.RopeInLayer
+	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer, Upcast: fp32}, q)
+	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
+	o := b.merge(b.core(q, k, v))
+	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
+	o = b.dropout("attn.resid_dropout", o)
+	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
+	h = b.norm("post_attention_layernorm", x)
+	gu := b.linear("mlp.gate_up_proj", "gate_up", 2*m.FFN, m.MLPBias, h)
+	gate := b.op("mlp.gate", ir.Split, ir.Attrs{Parts: 2, Index: 0}, gu)
+	up := b.op("mlp.up", ir.Split, ir.Attrs{Parts: 2, Index: 1}, gu)
+	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
+	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, up, act)
+	h = b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+	h = b.dropout("mlp.resid_dropout", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }

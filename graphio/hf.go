@@ -32,9 +32,11 @@ import (
 // hfModelTypes maps the supported values of model_type to the family
 // each builds.
 var hfModelTypes = map[string]string{
+	"gemma":   "gemma",
 	"gpt2":    "gpt2",
 	"llama":   "llama",
 	"mistral": "llama",
+	"phi3":    "phi3",
 	"qwen2":   "llama",
 }
 
@@ -52,7 +54,8 @@ type hfCommon struct {
 	DType      *string `yaml:"dtype"` // the name transformers ≥ 4.56 writes
 }
 
-// hfLlama holds the keys of LlamaConfig, MistralConfig and Qwen2Config.
+// hfLlama holds the keys of LlamaConfig, MistralConfig, Qwen2Config,
+// GemmaConfig and Phi3Config.
 type hfLlama struct {
 	Layers        *int64   `yaml:"num_hidden_layers"`
 	Hidden        *int64   `yaml:"hidden_size"`
@@ -72,6 +75,10 @@ type hfLlama struct {
 	RoutedExperts *int64   `yaml:"n_routed_experts"`
 	HeadDim       *int64   `yaml:"head_dim"`
 	Dropout       *float64 `yaml:"attention_dropout"`
+	Act           *string  `yaml:"hidden_act"`
+	Activation    *string  `yaml:"hidden_activation"` // Gemma's, where hidden_act is ignored
+	ResidDropout  *float64 `yaml:"resid_pdrop"`       // Phi-3
+	PartialRotary *float64 `yaml:"partial_rotary_factor"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -99,7 +106,7 @@ type hfRead struct {
 }
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
-// model_type (gpt2, llama, mistral, qwen2) into a Model; file names it in
+// model_type (gemma, gpt2, llama, mistral, phi3, qwen2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
@@ -132,7 +139,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	}
 	family, ok := hfModelTypes[*c.ModelType]
 	if !ok {
-		return nil, r.d.errField("model_type", "unsupported model_type %q (supported: %s)", *c.ModelType, supported)
+		return nil, r.d.errField("model_type", "unsupported model_type %q (supported: %s); describe the model in a model YAML of a family ckptplan builds (%s) or in a graph YAML, see docs/formats.md", *c.ModelType, supported, strings.Join(Families, ", "))
 	}
 	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
 	// What transformers does by default on PyTorch 2: sdpa attention and
@@ -218,6 +225,11 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	if err := r.required("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"); err != nil {
 		return err
 	}
+	if modelType == "gemma" {
+		// GemmaConfig's defaults, where Llama's differ: 16 kv heads of
+		// 256, tied embeddings, ε = 1e-6.
+		m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = 16, 256, true, 1e-6
+	}
 	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
 	setField(r, &m.Heads, c.Heads, "heads", "num_attention_heads")
@@ -239,6 +251,9 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 			return r.d.errField(e.key, "%s: %d experts: mixture-of-experts models are not planned yet, and a %s without them would be another model", e.key, *e.n, modelType)
 		}
 	}
+	if err := r.activation(&c, modelType); err != nil {
+		return err
+	}
 	switch modelType {
 	case "llama":
 		// LlamaAttention biases q, k, v and o alike; LlamaMLP its three
@@ -246,21 +261,61 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
 		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
 		setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
+	case "gemma":
+		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
+		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
 	case "qwen2":
 		m.QKVBias = true // Qwen2Attention always biases q, k and v
+	case "phi3":
+		if err := r.phi3(&c, m); err != nil {
+			return err
+		}
 	}
 	if m.RopeTheta < 0 {
 		return r.d.errField("rope_theta", "rope_theta: must be positive, got %v", m.RopeTheta)
 	}
 	r.maxPos(m, c.MaxPos, "max_position_embeddings")
-	if c.HeadDim != nil {
+	if c.HeadDim != nil && modelType != "phi3" { // Phi3Attention's is always hidden/heads
 		if *c.HeadDim <= 0 {
 			return r.d.errField("head_dim", "head_dim: must be positive, got %d", *c.HeadDim)
 		}
-		if m.Heads <= 0 || m.Hidden%m.Heads != 0 || *c.HeadDim != m.Hidden/m.Heads {
-			m.HeadSize = *c.HeadDim // a head size of its own (Mistral-NeMo)
-		}
+		m.HeadSize = *c.HeadDim
 	}
+	if m.HeadSize > 0 && m.Heads > 0 && m.Hidden%m.Heads == 0 && m.HeadSize == m.Hidden/m.Heads {
+		m.HeadSize = 0 // hidden/heads
+	}
+	r.keys["head_dim"] = "head_dim"
+	return nil
+}
+
+// activation checks the MLP's activation: SiLU for the Llama family and
+// Phi-3; for Gemma hidden_activation, GELU's tanh approximation when null
+// (transformers then ignores hidden_act).
+func (r *hfRead) activation(c *hfLlama, modelType string) error {
+	key, v, want := "hidden_act", c.Act, "silu"
+	if modelType == "gemma" {
+		key, v, want = "hidden_activation", c.Activation, "gelu_pytorch_tanh"
+	}
+	if v != nil && *v != want {
+		return r.d.errField(key, "%s: %q is not modelled: a %s MLP is planned with %s", key, *v, modelType, want)
+	}
+	return nil
+}
+
+// phi3 reads what Phi-3 adds: the dropout of both residual branches, which
+// the setup's one rate must also describe, and a rotary embedding over
+// every dimension of a head.
+func (r *hfRead) phi3(c *hfLlama, m *Model) error {
+	if c.PartialRotary != nil && *c.PartialRotary != 1 {
+		return r.d.errField("partial_rotary_factor", "partial_rotary_factor: %v: rotary embeddings over part of a head are not planned yet", *c.PartialRotary)
+	}
+	if c.ResidDropout == nil {
+		return nil
+	}
+	if c.Dropout != nil && *c.Dropout != *c.ResidDropout {
+		return r.d.errField("resid_pdrop", "resid_pdrop: %v where attention_dropout is %v: ckptplan plans one dropout rate for a model", *c.ResidDropout, *c.Dropout)
+	}
+	setField(r, &m.Training.Dropout, c.ResidDropout, "training.dropout", "resid_pdrop")
 	return nil
 }
 

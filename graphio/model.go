@@ -3,6 +3,8 @@ package graphio
 import (
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/solver"
 
@@ -20,7 +22,7 @@ const maxLayers = solver.MaxStages - 2
 // ir.DefaultSetup's.
 type Model struct {
 	Name    string `yaml:"name" json:"name"`
-	Family  string `yaml:"family" json:"family"` // gpt2 | llama
+	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | llama | phi3
 	Layers  int64  `yaml:"layers" json:"layers"`
 	Hidden  int64  `yaml:"hidden" json:"hidden"`
 	Heads   int64  `yaml:"heads" json:"heads"`
@@ -40,8 +42,11 @@ type Model struct {
 	Training       ir.Setup `yaml:"training" json:"training"`
 }
 
-// Families lists the model families the builders know.
-var Families = []string{"gpt2", "llama"}
+// Families lists the model families the builders know: GPT-2; Llama
+// (Mistral, Qwen2); Gemma, Llama's layer with GELU, a (1 + w) RMS norm in
+// fp32 and embeddings scaled by √hidden; Phi-3, Llama's layer with fused
+// q/k/v and gate/up projections and dropout on the residual branches.
+var Families = []string{"gemma", "gpt2", "llama", "phi3"}
 
 // HeadDim returns the size of one attention head: HeadSize, or
 // hidden/heads.
@@ -89,7 +94,7 @@ func (m *Model) fillDefaults() {
 	if m.NormEps == 0 {
 		m.NormEps = 1e-5
 	}
-	if m.RopeTheta == 0 && m.Family == "llama" {
+	if m.RopeTheta == 0 && m.Family != "gpt2" {
 		m.RopeTheta = 10000
 	}
 }
@@ -103,8 +108,8 @@ func (m *Model) Validate() error {
 	if m.Name == "" {
 		return fe("name", "missing model name")
 	}
-	if m.Family != "gpt2" && m.Family != "llama" {
-		return fe("family", "unknown family %q (valid: gpt2, llama)", m.Family)
+	if !slices.Contains(Families, m.Family) {
+		return fe("family", "unknown family %q (valid: %s)", m.Family, strings.Join(Families, ", "))
 	}
 	for _, f := range []struct {
 		name string
@@ -138,7 +143,7 @@ func (m *Model) Validate() error {
 	if m.Family == "gpt2" && m.KVHeads != m.Heads {
 		return fe("kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads (%d)", m.Heads)
 	}
-	if m.Family == "llama" && m.HeadDim()%2 != 0 {
+	if m.Family != "gpt2" && m.HeadDim()%2 != 0 {
 		return fe("heads", "head size %d is odd; rotary embeddings need an even one", m.HeadDim())
 	}
 	if m.Training.Autocast != "" && m.Training.Profile != "transformers" {

@@ -81,3 +81,32 @@ func TestHeadSizeOfItsOwn(t *testing.T) {
 		t.Errorf("%d parameters, want %d", got, want)
 	}
 }
+
+// TestNewFamilyParameterCounts counts Gemma-7B and Phi-3-mini from their
+// config.json files by the published architectures: Gemma's embeddings
+// are tied (V·h once), its heads 256 wide (h ≠ a·d), its MLP gated; per
+// layer h·(a+2kv)·d + a·d·h + 3·h·f + 2h and the final norm h — 8.54B,
+// Google's "7B" model card figure. Phi-3-mini's untied head and fused
+// projections hold the same weights as Llama's: 2·V·h + L·(4h² + 3·h·f
+// + 2h) + h = 3,821,079,552, Microsoft's "3.8B".
+func TestNewFamilyParameterCounts(t *testing.T) {
+	for _, c := range []struct {
+		file string
+		want int64
+	}{
+		{"gemma-7b", 256000*3072 + 28*(3072*(16+2*16)*256+16*256*3072+3*3072*24576+2*3072) + 3072},
+		{"phi-3-mini-4k", 2*32064*3072 + 32*(4*3072*3072+3*3072*8192+2*3072) + 3072},
+	} {
+		src, err := Load("testdata/hf/" + c.file + ".json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := Build(src.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.NumParams(); got != c.want {
+			t.Errorf("%s: %d parameters, want %d", c.file, got, c.want)
+		}
+	}
+}

@@ -146,10 +146,24 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		if a.Parts <= 0 || a.Index < 0 || a.Index >= a.Parts {
 			return Tensor{}, fmt.Errorf("split part %d of %d is out of range", a.Index, a.Parts)
 		}
-		if len(x.Shape) == 0 || x.Shape.Last()%int64(a.Parts) != 0 {
+		if len(x.Shape) == 0 {
+			return Tensor{}, fmt.Errorf("split: a scalar has no axis to split")
+		}
+		if len(a.Sizes) > 0 {
+			sum := int64(0)
+			for _, n := range a.Sizes {
+				if n <= 0 || n > x.Shape.Last()-sum {
+					return Tensor{}, fmt.Errorf("split: sizes %v do not cut the last axis of %v", a.Sizes, x.Shape)
+				}
+				sum += n
+			}
+			if len(a.Sizes) != a.Parts || sum != x.Shape.Last() {
+				return Tensor{}, fmt.Errorf("split: %d sizes %v do not cut the last axis of %v into %d parts", len(a.Sizes), a.Sizes, x.Shape, a.Parts)
+			}
+		} else if x.Shape.Last()%int64(a.Parts) != 0 {
 			return Tensor{}, fmt.Errorf("split: last axis of %v is not divisible into %d parts", x.Shape, a.Parts)
 		}
-		same.Shape[len(same.Shape)-1] /= int64(a.Parts)
+		_, same.Shape[len(same.Shape)-1] = a.SplitPart(x.Shape.Last())
 		return same, nil
 	}
 	return Tensor{}, fmt.Errorf("op %v has no shape rule", op)

@@ -34,7 +34,7 @@ const (
 	CrossEntropy    // mean loss of logits [..., V] against int ids [...]
 	Reshape         // view with the node's shape
 	Transpose       // view swapping axes Axis and Axis2
-	Split           // view of part Index of Parts equal parts along the last axis
+	Split           // view of part Index of Parts parts along the last axis: equal, or of the given Sizes
 	numOps
 )
 
@@ -121,6 +121,7 @@ type Attrs struct {
 	LoRARank    int64   // Linear: rank of a trainable low-rank adapter (0: none)
 	LoRADrop    float64 // Linear: dropout probability on the adapter's input
 	Upcast      bool    // RMSNorm, LayerNorm, Softmax: compute in fp32; RoPE, CausalMask: return fp32 (fp32 tables or mask)
+	OnePlus     bool    // RMSNorm: scale by 1 + weight, in fp32, and cast the product back (Gemma)
 	Autocast    bool    // Linear: the weight is cast to the input's 16-bit dtype (torch.autocast)
 	P           float64 // Dropout, Attention: drop probability
 	Factor      float64 // Scale: the constant
@@ -134,11 +135,25 @@ type Attrs struct {
 	TransposeB  bool    // MatMul: use the transpose of the last two axes of b
 	Axis        int     // Transpose: first axis
 	Axis2       int     // Transpose: second axis
-	Parts       int     // Split: equal parts along the last axis
+	Parts       int     // Split: parts along the last axis
 	Index       int     // Split: which part
+	Sizes       Shape   // Split: the parts' sizes, when they are not equal (a fused q, k, v projection with fewer kv heads)
 	Eps         float64 // LayerNorm, RMSNorm: epsilon
 	Theta       float64 // RoPE: base of the rotary frequencies
 	Tables      bool    // RoPE: computes the cos/sin tables it uses, [1, 1, s, d] each, which its backward keeps
 	To          DType   // Cast: the target dtype
 	Shape       Shape   // Reshape: the new shape; one entry may be -1
+}
+
+// SplitPart returns where part Index of a split of an axis of size n
+// starts and how long it is.
+func (a Attrs) SplitPart(n int64) (off, size int64) {
+	if len(a.Sizes) > 0 {
+		for _, s := range a.Sizes[:a.Index] {
+			off += s
+		}
+		return off, a.Sizes[a.Index]
+	}
+	size = n / int64(a.Parts)
+	return int64(a.Index) * size, size
 }

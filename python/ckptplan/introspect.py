@@ -28,10 +28,12 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TORCH = {v: k for k, v in _DTYPES.items()}
 _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 # PEFT module names → ckptplan's LoRA targets.
-# GPT-2's c_attn is q, k and v in one; c_proj names both the attention's
+# GPT-2's c_attn and Phi-3's qkv_proj are q, k and v in one, Phi-3's
+# gate_up_proj gate and up; GPT-2's c_proj names both the attention's
 # output and the MLP's down projection.
 _TARGETS = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",),
             "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
+            "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
             "c_attn": ("q", "k", "v"), "c_proj": ("o", "down"), "c_fc": ("up",)}
 
 
@@ -82,7 +84,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     config = getattr(base, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"a {type(model).__name__} has no transformers config: ckptplan plans "
-                         "transformers models (Llama, Mistral, Qwen2, GPT-2)")
+                         "transformers models (Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-2)")
     if autocast not in (None, "bf16", "fp16"):
         raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     layers = decoder_layers(model)

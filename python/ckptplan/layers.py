@@ -22,7 +22,7 @@ import torch.nn as nn
 
 # Attribute paths to the decoder layers, most specific first.
 _PATHS = (
-    ("model", "layers"),  # LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+    ("model", "layers"),  # LlamaForCausalLM and Mistral, Qwen2, Gemma, Phi-3
     ("layers",),  # LlamaModel and friends
     ("transformer", "h"),  # GPT2LMHeadModel
     ("h",),  # GPT2Model

@@ -23,9 +23,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 LORA_TARGETS = {
-    "attn": {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    "attn": {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
+             "phi3": ["qkv_proj", "o_proj"]},
     "all": {"gpt2": ["c_attn", "c_proj", "c_fc"],
-            "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+            "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]},
 }
 
 
@@ -37,6 +39,18 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
     if family == "gpt2":
         config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB,
                                          attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
+    elif family == "gemma":
+        # Heads of their own size, as every Gemma's.
+        config = transformers.GemmaConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=32, intermediate_size=192,
+                                          vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=dropout,
+                                          hidden_activation="gelu_pytorch_tanh")
+    elif family == "phi3":
+        config = transformers.Phi3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
+                                         max_position_embeddings=64, original_max_position_embeddings=64,
+                                         attention_dropout=dropout, resid_pdrop=dropout,
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "mistral-hd": transformers.MistralConfig, "llama-bias": transformers.LlamaConfig,
@@ -54,7 +68,7 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
     if lora:
         import peft
 
-        targets = LORA_TARGETS[lora]["gpt2" if family == "gpt2" else "llama"]
+        targets = LORA_TARGETS[lora][family if family in ("gpt2", "phi3") else "llama"]
         cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=dropout,
                               fan_in_fan_out=family == "gpt2")
         model = peft.get_peft_model(model, cfg)
@@ -74,6 +88,12 @@ ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("llama", "mistral", "qwen2", "
 ALL += [(f, a, d, 0.0, lora, None) for f in ("mistral-hd", "llama-bias") for a in ("eager", "sdpa")
         for d in ("fp32", "bf16") for lora in ("", "all")]
 ALL += [("llama-bias", "sdpa", "fp32", 0.0, "", "bf16")]
+# Gemma: GELU, (1 + w) norms in fp32, scaled embeddings; Phi-3: fused
+# projections, dropout on the residual branches.
+ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3") for a in ("eager", "sdpa")
+        for d in ("fp32", "bf16") for p in (0.0, 0.1) for lora in ("", "all")]
+ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3") for a in ("eager", "sdpa")
+        for p, lora in ((0.0, ""), (0.1, "attn"))]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -183,17 +203,21 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
         ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
 
 
-def test_parameters_of_a_full_size_config(ckptplan_binary, tmp_path):
-    """Mistral-NeMo's config (heads of 128 where hidden/heads is 160):
-    ckptplan counts the parameters transformers builds, on the meta device."""
+@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k"])
+def test_parameters_of_a_full_size_config(ckptplan_binary, name):
+    """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
+    160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
+    projections): ckptplan counts the parameters transformers builds, on
+    the meta device."""
     import json
     import os
 
     from ckptplan import _binary
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "graphio", "testdata", "hf", "mistral-nemo.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "graphio", "testdata", "hf", name + ".json")
     config = transformers.AutoConfig.for_model(**{k: v for k, v in json.load(open(path)).items()
-                                                   if k not in ("architectures", "transformers_version")})
+                                                   if k not in ("architectures", "transformers_version")
+                                                   and not k.startswith("_")})
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     out = json.loads(_binary.call(["inspect", "--format", "json", path]))
