@@ -133,8 +133,18 @@ func (s *GraphSpec) attrs(n *flatNode) (ir.Attrs, error) {
 		}
 		a.Shape = sh
 	}
+	if e.Sizes != nil {
+		sh, err := s.shape(e.Sizes, n.path+".sizes", false)
+		if err != nil {
+			return a, err
+		}
+		a.Sizes = sh
+		if a.Parts == 0 {
+			a.Parts = len(sh)
+		}
+	}
 	if n.op == ir.Split && a.Parts == 0 {
-		return a, s.d.errField(n.path, "%s: split needs parts", n.path)
+		return a, s.d.errField(n.path, "%s: split needs parts or sizes", n.path)
 	}
 	return a, nil
 }

@@ -108,6 +108,7 @@ type entrySpec struct {
 	Axis2      int      `yaml:"axis2"`
 	Parts      int      `yaml:"parts"`
 	Index      int      `yaml:"index"`
+	Sizes      []string `yaml:"sizes"`
 	To         string   `yaml:"to"`
 	Shape      []string `yaml:"shape"`
 }
@@ -151,6 +152,7 @@ var opKeys = map[string][]ir.Op{
 	"axis2":       {ir.Transpose},
 	"parts":       {ir.Split},
 	"index":       {ir.Split},
+	"sizes":       {ir.Split},
 	"to":          {ir.Cast},
 	"shape":       {ir.Reshape},
 }

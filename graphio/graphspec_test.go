@@ -306,6 +306,10 @@ func TestGraphSpecErrors(t *testing.T) {
 			`g.yaml:5:44: graph.nodes[0].to: unknown dtype "fp8"`},
 		{"empty product term", "    - {name: a, op: linear, inputs: [x], out: 2**h}\n  output: a\n",
 			`g.yaml:5:47: graph.nodes[0].out: "" is neither a positive integer nor a dim`},
+		{"split sizes short", "    - {name: a, op: split, inputs: [x], sizes: [4, 2]}\n  output: a\n",
+			"g.yaml:5:7: node a: split: sizes [4 2] do not cut the last axis of [2 8]"},
+		{"split sizes on another op", "    - {name: a, op: gelu, inputs: [x], sizes: [4, 4]}\n  output: a\n",
+			"g.yaml:5:40: graph.nodes[0]: gelu takes no sizes (it is for split)"},
 		{"shape in repeat", "    - repeat: {count: 2, input: x, nodes: [{name: n, op: linear, inputs: [x], out: 3}, {name: m, op: add, inputs: [n, x]}]}\n  output: layers\n",
 			"g.yaml:5:88: node layers.0.m: add: shapes [2 3] and [2 8] do not broadcast"},
 	}
@@ -383,4 +387,32 @@ func FuzzParseGraph(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestGraphSpecSplitSizes: a fused projection cut into parts of their own
+// sizes (Phi-3's q, k and v with fewer kv heads), sizes given by dims.
+func TestGraphSpecSplitSizes(t *testing.T) {
+	s, err := parseGraph(t, `graph:
+  dims: {b: 2, q: 8, kv: 2}
+  inputs: [{name: x, shape: [b, 12]}]
+  nodes:
+    - {name: k, op: split, inputs: [x], sizes: [q, kv, kv], index: 1}
+    - {name: v, op: split, inputs: [x], sizes: [q, kv, kv], index: 2}
+    - {name: o, op: add, inputs: [k, v]}
+  output: o
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := g.Lookup("k")
+	if sh := g.Nodes[k].Shape; !sh.Equal(ir.Shape{2, 2}) {
+		t.Errorf("k has shape %v, want [2 2]", sh)
+	}
+	if off, size := g.Nodes[k].Attrs.SplitPart(12); off != 8 || size != 2 {
+		t.Errorf("k is [%d, +%d) of x, want [8, +2)", off, size)
+	}
 }

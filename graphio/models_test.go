@@ -20,6 +20,9 @@ func TestPublishedParameterCounts(t *testing.T) {
 		"llama-3-70b": 70.6e9,      // Meta model card
 		"smollm-135m": 134515008,   // HuggingFaceTB/SmolLM-135M
 		"gpt3-175b":   175e9,       // Brown et al. 2020
+		"gemma-7b":    8.54e9,      // Gemma technical report, Table 2
+		"gemma-2b":    2.51e9,      // Gemma technical report, Table 2
+		"phi-3-mini":  3821079552,  // Phi-3 report: 3.8B; transformers counts 3,821,079,552 (python/tests)
 	}
 	for name, want := range published {
 		t.Run(name, func(t *testing.T) {

@@ -157,8 +157,11 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 				}
 				sum += n
 			}
-			if len(a.Sizes) != a.Parts || sum != x.Shape.Last() {
-				return Tensor{}, fmt.Errorf("split: %d sizes %v do not cut the last axis of %v into %d parts", len(a.Sizes), a.Sizes, x.Shape, a.Parts)
+			if len(a.Sizes) != a.Parts {
+				return Tensor{}, fmt.Errorf("split: %d sizes %v for %d parts", len(a.Sizes), a.Sizes, a.Parts)
+			}
+			if sum != x.Shape.Last() {
+				return Tensor{}, fmt.Errorf("split: sizes %v do not cut the last axis of %v", a.Sizes, x.Shape)
 			}
 		} else if x.Shape.Last()%int64(a.Parts) != 0 {
 			return Tensor{}, fmt.Errorf("split: last axis of %v is not divisible into %d parts", x.Shape, a.Parts)

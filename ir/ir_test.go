@@ -47,7 +47,7 @@ func TestInfer(t *testing.T) {
 		{"split sizes", Split, Attrs{Parts: 3, Index: 1, Sizes: Shape{4, 2, 2}}, []Tensor{f(2, 8)}, f(2, 2), ""},
 		{"split sizes short", Split, Attrs{Parts: 3, Sizes: Shape{4, 2, 1}}, []Tensor{f(2, 8)}, Tensor{}, "do not cut"},
 		{"split sizes long", Split, Attrs{Parts: 2, Sizes: Shape{4, 5}}, []Tensor{f(2, 8)}, Tensor{}, "do not cut"},
-		{"split sizes count", Split, Attrs{Parts: 2, Sizes: Shape{4, 2, 2}}, []Tensor{f(2, 8)}, Tensor{}, "into 2 parts"},
+		{"split sizes count", Split, Attrs{Parts: 2, Sizes: Shape{4, 2, 2}}, []Tensor{f(2, 8)}, Tensor{}, "3 sizes [4 2 2] for 2 parts"},
 		{"transpose", Transpose, Attrs{Axis: 1, Axis2: -1}, []Tensor{f(2, 3, 4)}, f(2, 4, 3), ""},
 		{"reshape -1", Reshape, Attrs{Shape: Shape{-1, 4}}, []Tensor{f(2, 3, 4)}, f(6, 4), ""},
 		{"reshape wrong", Reshape, Attrs{Shape: Shape{5, 4}}, []Tensor{f(2, 3, 4)}, Tensor{}, "cannot reshape"},
