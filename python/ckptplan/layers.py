@@ -68,5 +68,5 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
             return obj
     raise ValueError(
         f"cannot find the decoder layers of a {type(model).__name__}: ckptplan knows "
-        "model.model.layers (Llama, Mistral, Qwen2) and model.transformer.h (GPT-2); "
+        "model.model.layers (Llama, Mistral, Qwen2, Gemma, Phi-3) and model.transformer.h (GPT-2); "
         "pass the nn.ModuleList of layers instead")
