@@ -122,7 +122,7 @@ func (b *builder) dropout(region string, x int) int {
 
 func (b *builder) norm(region string, x int) int {
 	a := ir.Attrs{Eps: b.m.NormEps, Frozen: b.m.Training.LoRA.Rank > 0}
-	if b.m.Family == "gpt2" {
+	if b.m.Family == "gpt2" || b.m.Family == "starcoder2" {
 		return b.op(region, ir.LayerNorm, a, x)
 	}
 	a.Upcast = b.m.Training.Numerics.NormFP32
@@ -143,6 +143,9 @@ func (b *builder) embed() int {
 	tokens := b.input("tokens", ir.Shape{t.Batch, t.Seq})
 	b.block = "embed"
 	x := b.op("wte", ir.Embedding, ir.Attrs{Vocab: m.Vocab, Out: m.Hidden, Frozen: frozen}, tokens)
+	if m.Family == "starcoder2" {
+		x = b.dropout("dropout", x)
+	}
 	if m.Family == "gpt2" {
 		pos := b.input("positions", ir.Shape{t.Seq})
 		maxSeq := max(m.MaxSeq, t.Seq)
@@ -313,8 +316,19 @@ func (b *builder) llamaLayer(x int) int {
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
+	if m.Family == "starcoder2" {
+		o = b.dropout("attn.resid_dropout", o)
+	}
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("post_attention_layernorm", x)
+	if m.Family == "starcoder2" {
+		// StarCoder2's MLP is GPT-2's: c_fc, GELU, c_proj, dropout.
+		h = b.linear("mlp.c_fc", "up", m.FFN, m.MLPBias, h)
+		h = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, h)
+		h = b.linear("mlp.c_proj", "down", m.Hidden, m.MLPBias, h)
+		h = b.dropout("mlp.resid_dropout", h)
+		return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+	}
 	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it:
 	// SiLU, or Gemma's GELU (tanh approximation, one op).
 	gate := b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h)

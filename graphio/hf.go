@@ -32,12 +32,13 @@ import (
 // hfModelTypes maps the supported values of model_type to the family
 // each builds.
 var hfModelTypes = map[string]string{
-	"gemma":   "gemma",
-	"gpt2":    "gpt2",
-	"llama":   "llama",
-	"mistral": "llama",
-	"phi3":    "phi3",
-	"qwen2":   "llama",
+	"gemma":      "gemma",
+	"gpt2":       "gpt2",
+	"llama":      "llama",
+	"mistral":    "llama",
+	"phi3":       "phi3",
+	"qwen2":      "llama",
+	"starcoder2": "starcoder2",
 }
 
 // hfMaxTrainSeq caps the default training length taken from
@@ -79,6 +80,11 @@ type hfLlama struct {
 	Activation    *string  `yaml:"hidden_activation"` // Gemma's, where hidden_act is ignored
 	ResidDropout  *float64 `yaml:"resid_pdrop"`       // Phi-3
 	PartialRotary *float64 `yaml:"partial_rotary_factor"`
+	// StarCoder2's names.
+	NormEpsilon     *float64 `yaml:"norm_epsilon"`
+	UseBias         *bool    `yaml:"use_bias"`
+	ResidualDropout *float64 `yaml:"residual_dropout"`
+	EmbedDropout    *float64 `yaml:"embedding_dropout"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -106,7 +112,7 @@ type hfRead struct {
 }
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
-// model_type (gemma, gpt2, llama, mistral, phi3, qwen2) into a Model; file names it in
+// model_type (gemma, gpt2, llama, mistral, phi3, qwen2, starcoder2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
@@ -225,10 +231,15 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	if err := r.required("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"); err != nil {
 		return err
 	}
-	if modelType == "gemma" {
+	switch modelType {
+	case "gemma":
 		// GemmaConfig's defaults, where Llama's differ: 16 kv heads of
 		// 256, tied embeddings, ε = 1e-6.
 		m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = 16, 256, true, 1e-6
+	case "starcoder2":
+		// Starcoder2Config's: 2 kv heads, biases everywhere, and
+		// PretrainedConfig's tied embeddings.
+		m.KVHeads, m.TiedEmbeddings, m.QKVBias, m.OBias, m.MLPBias = 2, true, true, true, true
 	}
 	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
@@ -270,6 +281,10 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		if err := r.phi3(&c, m); err != nil {
 			return err
 		}
+	case "starcoder2":
+		if err := r.starcoder2(&c, m); err != nil {
+			return err
+		}
 	}
 	if m.RopeTheta < 0 {
 		return r.d.errField("rope_theta", "rope_theta: must be positive, got %v", m.RopeTheta)
@@ -289,12 +304,15 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 }
 
 // activation checks the MLP's activation: SiLU for the Llama family and
-// Phi-3; for Gemma hidden_activation, GELU's tanh approximation when null
+// Phi-3, GELU's tanh approximation for StarCoder2; for Gemma hidden_activation, GELU's tanh approximation when null
 // (transformers then ignores hidden_act).
 func (r *hfRead) activation(c *hfLlama, modelType string) error {
 	key, v, want := "hidden_act", c.Act, "silu"
-	if modelType == "gemma" {
+	switch modelType {
+	case "gemma":
 		key, v, want = "hidden_activation", c.Activation, "gelu_pytorch_tanh"
+	case "starcoder2":
+		want = "gelu_pytorch_tanh"
 	}
 	if v != nil && *v != want {
 		return r.d.errField(key, "%s: %q is not modelled: a %s MLP is planned with %s", key, *v, modelType, want)
@@ -316,6 +334,30 @@ func (r *hfRead) phi3(c *hfLlama, m *Model) error {
 		return r.d.errField("resid_pdrop", "resid_pdrop: %v where attention_dropout is %v: ckptplan plans one dropout rate for a model", *c.ResidDropout, *c.Dropout)
 	}
 	setField(r, &m.Training.Dropout, c.ResidDropout, "training.dropout", "resid_pdrop")
+	return nil
+}
+
+// starcoder2 reads StarCoder2's names for the norms' ε and the biases,
+// and its three dropout rates, which the setup's one rate must describe.
+func (r *hfRead) starcoder2(c *hfLlama, m *Model) error {
+	setField(r, &m.NormEps, c.NormEpsilon, "norm_eps", "norm_epsilon")
+	setField(r, &m.QKVBias, c.UseBias, "qkv_bias", "use_bias")
+	setField(r, &m.OBias, c.UseBias, "o_bias", "use_bias")
+	setField(r, &m.MLPBias, c.UseBias, "mlp_bias", "use_bias")
+	key, rate := "attention_dropout", c.Dropout
+	for _, p := range []struct {
+		v   *float64
+		key string
+	}{{c.ResidualDropout, "residual_dropout"}, {c.EmbedDropout, "embedding_dropout"}} {
+		if p.v == nil {
+			continue
+		}
+		if rate != nil && *rate != *p.v {
+			return r.d.errField(p.key, "%s: %v where %s is %v: ckptplan plans one dropout rate for a model", p.key, *p.v, key, *rate)
+		}
+		key, rate = p.key, p.v
+		setField(r, &m.Training.Dropout, p.v, "training.dropout", p.key)
+	}
 	return nil
 }
 

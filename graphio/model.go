@@ -22,7 +22,7 @@ const maxLayers = solver.MaxStages - 2
 // ir.DefaultSetup's.
 type Model struct {
 	Name    string `yaml:"name" json:"name"`
-	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | llama | phi3
+	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | llama | phi3 | starcoder2
 	Layers  int64  `yaml:"layers" json:"layers"`
 	Hidden  int64  `yaml:"hidden" json:"hidden"`
 	Heads   int64  `yaml:"heads" json:"heads"`
@@ -45,8 +45,10 @@ type Model struct {
 // Families lists the model families the builders know: GPT-2; Llama
 // (Mistral, Qwen2); Gemma, Llama's layer with GELU, a (1 + w) RMS norm in
 // fp32 and embeddings scaled by √hidden; Phi-3, Llama's layer with fused
-// q/k/v and gate/up projections and dropout on the residual branches.
-var Families = []string{"gemma", "gpt2", "llama", "phi3"}
+// q/k/v and gate/up projections and dropout on the residual branches;
+// StarCoder2, Llama's attention with GPT-2's LayerNorms and MLP and
+// dropout on the embeddings and residual branches.
+var Families = []string{"gemma", "gpt2", "llama", "phi3", "starcoder2"}
 
 // HeadDim returns the size of one attention head: HeadSize, or
 // hidden/heads.

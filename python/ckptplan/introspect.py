@@ -30,7 +30,7 @@ _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 # PEFT module names → ckptplan's LoRA targets.
 # GPT-2's c_attn and Phi-3's qkv_proj are q, k and v in one, Phi-3's
 # gate_up_proj gate and up; GPT-2's c_proj names both the attention's
-# output and the MLP's down projection.
+# output and the MLP's down projection (StarCoder2's only the MLP's).
 _TARGETS = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o",),
             "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
             "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
@@ -130,7 +130,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
                   dropout_mask="dtype" if on_cpu else "byte", autocast=autocast)
-    _lora(model, setup)
+    _lora(model, setup, _model_type(config))
     return setup
 
 
@@ -139,7 +139,7 @@ def _model_type(config) -> str:
     return str(getattr(config, "model_type", ""))
 
 
-def _lora(model: nn.Module, setup: Setup) -> None:
+def _lora(model: nn.Module, setup: Setup, model_type: str = "") -> None:
     """Fill setup's LoRA fields from PEFT's config, if model is a PEFT model."""
     configs = getattr(model, "peft_config", None)
     if not configs:
@@ -156,7 +156,7 @@ def _lora(model: nn.Module, setup: Setup) -> None:
         if n not in _TARGETS:
             raise ValueError(f"LoRA target module {n!r} is not one ckptplan models "
                              f"({', '.join(sorted(_TARGETS))})")
-        mapped.extend(_TARGETS[n])
+        mapped.extend(("down",) if n == "c_proj" and model_type == "starcoder2" else _TARGETS[n])
     setup.lora_rank = int(cfg.r)
     setup.lora_targets = tuple(dict.fromkeys(mapped))
     setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)

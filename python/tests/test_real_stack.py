@@ -24,10 +24,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 LORA_TARGETS = {
     "attn": {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
-             "phi3": ["qkv_proj", "o_proj"]},
+             "phi3": ["qkv_proj", "o_proj"], "starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj"]},
     "all": {"gpt2": ["c_attn", "c_proj", "c_fc"],
             "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-            "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]},
+            "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+            "starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]},
 }
 
 
@@ -51,6 +52,11 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                          max_position_embeddings=64, original_max_position_embeddings=64,
                                          attention_dropout=dropout, resid_pdrop=dropout,
                                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    elif family == "starcoder2":
+        config = transformers.Starcoder2Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                               num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
+                                               max_position_embeddings=64, attention_dropout=dropout,
+                                               residual_dropout=dropout, embedding_dropout=dropout)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "mistral-hd": transformers.MistralConfig, "llama-bias": transformers.LlamaConfig,
@@ -68,7 +74,7 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
     if lora:
         import peft
 
-        targets = LORA_TARGETS[lora][family if family in ("gpt2", "phi3") else "llama"]
+        targets = LORA_TARGETS[lora][family if family in ("gpt2", "phi3", "starcoder2") else "llama"]
         cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=dropout,
                               fan_in_fan_out=family == "gpt2")
         model = peft.get_peft_model(model, cfg)
@@ -90,9 +96,11 @@ ALL += [(f, a, d, 0.0, lora, None) for f in ("mistral-hd", "llama-bias") for a i
 ALL += [("llama-bias", "sdpa", "fp32", 0.0, "", "bf16")]
 # Gemma: GELU, (1 + w) norms in fp32, scaled embeddings; Phi-3: fused
 # projections, dropout on the residual branches.
-ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3") for a in ("eager", "sdpa")
+# StarCoder2: LayerNorms with biases, biases on every projection, GPT-2's
+# MLP, dropout on the embeddings and both residual branches.
+ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3", "starcoder2") for a in ("eager", "sdpa")
         for d in ("fp32", "bf16") for p in (0.0, 0.1) for lora in ("", "all")]
-ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3") for a in ("eager", "sdpa")
+ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3", "starcoder2") for a in ("eager", "sdpa")
         for p, lora in ((0.0, ""), (0.1, "attn"))]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
@@ -203,7 +211,7 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
         ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
 
 
-@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k"])
+@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b"])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
     """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
     160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
