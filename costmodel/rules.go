@@ -195,8 +195,8 @@ func (a *analyzer) keepLoRAAutocast(n *ir.Node) {
 // multiply by the weight keeps the normalized x if the weight trains.
 // Without the upcast every intermediate is in the model dtype. Gemma's
 // (OnePlus) always computes in fp32 and scales by 1 + w before the cast.
-// Megatron's
-// fused kernel keeps the input alone (its statistics are not counted).
+// Megatron's fused kernel keeps the input alone (its statistics are not
+// counted).
 func (a *analyzer) keepRMSNorm(n *ir.Node) {
 	x := &a.g.Nodes[n.Inputs[0]]
 	sh := a.shard[n.Inputs[0]]

@@ -33,12 +33,9 @@ func Build(model *Model) (*ir.Graph, error) {
 	x := b.embed()
 	for l := int64(0); l < m.Layers; l++ {
 		b.block = fmt.Sprintf("layers.%d", l)
-		switch m.Family {
-		case "gpt2":
+		if m.Family == "gpt2" {
 			x = b.gpt2Layer(x)
-		case "phi3":
-			x = b.phi3Layer(x)
-		default:
+		} else {
 			x = b.llamaLayer(x)
 		}
 	}
@@ -302,13 +299,12 @@ func (b *builder) gpt2Layer(x int) int {
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }
 
+// llamaLayer is the decoder layer of the rotary families: Llama's, with
+// each family's projections (qkv), MLP (mlp) and residual dropout.
 func (b *builder) llamaLayer(x int) int {
 	m := b.m
-	kvDim := m.KVHeads * m.HeadDim()
 	h := b.norm("input_layernorm", x)
-	q := b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Heads*m.HeadDim(), m.QKVBias, h))
-	k := b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
-	v := b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
+	q, k, v := b.qkv(h)
 	// Under autocast the 16-bit q and k meet fp32 cos and sin and become
 	// fp32, unless the layer makes its tables, in q's dtype.
 	fp32 := b.half != ir.Invalid && !m.Training.Numerics.RopeInLayer
@@ -316,64 +312,65 @@ func (b *builder) llamaLayer(x int) int {
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
-	if m.Family == "starcoder2" {
-		o = b.dropout("attn.resid_dropout", o)
-	}
+	o = b.residDropout("attn.resid_dropout", o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
-	h = b.norm("post_attention_layernorm", x)
-	if m.Family == "starcoder2" {
-		// StarCoder2's MLP is GPT-2's: c_fc, GELU, c_proj, dropout.
-		h = b.linear("mlp.c_fc", "up", m.FFN, m.MLPBias, h)
-		h = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, h)
-		h = b.linear("mlp.c_proj", "down", m.Hidden, m.MLPBias, h)
-		h = b.dropout("mlp.resid_dropout", h)
-		return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
-	}
-	// act_fn(gate_proj(x)) * up_proj(x), in the order transformers runs it:
-	// SiLU, or Gemma's GELU (tanh approximation, one op).
-	gate := b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h)
-	var act int
-	if m.Family == "gemma" {
-		act = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, gate)
-	} else {
-		act = b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
-	}
-	up := b.linear("mlp.up_proj", "up", m.FFN, m.MLPBias, h)
-	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
-	h = b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+	h = b.mlp(b.norm("post_attention_layernorm", x))
+	h = b.residDropout("mlp.resid_dropout", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }
 
-// phi3Layer is Phi-3's decoder layer: Llama's, with q, k and v in one
-// projection (sliced, so q, k and v are views of it), gate and up in one
-// (chunked), up·act(gate) in that order, and dropout on each branch before
-// its residual add.
-func (b *builder) phi3Layer(x int) int {
+// qkv projects the normalized input to q, k and v as [b, heads, s, d]:
+// three projections, or Phi-3's one, sliced (q, k and v are views of it).
+func (b *builder) qkv(h int) (q, k, v int) {
 	m := b.m
 	d, kvDim := m.HeadDim(), m.KVHeads*m.HeadDim()
-	h := b.norm("input_layernorm", x)
+	if m.Family != "phi3" {
+		q = b.heads("attn.q", m.Heads, b.linear("attn.q_proj", "q", m.Heads*d, m.QKVBias, h))
+		k = b.heads("attn.k", m.KVHeads, b.linear("attn.k_proj", "k", kvDim, m.QKVBias, h))
+		v = b.heads("attn.v", m.KVHeads, b.linear("attn.v_proj", "v", kvDim, m.QKVBias, h))
+		return q, k, v
+	}
 	qkv := b.linear("attn.qkv_proj", "qkv", m.Heads*d+2*kvDim, m.QKVBias, h)
 	sizes := ir.Shape{m.Heads * d, kvDim, kvDim}
-	var qkvs [3]int
-	for i, name := range []string{"q", "k", "v"} {
-		part := b.op("attn."+name, ir.Split, ir.Attrs{Parts: 3, Index: i, Sizes: sizes}, qkv)
-		qkvs[i] = b.heads("attn."+name, []int64{m.Heads, m.KVHeads, m.KVHeads}[i], part)
+	part := func(name string, i int, heads int64) int {
+		return b.heads("attn."+name, heads, b.op("attn."+name, ir.Split, ir.Attrs{Parts: 3, Index: i, Sizes: sizes}, qkv))
 	}
-	q, k, v := qkvs[0], qkvs[1], qkvs[2]
-	fp32 := b.half != ir.Invalid && !m.Training.Numerics.RopeInLayer
-	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer, Upcast: fp32}, q)
-	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
-	o := b.merge(b.core(q, k, v))
-	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
-	o = b.dropout("attn.resid_dropout", o)
-	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
-	h = b.norm("post_attention_layernorm", x)
-	gu := b.linear("mlp.gate_up_proj", "gate_up", 2*m.FFN, m.MLPBias, h)
-	gate := b.op("mlp.gate", ir.Split, ir.Attrs{Parts: 2, Index: 0}, gu)
-	up := b.op("mlp.up", ir.Split, ir.Attrs{Parts: 2, Index: 1}, gu)
-	act := b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate)
-	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, up, act)
-	h = b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
-	h = b.dropout("mlp.resid_dropout", h)
-	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+	return part("q", 0, m.Heads), part("k", 1, m.KVHeads), part("v", 2, m.KVHeads)
+}
+
+// mlp is the layer's MLP, in the order transformers runs it:
+// act(gate_proj(x)) * up_proj(x) with SiLU (Gemma: GELU, tanh
+// approximation, one op); Phi-3's gate and up in one projection, chunked,
+// and up * silu(gate); StarCoder2's GPT-2 MLP, c_fc, GELU, c_proj.
+func (b *builder) mlp(h int) int {
+	m := b.m
+	var act, up int
+	switch m.Family {
+	case "starcoder2":
+		h = b.linear("mlp.c_fc", "up", m.FFN, m.MLPBias, h)
+		h = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, h)
+		return b.linear("mlp.c_proj", "down", m.Hidden, m.MLPBias, h)
+	case "phi3":
+		gu := b.linear("mlp.gate_up_proj", "gate_up", 2*m.FFN, m.MLPBias, h)
+		gate := b.op("mlp.gate", ir.Split, ir.Attrs{Parts: 2, Index: 0}, gu)
+		up = b.op("mlp.up", ir.Split, ir.Attrs{Parts: 2, Index: 1}, gu)
+		h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, up, b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate))
+		return b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+	case "gemma":
+		act = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h))
+	default:
+		act = b.op("mlp.silu", ir.SiLU, ir.Attrs{}, b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h))
+	}
+	up = b.linear("mlp.up_proj", "up", m.FFN, m.MLPBias, h)
+	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
+	return b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+}
+
+// residDropout is the dropout Phi-3 and StarCoder2 put on each residual
+// branch before its add.
+func (b *builder) residDropout(region string, x int) int {
+	if b.m.Family == "phi3" || b.m.Family == "starcoder2" {
+		return b.dropout(region, x)
+	}
+	return x
 }

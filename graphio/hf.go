@@ -266,15 +266,14 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		return err
 	}
 	switch modelType {
-	case "llama":
-		// LlamaAttention biases q, k, v and o alike; LlamaMLP its three
-		// projections.
+	case "llama", "gemma":
+		// LlamaAttention and GemmaAttention bias q, k, v and o alike;
+		// LlamaMLP its three projections (GemmaMLP has none).
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
 		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
-		setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
-	case "gemma":
-		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
-		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
+		if modelType == "llama" {
+			setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
+		}
 	case "qwen2":
 		m.QKVBias = true // Qwen2Attention always biases q, k and v
 	case "phi3":
@@ -321,20 +320,13 @@ func (r *hfRead) activation(c *hfLlama, modelType string) error {
 }
 
 // phi3 reads what Phi-3 adds: the dropout of both residual branches, which
-// the setup's one rate must also describe, and a rotary embedding over
-// every dimension of a head.
+// the setup's one rate must also describe, and refuses a rotary embedding
+// over part of a head.
 func (r *hfRead) phi3(c *hfLlama, m *Model) error {
 	if c.PartialRotary != nil && *c.PartialRotary != 1 {
 		return r.d.errField("partial_rotary_factor", "partial_rotary_factor: %v: rotary embeddings over part of a head are not planned yet", *c.PartialRotary)
 	}
-	if c.ResidDropout == nil {
-		return nil
-	}
-	if c.Dropout != nil && *c.Dropout != *c.ResidDropout {
-		return r.d.errField("resid_pdrop", "resid_pdrop: %v where attention_dropout is %v: ckptplan plans one dropout rate for a model", *c.ResidDropout, *c.Dropout)
-	}
-	setField(r, &m.Training.Dropout, c.ResidDropout, "training.dropout", "resid_pdrop")
-	return nil
+	return r.dropoutRates(m, c.Dropout, hfRate{c.ResidDropout, "resid_pdrop"})
 }
 
 // starcoder2 reads StarCoder2's names for the norms' ε and the biases,
@@ -344,19 +336,29 @@ func (r *hfRead) starcoder2(c *hfLlama, m *Model) error {
 	setField(r, &m.QKVBias, c.UseBias, "qkv_bias", "use_bias")
 	setField(r, &m.OBias, c.UseBias, "o_bias", "use_bias")
 	setField(r, &m.MLPBias, c.UseBias, "mlp_bias", "use_bias")
-	key, rate := "attention_dropout", c.Dropout
-	for _, p := range []struct {
-		v   *float64
-		key string
-	}{{c.ResidualDropout, "residual_dropout"}, {c.EmbedDropout, "embedding_dropout"}} {
+	return r.dropoutRates(m, c.Dropout, hfRate{c.ResidualDropout, "residual_dropout"}, hfRate{c.EmbedDropout, "embedding_dropout"})
+}
+
+// hfRate is a dropout rate a config gives under its key.
+type hfRate struct {
+	v   *float64
+	key string
+}
+
+// dropoutRates takes the setup's one dropout rate from a family's
+// others, besides the attention's (read already), refusing one that
+// differs from those before it.
+func (r *hfRead) dropoutRates(m *Model, attention *float64, rates ...hfRate) error {
+	prev := hfRate{attention, "attention_dropout"}
+	for _, p := range rates {
 		if p.v == nil {
 			continue
 		}
-		if rate != nil && *rate != *p.v {
-			return r.d.errField(p.key, "%s: %v where %s is %v: ckptplan plans one dropout rate for a model", p.key, *p.v, key, *rate)
+		if prev.v != nil && *prev.v != *p.v {
+			return r.d.errField(p.key, "%s: %v where %s is %v: ckptplan plans one dropout rate for a model", p.key, *p.v, prev.key, *prev.v)
 		}
-		key, rate = p.key, p.v
 		setField(r, &m.Training.Dropout, p.v, "training.dropout", p.key)
+		prev = p
 	}
 	return nil
 }

@@ -35,6 +35,8 @@ _TARGETS = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o"
             "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
             "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
             "c_attn": ("q", "k", "v"), "c_proj": ("o", "down"), "c_fc": ("up",)}
+# Where a model type's module names mean otherwise.
+_TYPE_TARGETS = {"starcoder2": {"c_proj": ("down",)}}
 
 
 @dataclasses.dataclass
@@ -151,12 +153,13 @@ def _lora(model: nn.Module, setup: Setup, model_type: str = "") -> None:
         raise ValueError(f"PEFT adapter type {cfg.peft_type}: ckptplan plans LoRA")
     targets = cfg.target_modules
     names = [targets] if isinstance(targets, str) else sorted(targets or ())
+    targets_of = {**_TARGETS, **_TYPE_TARGETS.get(model_type, {})}
     mapped = []
     for n in names:
-        if n not in _TARGETS:
+        if n not in targets_of:
             raise ValueError(f"LoRA target module {n!r} is not one ckptplan models "
                              f"({', '.join(sorted(_TARGETS))})")
-        mapped.extend(("down",) if n == "c_proj" and model_type == "starcoder2" else _TARGETS[n])
+        mapped.extend(targets_of[n])
     setup.lora_rank = int(cfg.r)
     setup.lora_targets = tuple(dict.fromkeys(mapped))
     setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)

@@ -23,6 +23,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 LORA_TARGETS = {
+    # StarCoder2's MLP alone: its c_proj is not GPT-2's, which also names
+    # the attention's output projection.
+    "mlp": {"starcoder2": ["c_fc", "c_proj"]},
     "attn": {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
              "phi3": ["qkv_proj", "o_proj"], "starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj"]},
     "all": {"gpt2": ["c_attn", "c_proj", "c_fc"],
@@ -74,7 +77,7 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
     if lora:
         import peft
 
-        targets = LORA_TARGETS[lora][family if family in ("gpt2", "phi3", "starcoder2") else "llama"]
+        targets = LORA_TARGETS[lora].get(family) or LORA_TARGETS[lora]["llama"]
         cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=dropout,
                               fan_in_fan_out=family == "gpt2")
         model = peft.get_peft_model(model, cfg)
@@ -102,6 +105,7 @@ ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3", "starcoder2") for a 
         for d in ("fp32", "bf16") for p in (0.0, 0.1) for lora in ("", "all")]
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3", "starcoder2") for a in ("eager", "sdpa")
         for p, lora in ((0.0, ""), (0.1, "attn"))]
+ALL += [("starcoder2", a, "bf16", 0.0, "mlp", None) for a in ("eager", "sdpa")]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
