@@ -150,10 +150,13 @@ func (b *builder) embed() int {
 		x = b.op("add", ir.Add, ir.Attrs{}, x, wpe)
 		x = b.dropout("dropout", x)
 	}
-	if m.Family == "gemma" {
+	switch m.Family {
+	case "gemma":
 		// Gemma scales its embeddings by √hidden, a 0-dim tensor in the
 		// model dtype.
 		x = b.op("normalizer", ir.Scale, ir.Attrs{Factor: math.Sqrt(float64(m.Hidden)), TensorConst: true}, x)
+	case "granite":
+		x = b.op("multiplier", ir.Scale, ir.Attrs{Factor: m.EmbeddingMultiplier}, x)
 	}
 	return x
 }
@@ -171,6 +174,9 @@ func (b *builder) head(x int) int {
 		x, a.Autocast = b.autocast("lm_head_cast", x), true
 	}
 	logits := b.op("lm_head", ir.Linear, a, x)
+	if b.m.Family == "granite" {
+		logits = b.op("logits_scaling", ir.Scale, ir.Attrs{Factor: 1 / b.m.LogitsScaling}, logits)
+	}
 	if t.Numerics.LogitsFP32 {
 		logits = b.cast("logits_fp32", ir.FP32, logits)
 	}
@@ -231,7 +237,7 @@ func (b *builder) core(q, k, v int) int {
 		s = b.op("attn.ungroup_s", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq}}, s)
 	}
 	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
-	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: 1 / math.Sqrt(float64(m.HeadDim())), TensorConst: m.Family == "gpt2"}, s)
+	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: b.scoreScale(), TensorConst: m.Family == "gpt2"}, s)
 	// Under autocast Llama's scores meet its fp32 additive mask and become
 	// fp32; GPT-2's torch.where fills in the scores' own dtype.
 	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && m.Family != "gpt2"}, s)
@@ -248,6 +254,15 @@ func (b *builder) core(q, k, v int) int {
 		o = b.op("attn.ungroup_o", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, m.HeadDim()}}, o)
 	}
 	return o
+}
+
+// scoreScale is the factor of the attention scores: 1/√head_dim, or
+// Granite's attention multiplier.
+func (b *builder) scoreScale() float64 {
+	if b.m.Family == "granite" {
+		return b.m.AttentionMultiplier
+	}
+	return 1 / math.Sqrt(float64(b.m.HeadDim()))
 }
 
 // sdpaMath is F.scaled_dot_product_attention on its math path, which
@@ -267,7 +282,7 @@ func (b *builder) sdpaMath(q, k, v int) int {
 	q = b.cast("attn.q_acc", ir.FP32, q)
 	k = b.cast("attn.k_acc", ir.FP32, k)
 	v = b.cast("attn.v_acc", ir.FP32, v)
-	root := math.Sqrt(1 / math.Sqrt(float64(m.HeadDim())))
+	root := math.Sqrt(b.scoreScale())
 	q = b.op("attn.q_scaled", ir.Scale, ir.Attrs{Factor: root}, q)
 	k = b.op("attn.k_scaled", ir.Scale, ir.Attrs{Factor: root}, k)
 	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
@@ -312,10 +327,10 @@ func (b *builder) llamaLayer(x int) int {
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
-	o = b.residDropout("attn.resid_dropout", o)
+	o = b.residBranch("attn", o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.mlp(b.norm("post_attention_layernorm", x))
-	h = b.residDropout("mlp.resid_dropout", h)
+	h = b.residBranch("mlp", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }
 
@@ -366,11 +381,14 @@ func (b *builder) mlp(h int) int {
 	return b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
 }
 
-// residDropout is the dropout Phi-3 and StarCoder2 put on each residual
-// branch before its add.
-func (b *builder) residDropout(region string, x int) int {
-	if b.m.Family == "phi3" || b.m.Family == "starcoder2" {
-		return b.dropout(region, x)
+// residBranch is what a family does to a residual branch before its
+// add: Phi-3's and StarCoder2's dropout, Granite's multiplier.
+func (b *builder) residBranch(region string, x int) int {
+	switch b.m.Family {
+	case "phi3", "starcoder2":
+		return b.dropout(region+".resid_dropout", x)
+	case "granite":
+		return b.op(region+".residual_multiplier", ir.Scale, ir.Attrs{Factor: b.m.ResidualMultiplier}, x)
 	}
 	return x
 }

@@ -34,6 +34,7 @@ import (
 var hfModelTypes = map[string]string{
 	"gemma":      "gemma",
 	"gpt2":       "gpt2",
+	"granite":    "granite",
 	"llama":      "llama",
 	"mistral":    "llama",
 	"phi3":       "phi3",
@@ -56,7 +57,7 @@ type hfCommon struct {
 }
 
 // hfLlama holds the keys of LlamaConfig, MistralConfig, Qwen2Config,
-// GemmaConfig and Phi3Config.
+// GemmaConfig, Phi3Config, Starcoder2Config and GraniteConfig.
 type hfLlama struct {
 	Layers        *int64   `yaml:"num_hidden_layers"`
 	Hidden        *int64   `yaml:"hidden_size"`
@@ -85,6 +86,11 @@ type hfLlama struct {
 	UseBias         *bool    `yaml:"use_bias"`
 	ResidualDropout *float64 `yaml:"residual_dropout"`
 	EmbedDropout    *float64 `yaml:"embedding_dropout"`
+	// Granite's multipliers.
+	EmbeddingMultiplier *float64 `yaml:"embedding_multiplier"`
+	ResidualMultiplier  *float64 `yaml:"residual_multiplier"`
+	AttentionMultiplier *float64 `yaml:"attention_multiplier"`
+	LogitsScaling       *float64 `yaml:"logits_scaling"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -112,7 +118,7 @@ type hfRead struct {
 }
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
-// model_type (gemma, gpt2, llama, mistral, phi3, qwen2, starcoder2) into a Model; file names it in
+// model_type (gemma, gpt2, granite, llama, mistral, phi3, qwen2, starcoder2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
@@ -240,6 +246,8 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		// Starcoder2Config's: 2 kv heads, biases everywhere, and
 		// PretrainedConfig's tied embeddings.
 		m.KVHeads, m.TiedEmbeddings, m.QKVBias, m.OBias, m.MLPBias = 2, true, true, true, true
+	case "granite":
+		m.NormEps = 1e-6 // GraniteConfig's
 	}
 	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
@@ -266,13 +274,19 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		return err
 	}
 	switch modelType {
-	case "llama", "gemma":
-		// LlamaAttention and GemmaAttention bias q, k, v and o alike;
-		// LlamaMLP its three projections (GemmaMLP has none).
+	case "llama", "gemma", "granite":
+		// LlamaAttention, GemmaAttention and GraniteAttention bias q, k,
+		// v and o alike; LlamaMLP and GraniteMLP their three projections
+		// (GemmaMLP has none).
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
 		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
-		if modelType == "llama" {
+		if modelType != "gemma" {
 			setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
+		}
+		if modelType == "granite" {
+			if err := r.granite(&c, m); err != nil {
+				return err
+			}
 		}
 	case "qwen2":
 		m.QKVBias = true // Qwen2Attention always biases q, k and v
@@ -337,6 +351,26 @@ func (r *hfRead) starcoder2(c *hfLlama, m *Model) error {
 	setField(r, &m.OBias, c.UseBias, "o_bias", "use_bias")
 	setField(r, &m.MLPBias, c.UseBias, "mlp_bias", "use_bias")
 	return r.dropoutRates(m, c.Dropout, hfRate{c.ResidualDropout, "residual_dropout"}, hfRate{c.EmbedDropout, "embedding_dropout"})
+}
+
+// granite reads Granite's multipliers, 1 when left out (GraniteConfig's
+// defaults); one of 0 would divide by zero or zero the model.
+func (r *hfRead) granite(c *hfLlama, m *Model) error {
+	for _, g := range []struct {
+		dst, src *float64
+		key      string
+	}{
+		{&m.EmbeddingMultiplier, c.EmbeddingMultiplier, "embedding_multiplier"},
+		{&m.ResidualMultiplier, c.ResidualMultiplier, "residual_multiplier"},
+		{&m.AttentionMultiplier, c.AttentionMultiplier, "attention_multiplier"},
+		{&m.LogitsScaling, c.LogitsScaling, "logits_scaling"},
+	} {
+		if g.src != nil && *g.src == 0 {
+			return r.d.errField(g.key, "%s: must be positive and finite, got 0", g.key)
+		}
+		setField(r, g.dst, g.src, g.key, g.key)
+	}
+	return nil
 }
 
 // hfRate is a dropout rate a config gives under its key.

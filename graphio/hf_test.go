@@ -125,6 +125,18 @@ func TestParseHFConfigKeys(t *testing.T) {
 			small("llama", func(m *Model) {})},
 		{"integral float", `{"num_hidden_layers": 2.0, ` + strings.Replace(llama, `"num_hidden_layers": 2, `, "", 1) + `}`,
 			small("llama", func(m *Model) {})},
+		// GraniteConfig's defaults: ε = 1e-6, every multiplier 1.
+		{"granite defaults", `{` + strings.Replace(llama, `"llama"`, `"granite"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Family, m.NormEps = "granite", 1e-6
+				m.EmbeddingMultiplier, m.ResidualMultiplier, m.AttentionMultiplier, m.LogitsScaling = 1, 1, 1, 1
+			})},
+		{"granite multipliers and biases", `{"embedding_multiplier": 12, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8, "attention_bias": true, "mlp_bias": true, ` +
+			strings.Replace(llama, `"llama"`, `"granite"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Family, m.NormEps, m.QKVBias, m.OBias, m.MLPBias = "granite", 1e-6, true, true, true
+				m.EmbeddingMultiplier, m.ResidualMultiplier, m.AttentionMultiplier, m.LogitsScaling = 12, 0.22, 0.0078125, 8
+			})},
 		{"gpt2 defaults", `{` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner null", `{"n_inner": null, ` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner", `{"n_inner": 100, ` + gpt2 + `}`, small("gpt2", func(m *Model) { m.FFN = 100 })},
@@ -161,6 +173,8 @@ func TestParseHFConfigErrors(t *testing.T) {
 			"x.json:1:153: rope_theta: must be positive, got -1"},
 		{"odd head size", `{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 60, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}`,
 			"x.json:1:91: num_attention_heads: head size 15 is odd"},
+		{"granite negative multiplier", `{"model_type": "granite", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "residual_multiplier": -0.5}`,
+			"x.json:1:164: residual_multiplier: must be positive and finite, got -0.5"},
 		{"gpt2 bool layers", `{"model_type": "gpt2", "n_layer": true, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,
 			`x.json:1:35: n_layer: want an integer, got "true"`},
 		{"zero context", `{"model_type": "gpt2", "n_positions": 0, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,

@@ -2,6 +2,7 @@ package graphio
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -22,24 +23,31 @@ const maxLayers = solver.MaxStages - 2
 // ir.DefaultSetup's.
 type Model struct {
 	Name    string `yaml:"name" json:"name"`
-	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | llama | phi3 | starcoder2
+	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | granite | llama | phi3 | starcoder2
 	Layers  int64  `yaml:"layers" json:"layers"`
 	Hidden  int64  `yaml:"hidden" json:"hidden"`
 	Heads   int64  `yaml:"heads" json:"heads"`
 	KVHeads int64  `yaml:"kv_heads" json:"kv_heads"`
 	// HeadSize is the size of one attention head, when it is not
 	// hidden/heads (Mistral-NeMo, Gemma): 0 for hidden/heads.
-	HeadSize       int64    `yaml:"head_dim,omitempty" json:"head_dim,omitempty"`
-	FFN            int64    `yaml:"ffn" json:"ffn"`
-	Vocab          int64    `yaml:"vocab" json:"vocab"`
-	TiedEmbeddings bool     `yaml:"tied_embeddings" json:"tied_embeddings"`
-	QKVBias        bool     `yaml:"qkv_bias" json:"qkv_bias"`
-	OBias          bool     `yaml:"o_bias,omitempty" json:"o_bias,omitempty"`     // llama: the attention's output projection has a bias
-	MLPBias        bool     `yaml:"mlp_bias,omitempty" json:"mlp_bias,omitempty"` // llama: gate, up and down have biases
-	NormEps        float64  `yaml:"norm_eps" json:"norm_eps"`
-	RopeTheta      float64  `yaml:"rope_theta" json:"rope_theta"`
-	MaxSeq         int64    `yaml:"max_seq" json:"max_seq"`
-	Training       ir.Setup `yaml:"training" json:"training"`
+	HeadSize       int64   `yaml:"head_dim,omitempty" json:"head_dim,omitempty"`
+	FFN            int64   `yaml:"ffn" json:"ffn"`
+	Vocab          int64   `yaml:"vocab" json:"vocab"`
+	TiedEmbeddings bool    `yaml:"tied_embeddings" json:"tied_embeddings"`
+	QKVBias        bool    `yaml:"qkv_bias" json:"qkv_bias"`
+	OBias          bool    `yaml:"o_bias,omitempty" json:"o_bias,omitempty"`     // llama: the attention's output projection has a bias
+	MLPBias        bool    `yaml:"mlp_bias,omitempty" json:"mlp_bias,omitempty"` // llama: gate, up and down have biases
+	NormEps        float64 `yaml:"norm_eps" json:"norm_eps"`
+	RopeTheta      float64 `yaml:"rope_theta" json:"rope_theta"`
+	MaxSeq         int64   `yaml:"max_seq" json:"max_seq"`
+	// Granite's multipliers, 1 when left out: of the embeddings, of each
+	// residual branch before its add, of the attention scores (in place
+	// of 1/√head_dim); the logits are divided by LogitsScaling.
+	EmbeddingMultiplier float64  `yaml:"embedding_multiplier,omitempty" json:"embedding_multiplier,omitempty"`
+	ResidualMultiplier  float64  `yaml:"residual_multiplier,omitempty" json:"residual_multiplier,omitempty"`
+	AttentionMultiplier float64  `yaml:"attention_multiplier,omitempty" json:"attention_multiplier,omitempty"`
+	LogitsScaling       float64  `yaml:"logits_scaling,omitempty" json:"logits_scaling,omitempty"`
+	Training            ir.Setup `yaml:"training" json:"training"`
 }
 
 // Families lists the model families the builders know: GPT-2; Llama
@@ -47,8 +55,24 @@ type Model struct {
 // fp32 and embeddings scaled by √hidden; Phi-3, Llama's layer with fused
 // q/k/v and gate/up projections and dropout on the residual branches;
 // StarCoder2, Llama's attention with GPT-2's LayerNorms and MLP and
-// dropout on the embeddings and residual branches.
-var Families = []string{"gemma", "gpt2", "llama", "phi3", "starcoder2"}
+// dropout on the embeddings and residual branches; Granite, Llama's layer
+// with constant multipliers on the embeddings, the residual branches, the
+// attention scores and the logits.
+var Families = []string{"gemma", "gpt2", "granite", "llama", "phi3", "starcoder2"}
+
+// granites returns Granite's multipliers with their YAML names.
+func (m *Model) granites() []struct {
+	name string
+	v    *float64
+} {
+	return []struct {
+		name string
+		v    *float64
+	}{
+		{"embedding_multiplier", &m.EmbeddingMultiplier}, {"residual_multiplier", &m.ResidualMultiplier},
+		{"attention_multiplier", &m.AttentionMultiplier}, {"logits_scaling", &m.LogitsScaling},
+	}
+}
 
 // HeadDim returns the size of one attention head: HeadSize, or
 // hidden/heads.
@@ -76,6 +100,11 @@ func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
 	if _, given := d.pos["kv_heads"]; given && m.KVHeads == 0 {
 		return nil, d.errField("kv_heads", "kv_heads: must be positive, got 0 (leave it out for as many as heads)")
 	}
+	for _, g := range m.granites() {
+		if _, given := d.pos[g.name]; given && *g.v == 0 {
+			return nil, d.errField(g.name, "%s: must be positive and finite, got 0 (leave it out for 1)", g.name)
+		}
+	}
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
 		if fe, ok := err.(*ir.FieldError); ok {
@@ -98,6 +127,13 @@ func (m *Model) fillDefaults() {
 	}
 	if m.RopeTheta == 0 && m.Family != "gpt2" {
 		m.RopeTheta = 10000
+	}
+	if m.Family == "granite" {
+		for _, g := range m.granites() {
+			if *g.v == 0 {
+				*g.v = 1
+			}
+		}
 	}
 }
 
@@ -132,6 +168,14 @@ func (m *Model) Validate() error {
 	}
 	if m.NormEps <= 0 {
 		return fe("norm_eps", "must be positive, got %v", m.NormEps)
+	}
+	for _, g := range m.granites() {
+		switch v := *g.v; {
+		case v != 0 && m.Family != "granite":
+			return fe(g.name, "is a granite multiplier; a %s model has none", m.Family)
+		case m.Family == "granite" && !(v > 0 && !math.IsInf(v, 1)):
+			return fe(g.name, "must be positive and finite, got %v", v)
+		}
 	}
 	if m.HeadSize < 0 || m.HeadSize > 0 && m.Family == "gpt2" && m.HeadSize != m.Hidden/m.Heads {
 		return fe("head_dim", "must be positive, and hidden/heads for gpt2, got %d", m.HeadSize)

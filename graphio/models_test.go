@@ -91,7 +91,9 @@ func TestHeadSizeOfItsOwn(t *testing.T) {
 // layer h·(a+2kv)·d + a·d·h + 3·h·f + 2h and the final norm h — 8.54B,
 // Google's "7B" model card figure. Phi-3-mini's untied head and fused
 // projections hold the same weights as Llama's: 2·V·h + L·(4h² + 3·h·f
-// + 2h) + h = 3,821,079,552, Microsoft's "3.8B".
+// + 2h) + h = 3,821,079,552, Microsoft's "3.8B". Granite-3.3-8B is
+// Llama's shape with tied embeddings (its multipliers hold no weights):
+// 8,170,864,640, IBM's "8B".
 func TestNewFamilyParameterCounts(t *testing.T) {
 	for _, c := range []struct {
 		file string
@@ -99,6 +101,7 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 	}{
 		{"gemma-7b", 256000*3072 + 28*(3072*(16+2*16)*256+16*256*3072+3*3072*24576+2*3072) + 3072},
 		{"phi-3-mini-4k", 2*32064*3072 + 32*(4*3072*3072+3*3072*8192+2*3072) + 3072},
+		{"granite-3.3-8b", 49159*4096 + 40*(4096*(32+2*8)*128+32*128*4096+3*4096*12800+2*4096) + 4096},
 	} {
 		src, err := Load("testdata/hf/" + c.file + ".json")
 		if err != nil {

@@ -60,6 +60,14 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                                num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
                                                max_position_embeddings=64, attention_dropout=dropout,
                                                residual_dropout=dropout, embedding_dropout=dropout)
+    elif family == "granite":
+        # Multipliers far from 1, as every Granite's: a misplaced one
+        # changes the gradients.
+        config = transformers.GraniteConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                            num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
+                                            max_position_embeddings=64, attention_dropout=dropout,
+                                            embedding_multiplier=12.0, residual_multiplier=0.22,
+                                            attention_multiplier=0.0078125, logits_scaling=8.0)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "mistral-hd": transformers.MistralConfig, "llama-bias": transformers.LlamaConfig,
@@ -106,6 +114,11 @@ ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3", "starcoder2") for a 
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3", "starcoder2") for a in ("eager", "sdpa")
         for p, lora in ((0.0, ""), (0.1, "attn"))]
 ALL += [("starcoder2", a, "bf16", 0.0, "mlp", None) for a in ("eager", "sdpa")]
+# Granite: Llama's layer with multipliers on the embeddings, the residual
+# branches, the attention scores and the logits.
+ALL += [("granite", a, d, p, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+        for p, lora in ((0.0, ""), (0.1, "all"))]
+ALL += [("granite", a, "fp32", 0.1, "attn", "bf16") for a in ("eager", "sdpa")]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -215,7 +228,7 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
         ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
 
 
-@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b"])
+@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b"])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
     """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
     160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
