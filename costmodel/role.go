@@ -41,6 +41,7 @@ const (
 	LoRABWeight                 // and B's
 	OnePlusWeight               // Gemma's RMS norm: 1 + its weight, in fp32
 	Scaled                      // Gemma's RMS norm: the fp32 product, before the cast back
+	AttnMask                    // fused attention: the additive mask its layer made and passed it
 )
 
 var roleNames = [...]string{
@@ -50,7 +51,7 @@ var roleNames = [...]string{
 	Probs: "probs", Dropped: "dropped", LogSumExp: "logsumexp", Copy0: "copy0", Copy1: "copy1", Copy2: "copy2",
 	Tanh: "tanh", HalfX: "half_x", OnePlusTanh: "one_plus_tanh", Divisor: "divisor", RopeCos: "cos", RopeSin: "sin",
 	LoRAInput: "lora_input", WeightCopy: "weight_16", LoRAAWeight: "lora_a_weight_16", LoRABWeight: "lora_b_weight_16",
-	OnePlusWeight: "one_plus_weight", Scaled: "scaled",
+	OnePlusWeight: "one_plus_weight", Scaled: "scaled", AttnMask: "attn_mask",
 }
 
 // String returns the role's name as plans, saved-tensor names and JSON

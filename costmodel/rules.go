@@ -82,7 +82,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.RMSNorm:
 		a.keepRMSNorm(n)
-	case ir.Softmax, ir.LogSoftmax:
+	case ir.Softmax, ir.LogSoftmax, ir.Tanh:
 		a.keep(n, a.lay.out[n.ID])
 	case ir.Dropout:
 		// The CPU kernel keeps the scaled mask in the input dtype; CUDA's
@@ -263,6 +263,12 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	operand := a.operand
 	if n.Attrs.Flash && a.profile == Transformers {
 		operand = func(n *ir.Node, i int) int { return a.lay.out[n.Inputs[i]] }
+		if n.Attrs.MaskKept {
+			// Packed first; made from the model's mask by the layer, in
+			// q's dtype (16 bits under torch.autocast).
+			mask := ir.Shape{q.Shape[0], 1, q.Shape[2], a.g.Nodes[n.Inputs[1]].Shape[2]}
+			a.keep(n, a.extra(n, AttnMask, mask, q.DType, false))
+		}
 	}
 	a.keep(n, operand(n, 1))
 	a.keep(n, operand(n, 0))

@@ -72,6 +72,8 @@ func (r *Runner) backward(id, stage int) {
 		kernel.GELUBackward(dx, r.data(n.Inputs[0]), dy)
 	case ir.SiLU:
 		kernel.SiLUBackward(dx, r.data(n.Inputs[0]), dy)
+	case ir.Tanh:
+		kernel.TanhBackward(dx, r.data(id), dy)
 	case ir.Mul:
 		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
 		db := r.gradIn(id, 1)

@@ -164,6 +164,8 @@ func (r *Runner) forward(id int) {
 		kernel.GELU(r.data(id), r.data(n.Inputs[0]))
 	case ir.SiLU:
 		kernel.SiLU(r.data(id), r.data(n.Inputs[0]))
+	case ir.Tanh:
+		kernel.Tanh(r.data(id), r.data(n.Inputs[0]))
 	case ir.Mul, ir.Add:
 		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
 		if n.Op == ir.Mul {

@@ -197,6 +197,11 @@ func TestUnusualShapes(t *testing.T) {
 		{"vocabulary below positions", "tiny-gpt2", func(m *graphio.Model) { m.Vocab = 16 }},
 		// Gemma's norm scales by 1 + w: the executor's weight plays 1 + w.
 		{"gemma", "tiny-llama", func(m *graphio.Model) { m.Family, m.HeadSize = "gemma", 32 }},
+		// Gemma 2's soft-capped scores and logits: tanh keeps its output,
+		// which its backward reads.
+		{"gemma2", "tiny-llama", func(m *graphio.Model) {
+			m.Family, m.HeadSize, m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = "gemma2", 32, 5, 3, 24, 8
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src, err := graphio.Load(tt.model)

@@ -32,7 +32,7 @@ func Build(model *Model) (*ir.Graph, error) {
 	b.g.Setup = m.Training
 	x := b.embed()
 	for l := int64(0); l < m.Layers; l++ {
-		b.block = fmt.Sprintf("layers.%d", l)
+		b.block, b.layer = fmt.Sprintf("layers.%d", l), l
 		if m.Family == "gpt2" {
 			x = b.gpt2Layer(x)
 		} else {
@@ -54,6 +54,7 @@ type builder struct {
 	dt    ir.DType
 	half  ir.DType // torch.autocast's 16-bit dtype for products; Invalid without autocast
 	block string
+	layer int64 // the layer being built
 	err   error
 }
 
@@ -123,7 +124,7 @@ func (b *builder) norm(region string, x int) int {
 		return b.op(region, ir.LayerNorm, a, x)
 	}
 	a.Upcast = b.m.Training.Numerics.NormFP32
-	a.OnePlus = b.m.Family == "gemma"
+	a.OnePlus = b.m.Family == "gemma" || b.m.Family == "gemma2"
 	return b.op(region, ir.RMSNorm, a, x)
 }
 
@@ -151,7 +152,7 @@ func (b *builder) embed() int {
 		x = b.dropout("dropout", x)
 	}
 	switch m.Family {
-	case "gemma":
+	case "gemma", "gemma2":
 		// Gemma scales its embeddings by √hidden, a 0-dim tensor in the
 		// model dtype.
 		x = b.op("normalizer", ir.Scale, ir.Attrs{Factor: math.Sqrt(float64(m.Hidden)), TensorConst: true}, x)
@@ -177,6 +178,7 @@ func (b *builder) head(x int) int {
 	if b.m.Family == "granite" {
 		logits = b.op("logits_scaling", ir.Scale, ir.Attrs{Factor: 1 / b.m.LogitsScaling}, logits)
 	}
+	logits = b.softcap("logit_softcap", b.m.FinalSoftcap, logits)
 	if t.Numerics.LogitsFP32 {
 		logits = b.cast("logits_fp32", ir.FP32, logits)
 	}
@@ -219,7 +221,12 @@ func (b *builder) core(q, k, v int) int {
 		// Under autocast sdpa takes q, k and v in 16 bits (copies of the
 		// fp32 rotated q and k).
 		q, k, v = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k), b.autocast("attn.v_cast", v)
-		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: true, Causal: true, P: t.Dropout}, q, k, v)
+		// Gemma 2 passes every layer's sdpa the model's mask, which sdpa
+		// keeps: the layer's own where a sliding layer windows it into a
+		// new one or torch.autocast copies it to 16 bits.
+		maskKept := m.Family == "gemma2" && (m.Sliding(b.layer) || b.half != ir.Invalid)
+		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: true, Causal: true, P: t.Dropout,
+			MaskKept: maskKept}, q, k, v)
 	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
 	if m.KVHeads < m.Heads && !grouped {
@@ -238,6 +245,7 @@ func (b *builder) core(q, k, v int) int {
 	}
 	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
 	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: b.scoreScale(), TensorConst: m.Family == "gpt2"}, s)
+	s = b.softcap("attn.softcap", m.AttnSoftcap, s)
 	// Under autocast Llama's scores meet its fp32 additive mask and become
 	// fp32; GPT-2's torch.where fills in the scores' own dtype.
 	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && m.Family != "gpt2"}, s)
@@ -256,13 +264,27 @@ func (b *builder) core(q, k, v int) int {
 	return o
 }
 
-// scoreScale is the factor of the attention scores: 1/√head_dim, or
-// Granite's attention multiplier.
+// scoreScale is the factor of the attention scores: 1/√head_dim,
+// Granite's attention multiplier, or Gemma 2's 1/√query_pre_attn_scalar.
 func (b *builder) scoreScale() float64 {
-	if b.m.Family == "granite" {
+	switch {
+	case b.m.Family == "granite":
 		return b.m.AttentionMultiplier
+	case b.m.QueryScalar > 0:
+		return 1 / math.Sqrt(b.m.QueryScalar)
 	}
 	return 1 / math.Sqrt(float64(b.m.HeadDim()))
+}
+
+// softcap is Gemma 2's soft-capping, x/c, tanh, ·c, in x's dtype; x when
+// c is 0.
+func (b *builder) softcap(region string, c float64, x int) int {
+	if c == 0 {
+		return x
+	}
+	x = b.op(region+"_div", ir.Scale, ir.Attrs{Factor: 1 / c}, x)
+	x = b.op(region+"_tanh", ir.Tanh, ir.Attrs{}, x)
+	return b.op(region+"_mul", ir.Scale, ir.Attrs{Factor: c}, x)
 }
 
 // sdpaMath is F.scaled_dot_product_attention on its math path, which
@@ -329,7 +351,11 @@ func (b *builder) llamaLayer(x int) int {
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
 	o = b.residBranch("attn", o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
-	h = b.mlp(b.norm("post_attention_layernorm", x))
+	pre := "post_attention_layernorm"
+	if m.Family == "gemma2" {
+		pre = "pre_feedforward_layernorm" // its post-attention norm is the branch's
+	}
+	h = b.mlp(b.norm(pre, x))
 	h = b.residBranch("mlp", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }
@@ -371,7 +397,7 @@ func (b *builder) mlp(h int) int {
 		up = b.op("mlp.up", ir.Split, ir.Attrs{Parts: 2, Index: 1}, gu)
 		h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, up, b.op("mlp.silu", ir.SiLU, ir.Attrs{}, gate))
 		return b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
-	case "gemma":
+	case "gemma", "gemma2":
 		act = b.op("mlp.gelu", ir.GELU, ir.Attrs{}, b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h))
 	default:
 		act = b.op("mlp.silu", ir.SiLU, ir.Attrs{}, b.linear("mlp.gate_proj", "gate", m.FFN, m.MLPBias, h))
@@ -382,9 +408,12 @@ func (b *builder) mlp(h int) int {
 }
 
 // residBranch is what a family does to a residual branch before its
-// add: Phi-3's and StarCoder2's dropout, Granite's multiplier.
+// add: Phi-3's and StarCoder2's dropout, Granite's multiplier, Gemma 2's
+// norm.
 func (b *builder) residBranch(region string, x int) int {
 	switch b.m.Family {
+	case "gemma2":
+		return b.norm(map[string]string{"attn": "post_attention_layernorm", "mlp": "post_feedforward_layernorm"}[region], x)
 	case "phi3", "starcoder2":
 		return b.dropout(region+".resid_dropout", x)
 	case "granite":

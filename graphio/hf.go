@@ -33,6 +33,7 @@ import (
 // each builds.
 var hfModelTypes = map[string]string{
 	"gemma":      "gemma",
+	"gemma2":     "gemma2",
 	"gpt2":       "gpt2",
 	"granite":    "granite",
 	"llama":      "llama",
@@ -57,7 +58,8 @@ type hfCommon struct {
 }
 
 // hfLlama holds the keys of LlamaConfig, MistralConfig, Qwen2Config,
-// GemmaConfig, Phi3Config, Starcoder2Config and GraniteConfig.
+// GemmaConfig, Gemma2Config, Phi3Config, Starcoder2Config and
+// GraniteConfig.
 type hfLlama struct {
 	Layers        *int64   `yaml:"num_hidden_layers"`
 	Hidden        *int64   `yaml:"hidden_size"`
@@ -91,6 +93,11 @@ type hfLlama struct {
 	ResidualMultiplier  *float64 `yaml:"residual_multiplier"`
 	AttentionMultiplier *float64 `yaml:"attention_multiplier"`
 	LogitsScaling       *float64 `yaml:"logits_scaling"`
+	// Gemma 2's; null turns soft-capping off, or the window.
+	AttnSoftcap   *float64 `yaml:"attn_logit_softcapping"`
+	FinalSoftcap  *float64 `yaml:"final_logit_softcapping"`
+	QueryScalar   *float64 `yaml:"query_pre_attn_scalar"`
+	SlidingWindow *int64   `yaml:"sliding_window"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -118,7 +125,8 @@ type hfRead struct {
 }
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
-// model_type (gemma, gpt2, granite, llama, mistral, phi3, qwen2, starcoder2) into a Model; file names it in
+// model_type (gemma, gemma2, gpt2, granite, llama, mistral, phi3, qwen2,
+// starcoder2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
@@ -242,6 +250,11 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		// GemmaConfig's defaults, where Llama's differ: 16 kv heads of
 		// 256, tied embeddings, ε = 1e-6.
 		m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = 16, 256, true, 1e-6
+	case "gemma2":
+		// Gemma2Config's: 4 kv heads of 256, queries scaled by 1/√256,
+		// scores capped at 50 and logits at 30, windows of 4096.
+		m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = 4, 256, true, 1e-6
+		m.QueryScalar, m.AttnSoftcap, m.FinalSoftcap, m.SlidingWindow = 256, 50, 30, 4096
 	case "starcoder2":
 		// Starcoder2Config's: 2 kv heads, biases everywhere, and
 		// PretrainedConfig's tied embeddings.
@@ -274,14 +287,19 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		return err
 	}
 	switch modelType {
-	case "llama", "gemma", "granite":
-		// LlamaAttention, GemmaAttention and GraniteAttention bias q, k,
-		// v and o alike; LlamaMLP and GraniteMLP their three projections
-		// (GemmaMLP has none).
+	case "llama", "gemma", "gemma2", "granite":
+		// LlamaAttention, GemmaAttention, Gemma2Attention and
+		// GraniteAttention bias q, k, v and o alike; LlamaMLP and
+		// GraniteMLP their three projections (Gemma's MLPs have none).
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
 		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
-		if modelType != "gemma" {
+		if modelType == "llama" || modelType == "granite" {
 			setField(r, &m.MLPBias, c.MLPBias, "mlp_bias", "mlp_bias")
+		}
+		if modelType == "gemma2" {
+			if err := r.gemma2(&c, m); err != nil {
+				return err
+			}
 		}
 		if modelType == "granite" {
 			if err := r.granite(&c, m); err != nil {
@@ -322,7 +340,7 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 func (r *hfRead) activation(c *hfLlama, modelType string) error {
 	key, v, want := "hidden_act", c.Act, "silu"
 	switch modelType {
-	case "gemma":
+	case "gemma", "gemma2":
 		key, v, want = "hidden_activation", c.Activation, "gelu_pytorch_tanh"
 	case "starcoder2":
 		want = "gelu_pytorch_tanh"
@@ -370,6 +388,36 @@ func (r *hfRead) granite(c *hfLlama, m *Model) error {
 		}
 		setField(r, g.dst, g.src, g.key, g.key)
 	}
+	return nil
+}
+
+// gemma2 reads Gemma 2's soft-capping, query scale and sliding window: a
+// key left out takes Gemma2Config's default, null turns it off (the
+// query scale falls back on head_dim).
+func (r *hfRead) gemma2(c *hfLlama, m *Model) error {
+	for _, f := range []struct {
+		dst, src *float64
+		key      string
+	}{
+		{&m.AttnSoftcap, c.AttnSoftcap, "attn_logit_softcapping"},
+		{&m.FinalSoftcap, c.FinalSoftcap, "final_logit_softcapping"},
+		{&m.QueryScalar, c.QueryScalar, "query_pre_attn_scalar"},
+	} {
+		if _, given := r.d.pos[f.key]; given && f.src == nil {
+			*f.dst = 0 // null
+		}
+		if f.src != nil && !(*f.src > 0) {
+			return r.d.errField(f.key, "%s: must be positive, got %v (null for none)", f.key, *f.src)
+		}
+		setField(r, f.dst, f.src, f.key, f.key)
+	}
+	if _, given := r.d.pos["sliding_window"]; given && c.SlidingWindow == nil {
+		m.SlidingWindow = 0
+	}
+	if c.SlidingWindow != nil && *c.SlidingWindow <= 0 {
+		return r.d.errField("sliding_window", "sliding_window: must be positive, got %d (null for none)", *c.SlidingWindow)
+	}
+	setField(r, &m.SlidingWindow, c.SlidingWindow, "sliding_window", "sliding_window")
 	return nil
 }
 

@@ -137,6 +137,24 @@ func TestParseHFConfigKeys(t *testing.T) {
 				m.Family, m.NormEps, m.QKVBias, m.OBias, m.MLPBias = "granite", 1e-6, true, true, true
 				m.EmbeddingMultiplier, m.ResidualMultiplier, m.AttentionMultiplier, m.LogitsScaling = 12, 0.22, 0.0078125, 8
 			})},
+		// Gemma2Config's defaults: 4 kv heads of 256, tied, ε = 1e-6,
+		// scores capped at 50, logits at 30, queries scaled by 1/√256,
+		// windows of 4096; null turns a cap, the scale or the window off.
+		{"gemma2 defaults", `{` + strings.Replace(llama, `"llama"`, `"gemma2"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Family, m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = "gemma2", 4, 256, true, 1e-6
+				m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = 50, 30, 256, 4096
+			})},
+		{"gemma2 nulls", `{"attn_logit_softcapping": null, "final_logit_softcapping": null, "query_pre_attn_scalar": null, "sliding_window": null, "num_key_value_heads": 4, "head_dim": 16, ` +
+			strings.Replace(llama, `"llama"`, `"gemma2"`, 1) + `}`,
+			small("llama", func(m *Model) { m.Family, m.TiedEmbeddings, m.NormEps = "gemma2", true, 1e-6 })},
+		{"gemma2 values", `{"attn_logit_softcapping": 20, "final_logit_softcapping": 10.5, "query_pre_attn_scalar": 144, "sliding_window": 512, "attention_bias": true, ` +
+			strings.Replace(llama, `"llama"`, `"gemma2"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Family, m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = "gemma2", 4, 256, true, 1e-6
+				m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = 20, 10.5, 144, 512
+				m.QKVBias, m.OBias = true, true
+			})},
 		{"gpt2 defaults", `{` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner null", `{"n_inner": null, ` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner", `{"n_inner": 100, ` + gpt2 + `}`, small("gpt2", func(m *Model) { m.FFN = 100 })},
@@ -175,6 +193,10 @@ func TestParseHFConfigErrors(t *testing.T) {
 			"x.json:1:91: num_attention_heads: head size 15 is odd"},
 		{"granite negative multiplier", `{"model_type": "granite", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "residual_multiplier": -0.5}`,
 			"x.json:1:164: residual_multiplier: must be positive and finite, got -0.5"},
+		{"gemma2 zero softcap", `{"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "final_logit_softcapping": 0}`,
+			"x.json:1:167: final_logit_softcapping: must be positive, got 0 (null for none)"},
+		{"gemma2 negative window", `{"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "sliding_window": -8}`,
+			"x.json:1:158: sliding_window: must be positive, got -8 (null for none)"},
 		{"gpt2 bool layers", `{"model_type": "gpt2", "n_layer": true, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,
 			`x.json:1:35: n_layer: want an integer, got "true"`},
 		{"zero context", `{"model_type": "gpt2", "n_positions": 0, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,

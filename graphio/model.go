@@ -43,11 +43,20 @@ type Model struct {
 	// Granite's multipliers, 1 when left out: of the embeddings, of each
 	// residual branch before its add, of the attention scores (in place
 	// of 1/√head_dim); the logits are divided by LogitsScaling.
-	EmbeddingMultiplier float64  `yaml:"embedding_multiplier,omitempty" json:"embedding_multiplier,omitempty"`
-	ResidualMultiplier  float64  `yaml:"residual_multiplier,omitempty" json:"residual_multiplier,omitempty"`
-	AttentionMultiplier float64  `yaml:"attention_multiplier,omitempty" json:"attention_multiplier,omitempty"`
-	LogitsScaling       float64  `yaml:"logits_scaling,omitempty" json:"logits_scaling,omitempty"`
-	Training            ir.Setup `yaml:"training" json:"training"`
+	EmbeddingMultiplier float64 `yaml:"embedding_multiplier,omitempty" json:"embedding_multiplier,omitempty"`
+	ResidualMultiplier  float64 `yaml:"residual_multiplier,omitempty" json:"residual_multiplier,omitempty"`
+	AttentionMultiplier float64 `yaml:"attention_multiplier,omitempty" json:"attention_multiplier,omitempty"`
+	LogitsScaling       float64 `yaml:"logits_scaling,omitempty" json:"logits_scaling,omitempty"`
+	// Gemma 2's soft-capping, 0 for none: eager attention divides the
+	// scores by AttnSoftcap, takes tanh and multiplies back, and the
+	// logits are capped by FinalSoftcap alike. Its queries are scaled by
+	// 1/√QueryScalar (0: by 1/√head_dim), and every other layer from the
+	// first attends within SlidingWindow tokens (0: none).
+	AttnSoftcap   float64  `yaml:"attn_logit_softcapping,omitempty" json:"attn_logit_softcapping,omitempty"`
+	FinalSoftcap  float64  `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
+	QueryScalar   float64  `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
+	SlidingWindow int64    `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
+	Training      ir.Setup `yaml:"training" json:"training"`
 }
 
 // Families lists the model families the builders know: GPT-2; Llama
@@ -57,21 +66,37 @@ type Model struct {
 // StarCoder2, Llama's attention with GPT-2's LayerNorms and MLP and
 // dropout on the embeddings and residual branches; Granite, Llama's layer
 // with constant multipliers on the embeddings, the residual branches, the
-// attention scores and the logits.
-var Families = []string{"gemma", "gpt2", "granite", "llama", "phi3", "starcoder2"}
+// attention scores and the logits; Gemma 2, Gemma's layer with norms after
+// the attention and the MLP as well as before, soft-capped scores and
+// logits, and sliding-window attention in every other layer.
+var Families = []string{"gemma", "gemma2", "gpt2", "granite", "llama", "phi3", "starcoder2"}
 
-// granites returns Granite's multipliers with their YAML names.
-func (m *Model) granites() []struct {
-	name string
-	v    *float64
-} {
-	return []struct {
-		name string
-		v    *float64
-	}{
-		{"embedding_multiplier", &m.EmbeddingMultiplier}, {"residual_multiplier", &m.ResidualMultiplier},
-		{"attention_multiplier", &m.AttentionMultiplier}, {"logits_scaling", &m.LogitsScaling},
+// familyField is a model field that only one family has.
+type familyField struct {
+	name   string // as YAML names it
+	family string
+	v      *float64
+	def    float64 // what 0 (left out) means: Granite's multipliers are 1
+}
+
+// familyFields returns the fields only one family has but Gemma 2's
+// sliding window, an integer.
+func (m *Model) familyFields() []familyField {
+	return []familyField{
+		{"embedding_multiplier", "granite", &m.EmbeddingMultiplier, 1},
+		{"residual_multiplier", "granite", &m.ResidualMultiplier, 1},
+		{"attention_multiplier", "granite", &m.AttentionMultiplier, 1},
+		{"logits_scaling", "granite", &m.LogitsScaling, 1},
+		{"attn_logit_softcapping", "gemma2", &m.AttnSoftcap, 0},
+		{"final_logit_softcapping", "gemma2", &m.FinalSoftcap, 0},
+		{"query_pre_attn_scalar", "gemma2", &m.QueryScalar, 0},
 	}
+}
+
+// Sliding reports whether layer l attends within a sliding window: Gemma
+// 2's even layers, when it has a window.
+func (m *Model) Sliding(l int64) bool {
+	return m.Family == "gemma2" && m.SlidingWindow > 0 && l%2 == 0
 }
 
 // HeadDim returns the size of one attention head: HeadSize, or
@@ -100,9 +125,9 @@ func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
 	if _, given := d.pos["kv_heads"]; given && m.KVHeads == 0 {
 		return nil, d.errField("kv_heads", "kv_heads: must be positive, got 0 (leave it out for as many as heads)")
 	}
-	for _, g := range m.granites() {
-		if _, given := d.pos[g.name]; given && *g.v == 0 {
-			return nil, d.errField(g.name, "%s: must be positive and finite, got 0 (leave it out for 1)", g.name)
+	for _, f := range m.familyFields() {
+		if _, given := d.pos[f.name]; given && *f.v == 0 && f.def != 0 {
+			return nil, d.errField(f.name, "%s: must be positive and finite, got 0 (leave it out for %v)", f.name, f.def)
 		}
 	}
 	m.fillDefaults()
@@ -128,11 +153,9 @@ func (m *Model) fillDefaults() {
 	if m.RopeTheta == 0 && m.Family != "gpt2" {
 		m.RopeTheta = 10000
 	}
-	if m.Family == "granite" {
-		for _, g := range m.granites() {
-			if *g.v == 0 {
-				*g.v = 1
-			}
+	for _, f := range m.familyFields() {
+		if f.family == m.Family && *f.v == 0 {
+			*f.v = f.def
 		}
 	}
 }
@@ -169,13 +192,19 @@ func (m *Model) Validate() error {
 	if m.NormEps <= 0 {
 		return fe("norm_eps", "must be positive, got %v", m.NormEps)
 	}
-	for _, g := range m.granites() {
-		switch v := *g.v; {
-		case v != 0 && m.Family != "granite":
-			return fe(g.name, "is a granite multiplier; a %s model has none", m.Family)
-		case m.Family == "granite" && !(v > 0 && !math.IsInf(v, 1)):
-			return fe(g.name, "must be positive and finite, got %v", v)
+	for _, f := range m.familyFields() {
+		switch v := *f.v; {
+		case v != 0 && m.Family != f.family:
+			return fe(f.name, "is a %s field; a %s model has none", f.family, m.Family)
+		case m.Family == f.family && (f.def != 0 || v != 0) && !(v > 0 && !math.IsInf(v, 1)):
+			return fe(f.name, "must be positive and finite, got %v", v)
 		}
+	}
+	switch {
+	case m.SlidingWindow != 0 && m.Family != "gemma2":
+		return fe("sliding_window", "is a gemma2 field; a %s model has none (its window only masks)", m.Family)
+	case m.SlidingWindow < 0:
+		return fe("sliding_window", "must be positive, got %d", m.SlidingWindow)
 	}
 	if m.HeadSize < 0 || m.HeadSize > 0 && m.Family == "gpt2" && m.HeadSize != m.Hidden/m.Heads {
 		return fe("head_dim", "must be positive, and hidden/heads for gpt2, got %d", m.HeadSize)

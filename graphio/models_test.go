@@ -11,18 +11,20 @@ import (
 // parameter counts their authors publish.
 func TestPublishedParameterCounts(t *testing.T) {
 	published := map[string]float64{
-		"llama-3-8b":  8.03e9,      // Meta model card
-		"llama-2-7b":  6738415616,  // Meta model card (6.74B)
-		"llama-2-13b": 13015864320, // Meta model card (13.0B)
-		"qwen2-1.5b":  1.54e9,      // Qwen2 technical report
-		"gpt2":        124439808,   // openai-community/gpt2
-		"mistral-7b":  7.24e9,      // Mistral model card
-		"llama-3-70b": 70.6e9,      // Meta model card
-		"smollm-135m": 134515008,   // HuggingFaceTB/SmolLM-135M
-		"gpt3-175b":   175e9,       // Brown et al. 2020
-		"gemma-7b":    8.54e9,      // Gemma technical report, Table 2
-		"gemma-2b":    2.51e9,      // Gemma technical report, Table 2
-		"phi-3-mini":  3821079552,  // Phi-3 report: 3.8B; transformers counts 3,821,079,552 (python/tests)
+		"llama-3-8b":     8.03e9,      // Meta model card
+		"llama-2-7b":     6738415616,  // Meta model card (6.74B)
+		"llama-2-13b":    13015864320, // Meta model card (13.0B)
+		"qwen2-1.5b":     1.54e9,      // Qwen2 technical report
+		"gpt2":           124439808,   // openai-community/gpt2
+		"mistral-7b":     7.24e9,      // Mistral model card
+		"llama-3-70b":    70.6e9,      // Meta model card
+		"smollm-135m":    134515008,   // HuggingFaceTB/SmolLM-135M
+		"gpt3-175b":      175e9,       // Brown et al. 2020
+		"gemma-7b":       8.54e9,      // Gemma technical report, Table 2
+		"gemma-2b":       2.51e9,      // Gemma technical report, Table 2
+		"phi-3-mini":     3821079552,  // Phi-3 report: 3.8B; transformers counts 3,821,079,552 (python/tests)
+		"gemma-2-9b":     9241705984,  // Gemma 2 report, Table 1: 917,504,000 embedding + 8,324,201,984
+		"granite-3.3-8b": 8170864640,  // IBM's "8B"; transformers counts 8,170,864,640 (python/tests)
 	}
 	for name, want := range published {
 		t.Run(name, func(t *testing.T) {
@@ -93,7 +95,10 @@ func TestHeadSizeOfItsOwn(t *testing.T) {
 // projections hold the same weights as Llama's: 2·V·h + L·(4h² + 3·h·f
 // + 2h) + h = 3,821,079,552, Microsoft's "3.8B". Granite-3.3-8B is
 // Llama's shape with tied embeddings (its multipliers hold no weights):
-// 8,170,864,640, IBM's "8B".
+// 8,170,864,640, IBM's "8B". Gemma-2-9B adds two norms a layer to
+// Gemma's (4h) and has 8 kv heads: 9,241,705,984, Google's "9B" (Gemma 2
+// report, Table 1: 917,504,000 embedding parameters and 8,324,201,984
+// others, the final norm counted with them).
 func TestNewFamilyParameterCounts(t *testing.T) {
 	for _, c := range []struct {
 		file string
@@ -101,6 +106,7 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 	}{
 		{"gemma-7b", 256000*3072 + 28*(3072*(16+2*16)*256+16*256*3072+3*3072*24576+2*3072) + 3072},
 		{"phi-3-mini-4k", 2*32064*3072 + 32*(4*3072*3072+3*3072*8192+2*3072) + 3072},
+		{"gemma-2-9b", 256000*3584 + 42*(3584*(16+2*8)*256+16*256*3584+3*3584*14336+4*3584) + 3584},
 		{"granite-3.3-8b", 49159*4096 + 40*(4096*(32+2*8)*128+32*128*4096+3*4096*12800+2*4096) + 4096},
 	} {
 		src, err := Load("testdata/hf/" + c.file + ".json")

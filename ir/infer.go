@@ -60,7 +60,7 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		return Tensor{s, x.DType}, needFloat()
 	case MatMul:
 		return inferMatMul(a, x, in[1])
-	case LayerNorm, RMSNorm, GELU, SiLU, Scale, Dropout, LogSoftmax:
+	case LayerNorm, RMSNorm, GELU, SiLU, Tanh, Scale, Dropout, LogSoftmax:
 		if op == Dropout && (a.P < 0 || a.P >= 1) {
 			return Tensor{}, fmt.Errorf("dropout probability %v is not in [0, 1)", a.P)
 		}

@@ -35,6 +35,7 @@ const (
 	Reshape         // view with the node's shape
 	Transpose       // view swapping axes Axis and Axis2
 	Split           // view of part Index of Parts parts along the last axis: equal, or of the given Sizes
+	Tanh            // elementwise hyperbolic tangent (Gemma 2's soft-capping)
 	numOps
 )
 
@@ -63,6 +64,7 @@ var opNames = [...]string{
 	Reshape:      "reshape",
 	Transpose:    "transpose",
 	Split:        "split",
+	Tanh:         "tanh",
 }
 
 // String returns the op's name as written in graph YAML.
@@ -132,6 +134,7 @@ type Attrs struct {
 	TanhPy      bool    // GELU: the tanh approximation in Python ops (transformers' gelu_new), which keeps four tensors
 	TensorConst bool    // Scale: the constant is a 0-dim tensor in the model dtype (GPT-2's torch.full), which the backward keeps
 	Causal      bool    // Attention: causal masking
+	MaskKept    bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
 	TransposeB  bool    // MatMul: use the transpose of the last two axes of b
 	Axis        int     // Transpose: first axis
 	Axis2       int     // Transpose: second axis

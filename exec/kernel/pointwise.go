@@ -4,6 +4,7 @@
 //	              (equal to ½x(1 + tanh u), without its cancellation at x ≪ 0)
 //	              dy/dx = σ(2u) + x·σ(2u)(1−σ(2u))·2c(1 + 3·0.044715x²)
 //	SiLU:         y = x·σ(x),  dy/dx = σ(x) + x·σ(x)(1−σ(x))
+//	Tanh:         y = tanh x,  dy/dx = 1 − y²
 //	Mul:          y = a·b,  da = dy·b,  db = Σ dy·a over the rows b repeats on
 //	Add:          y = a + b,  da = dy,  db = Σ dy over the rows b repeats on
 //	Scale:        y = c·x,  dx = c·dy
@@ -177,6 +178,25 @@ func SiLUBackward(dx, x, dy []float32) {
 			s, ds := pointwiseSigmoid(v, t[j])
 			dxc[j] = dyc[j] * (s + v*ds)
 		}
+	}
+}
+
+// Tanh writes y = tanh x, each value in float64 and rounded once. y may
+// be x. O(len(x)).
+func Tanh(y, x []float32) {
+	pointwiseMustLen("tanh", "y", len(y), len(x))
+	for i, v := range x {
+		y[i] = float32(math.Tanh(float64(v)))
+	}
+}
+
+// TanhBackward writes dx = dy·(1 − y²). It needs the forward's output y,
+// which is what autograd keeps. dx may be dy. O(len(y)).
+func TanhBackward(dx, y, dy []float32) {
+	pointwiseMustLen("tanh backward", "dx", len(dx), len(y))
+	pointwiseMustLen("tanh backward", "dy", len(dy), len(y))
+	for i, v := range y {
+		dx[i] = dy[i] * (1 - v*v)
 	}
 }
 

@@ -207,3 +207,28 @@ func TestScale(t *testing.T) {
 		fdNoAllocs(t, "scale backward", func() { ScaleBackward(dx, g, c) })
 	}
 }
+
+// TestTanh checks tanh against math.Tanh and its backward, which reads the
+// output, against finite differences of the reference.
+func TestTanh(t *testing.T) {
+	for _, n := range []int{1, 7, 1001} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(int64(n)))
+			x := fdRand(rng, n, -4, 4)
+			g := fdRand(rng, n, -1, 1)
+			ref := func(v []float64) []float64 {
+				y := make([]float64, len(v))
+				for i, e := range v {
+					y[i] = math.Tanh(e)
+				}
+				return y
+			}
+			y, dx := make([]float32, n), make([]float32, n)
+			Tanh(y, x)
+			fdCheck(t, "y", ref(fdWiden(x)), y, 1e-7)
+			TanhBackward(dx, y, g)
+			fdGradCheck(t, "dx", func(v []float64) float64 { return fdDot(ref(v), g) }, x, dx)
+			fdNoAllocs(t, "forward", func() { Tanh(y, x) })
+		})
+	}
+}

@@ -49,6 +49,14 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                           num_key_value_heads=2, head_dim=32, intermediate_size=192,
                                           vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=dropout,
                                           hidden_activation="gelu_pytorch_tanh")
+    elif family == "gemma2":
+        # Soft-capping, a query scale of its own and windows shorter than
+        # the sequence in the even layers, as every Gemma 2's.
+        config = transformers.Gemma2Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=32, intermediate_size=192,
+                                           vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=dropout,
+                                           query_pre_attn_scalar=24, sliding_window=8,
+                                           attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
     elif family == "phi3":
         config = transformers.Phi3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
@@ -119,6 +127,12 @@ ALL += [("starcoder2", a, "bf16", 0.0, "mlp", None) for a in ("eager", "sdpa")]
 ALL += [("granite", a, d, p, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
         for p, lora in ((0.0, ""), (0.1, "all"))]
 ALL += [("granite", a, "fp32", 0.1, "attn", "bf16") for a in ("eager", "sdpa")]
+# Gemma 2: Gemma's layer with norms after the attention and the MLP,
+# soft-capped scores (eager) and logits, sliding-window layers (under sdpa
+# each keeps a mask of its own).
+ALL += [("gemma2", a, d, p, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+        for p, lora in ((0.0, ""), (0.1, "all"))]
+ALL += [("gemma2", a, "fp32", p, lora, "bf16") for a in ("eager", "sdpa") for p, lora in ((0.0, ""), (0.1, "attn"))]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -228,7 +242,8 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
         ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
 
 
-@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b"])
+@pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b",
+                                  "gemma-2-9b"])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
     """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
     160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
