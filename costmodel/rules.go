@@ -258,11 +258,13 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	q := &a.g.Nodes[n.Inputs[0]]
 	// Autograd packs k before q: sdpa's key and q·kᵀ's second operand.
 	// PyTorch 2's sdpa saves q, k and v as they are passed, views
-	// included; elsewhere the kernel works on contiguous q, k, v and a
-	// strided one is copied.
+	// included (transformers before 4.48 passes views); elsewhere the
+	// kernel works on contiguous q, k, v and a strided one is copied.
 	operand := a.operand
 	if n.Attrs.Flash && a.profile == Transformers {
-		operand = func(n *ir.Node, i int) int { return a.lay.out[n.Inputs[i]] }
+		if !a.g.Setup.Numerics.SDPAContiguous {
+			operand = func(n *ir.Node, i int) int { return a.lay.out[n.Inputs[i]] }
+		}
 		if n.Attrs.MaskKept {
 			// Packed first; made from the model's mask by the layer, in
 			// q's dtype (16 bits under torch.autocast).

@@ -202,6 +202,9 @@ func TestUnusualShapes(t *testing.T) {
 		{"gemma2", "tiny-llama", func(m *graphio.Model) {
 			m.Family, m.HeadSize, m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = "gemma2", 32, 5, 3, 24, 8
 		}},
+		// Qwen 3 normalizes each query and key head: RMS norms over d
+		// with weights of their own.
+		{"qwen3", "tiny-llama", func(m *graphio.Model) { m.Family, m.HeadSize = "qwen3", 32 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src, err := graphio.Load(tt.model)

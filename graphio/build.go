@@ -185,10 +185,14 @@ func (b *builder) head(x int) int {
 	return b.op("loss", ir.CrossEntropy, ir.Attrs{}, logits, targets)
 }
 
-// heads reshapes [b, s, n·d] to [b, n, s, d].
+// heads reshapes [b, s, n·d] to [b, n, s, d]; Qwen 3 normalizes each
+// query and key head on the way (q_norm, k_norm, over d).
 func (b *builder) heads(region string, n int64, x int) int {
 	t := &b.m.Training
 	x = b.op(region+"_view", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, t.Seq, n, b.m.HeadDim()}}, x)
+	if b.m.Family == "qwen3" && region != "attn.v" {
+		x = b.norm(region+"_norm", x)
+	}
 	return b.op(region+"_heads", ir.Transpose, ir.Attrs{Axis: 1, Axis2: 2}, x)
 }
 
@@ -225,7 +229,7 @@ func (b *builder) core(q, k, v int) int {
 		// keeps: the layer's own where a sliding layer windows it into a
 		// new one or torch.autocast copies it to 16 bits.
 		maskKept := m.Family == "gemma2" && (m.Sliding(b.layer) || b.half != ir.Invalid)
-		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: true, Causal: true, P: t.Dropout,
+		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: !t.Numerics.SDPAContiguous, Causal: true, P: t.Dropout,
 			MaskKept: maskKept}, q, k, v)
 	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"

@@ -40,6 +40,7 @@ var hfModelTypes = map[string]string{
 	"mistral":    "llama",
 	"phi3":       "phi3",
 	"qwen2":      "llama",
+	"qwen3":      "qwen3",
 	"starcoder2": "starcoder2",
 }
 
@@ -98,6 +99,8 @@ type hfLlama struct {
 	FinalSoftcap  *float64 `yaml:"final_logit_softcapping"`
 	QueryScalar   *float64 `yaml:"query_pre_attn_scalar"`
 	SlidingWindow *int64   `yaml:"sliding_window"`
+	// Qwen2's and Qwen 3's switch for sliding-window layers.
+	UseSlidingWindow *bool `yaml:"use_sliding_window"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -126,7 +129,7 @@ type hfRead struct {
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
 // model_type (gemma, gemma2, gpt2, granite, llama, mistral, phi3, qwen2,
-// starcoder2) into a Model; file names it in
+// qwen3, starcoder2) into a Model; file names it in
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
@@ -261,6 +264,8 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		m.KVHeads, m.TiedEmbeddings, m.QKVBias, m.OBias, m.MLPBias = 2, true, true, true, true
 	case "granite":
 		m.NormEps = 1e-6 // GraniteConfig's
+	case "qwen3":
+		m.HeadSize, m.NormEps = 128, 1e-6 // Qwen3Config's
 	}
 	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
@@ -308,6 +313,13 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		}
 	case "qwen2":
 		m.QKVBias = true // Qwen2Attention always biases q, k and v
+	case "qwen3":
+		// Qwen3Attention biases q, k, v and o alike; Qwen3MLP has none.
+		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
+		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
+		if c.UseSlidingWindow != nil && *c.UseSlidingWindow {
+			return r.d.errField("use_sliding_window", "use_sliding_window: sliding-window layers of a qwen3 model are not modelled (transformers passes their mask to every layer's attention); set it to false to plan the model with full attention")
+		}
 	case "phi3":
 		if err := r.phi3(&c, m); err != nil {
 			return err

@@ -155,6 +155,13 @@ func TestParseHFConfigKeys(t *testing.T) {
 				m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = 20, 10.5, 144, 512
 				m.QKVBias, m.OBias = true, true
 			})},
+		// Qwen3Config's: heads of 128, ε = 1e-6; attention_bias biases
+		// q, k, v and o.
+		{"qwen3 defaults", `{` + strings.Replace(llama, `"llama"`, `"qwen3"`, 1) + `}`,
+			small("llama", func(m *Model) { m.Family, m.HeadSize, m.NormEps = "qwen3", 128, 1e-6 })},
+		{"qwen3 biases, no sliding window", `{"attention_bias": true, "use_sliding_window": false, "sliding_window": 4096, "head_dim": 16, ` +
+			strings.Replace(llama, `"llama"`, `"qwen3"`, 1) + `}`,
+			small("llama", func(m *Model) { m.Family, m.NormEps, m.QKVBias, m.OBias = "qwen3", 1e-6, true, true })},
 		{"gpt2 defaults", `{` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner null", `{"n_inner": null, ` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner", `{"n_inner": 100, ` + gpt2 + `}`, small("gpt2", func(m *Model) { m.FFN = 100 })},
@@ -197,6 +204,8 @@ func TestParseHFConfigErrors(t *testing.T) {
 			"x.json:1:167: final_logit_softcapping: must be positive, got 0 (null for none)"},
 		{"gemma2 negative window", `{"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "sliding_window": -8}`,
 			"x.json:1:158: sliding_window: must be positive, got -8 (null for none)"},
+		{"qwen3 sliding window", `{"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "use_sliding_window": true}`,
+			"x.json:1:161: use_sliding_window: sliding-window layers of a qwen3 model are not modelled"},
 		{"gpt2 bool layers", `{"model_type": "gpt2", "n_layer": true, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,
 			`x.json:1:35: n_layer: want an integer, got "true"`},
 		{"zero context", `{"model_type": "gpt2", "n_positions": 0, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,

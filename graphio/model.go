@@ -68,8 +68,10 @@ type Model struct {
 // with constant multipliers on the embeddings, the residual branches, the
 // attention scores and the logits; Gemma 2, Gemma's layer with norms after
 // the attention and the MLP as well as before, soft-capped scores and
-// logits, and sliding-window attention in every other layer.
-var Families = []string{"gemma", "gemma2", "gpt2", "granite", "llama", "phi3", "starcoder2"}
+// logits, and sliding-window attention in every other layer; Qwen 3,
+// Llama's layer with each query and key head RMS-normalized before the
+// rotary embedding.
+var Families = []string{"gemma", "gemma2", "gpt2", "granite", "llama", "phi3", "qwen3", "starcoder2"}
 
 // familyField is a model field that only one family has.
 type familyField struct {

@@ -25,6 +25,7 @@ func TestPublishedParameterCounts(t *testing.T) {
 		"phi-3-mini":     3821079552,  // Phi-3 report: 3.8B; transformers counts 3,821,079,552 (python/tests)
 		"gemma-2-9b":     9241705984,  // Gemma 2 report, Table 1: 917,504,000 embedding + 8,324,201,984
 		"granite-3.3-8b": 8170864640,  // IBM's "8B"; transformers counts 8,170,864,640 (python/tests)
+		"qwen3-8b":       8.19e9,      // Qwen3 model card: 8.2B, 6.95B non-embedding
 	}
 	for name, want := range published {
 		t.Run(name, func(t *testing.T) {
@@ -98,7 +99,9 @@ func TestHeadSizeOfItsOwn(t *testing.T) {
 // 8,170,864,640, IBM's "8B". Gemma-2-9B adds two norms a layer to
 // Gemma's (4h) and has 8 kv heads: 9,241,705,984, Google's "9B" (Gemma 2
 // report, Table 1: 917,504,000 embedding parameters and 8,324,201,984
-// others, the final norm counted with them).
+// others, the final norm counted with them). Qwen3-0.6B's heads are 128
+// wide where hidden/heads is 64, and each layer adds q and k norms of d:
+// 596,049,920, Qwen's "0.6B" (0.44B without the tied embeddings).
 func TestNewFamilyParameterCounts(t *testing.T) {
 	for _, c := range []struct {
 		file string
@@ -107,6 +110,7 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 		{"gemma-7b", 256000*3072 + 28*(3072*(16+2*16)*256+16*256*3072+3*3072*24576+2*3072) + 3072},
 		{"phi-3-mini-4k", 2*32064*3072 + 32*(4*3072*3072+3*3072*8192+2*3072) + 3072},
 		{"gemma-2-9b", 256000*3584 + 42*(3584*(16+2*8)*256+16*256*3584+3*3584*14336+4*3584) + 3584},
+		{"qwen3-0.6b", 151936*1024 + 28*(1024*(16+2*8)*128+16*128*1024+3*1024*3072+2*1024+2*128) + 1024},
 		{"granite-3.3-8b", 49159*4096 + 40*(4096*(32+2*8)*128+32*128*4096+3*4096*12800+2*4096) + 4096},
 	} {
 		src, err := Load("testdata/hf/" + c.file + ".json")

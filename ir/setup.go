@@ -35,6 +35,11 @@ type Numerics struct {
 	// RopeInLayer: each layer computes its rotary cos/sin tables itself
 	// (Mistral in transformers before 4.48), so they are its activations.
 	RopeInLayer bool `yaml:"rope_in_layer,omitempty" json:"rope_in_layer,omitempty"`
+	// SDPAContiguous: q, k and v are made contiguous before sdpa (copies
+	// of strided ones), whose output is then [b, heads, s, d], so that
+	// merging the heads copies it (transformers 4.48 and later); before,
+	// sdpa took views and laid its output out [b, s, heads, d].
+	SDPAContiguous bool `yaml:"sdpa_contiguous,omitempty" json:"sdpa_contiguous,omitempty"`
 	// ByteMasks: dropout keeps a 1-byte mask, as PyTorch's fused CUDA
 	// kernel does; otherwise a mask in its input's dtype (the CPU kernel).
 	ByteMasks bool `yaml:"byte_masks,omitempty" json:"byte_masks,omitempty"`

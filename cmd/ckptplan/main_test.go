@@ -206,6 +206,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--device", "tpu"}, true, `unknown device "tpu"`},
 		{[]string{"cost", "tiny-llama", "--profile", "pytorch"}, true, `--profile: unknown value "pytorch"`},
 		{[]string{"cost", "tiny-llama", "--attention", "sdpa2"}, true, `--attention: unknown value "sdpa2"`},
+		{[]string{"cost", "tiny-llama", "--sdpa-layout", "packed"}, true, `--sdpa-layout: unknown value "packed"`},
 		{[]string{"run", "llama-3-8b", "--budget", "200GiB", "--profile", "torch-eager"}, false, "more than the 4294967296 the CPU executor runs: try a tiny model"},
 		{[]string{"run", "smollm-135m", "--seq", "64", "--budget", "5GiB"}, false, "plans for transformers on PyTorch 2, which run does not execute"},
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--solver", "optimal", "--to", "json"}, false, "recomputes layers more than once, which they cannot"},

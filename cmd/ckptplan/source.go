@@ -28,6 +28,7 @@ type setupFlags struct {
 	loraDType          string
 	ropeTables         string
 	dropoutMask        string
+	sdpaLayout         string
 	autocast           string
 	set                map[string]bool // flags given on the command line
 }
@@ -51,6 +52,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
 	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48)")
+	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are; before 4.48) | contiguous (contiguous copies, 4.48 and later) (default: the model's)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
@@ -84,6 +86,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":
 			t.Numerics.RopeInLayer = s.ropeTables == "layer"
+		case "sdpa-layout":
+			t.Numerics.SDPAContiguous = s.sdpaLayout == "contiguous"
 		case "lora-dropout":
 			t.LoRA.Dropout = s.loraDropout
 		case "lora-dtype":
@@ -115,6 +119,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
 		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	}
+	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" {
+		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous)", s.sdpaLayout)
 	}
 	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
 		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)

@@ -51,6 +51,7 @@ class Setup:
     dropout: Optional[float] = None
     logits_dtype: str = "fp32"
     rope_tables: str = "model"
+    sdpa_layout: str = "views"  # contiguous: transformers >= 4.48 copies q, k, v for sdpa
     dropout_mask: str = "byte"  # byte: CUDA's fused dropout; dtype: CPU's
     autocast: Optional[str] = None  # bf16 or fp16: torch.autocast over the fp32 weights
     lora_rank: int = 0
@@ -63,7 +64,7 @@ class Setup:
         f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
              "--attention", self.attention, "--profile", "transformers",
              "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables,
-             "--dropout-mask", self.dropout_mask]
+             "--dropout-mask", self.dropout_mask, "--sdpa-layout", self.sdpa_layout]
         if self.dropout is not None:
             f += ["--dropout", repr(self.dropout)]
         if self.autocast:
@@ -86,7 +87,8 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     config = getattr(base, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"a {type(model).__name__} has no transformers config: ckptplan plans "
-                         "transformers models (Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-2)")
+                         "transformers models (Llama, Mistral, Qwen2, Qwen 3, Gemma, Gemma 2, Phi-3, "
+                         "StarCoder2, Granite, GPT-2)")
     if autocast not in (None, "bf16", "fp16"):
         raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     layers = decoder_layers(model)
@@ -108,8 +110,12 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     # model is built; the class, not a config changed since, is what runs.
     attn_module = getattr(layers[0], "self_attn", None) or getattr(layers[0], "attn", None)
     kind = type(attn_module).__name__ if attn_module is not None else ""
+    # From 4.48 one attention class calls a shared sdpa function, which
+    # makes q, k and v contiguous; the per-model Sdpa classes before it
+    # passed views.
+    sdpa_layout = "contiguous"
     if "Sdpa" in kind:
-        impl = "sdpa"
+        impl, sdpa_layout = "sdpa", "views"
     elif "Flash" in kind:
         impl = "flash_attention_2"
     if impl not in _ATTENTION:
@@ -131,7 +137,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         attention = "sdpa-math"
     setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
-                  dropout_mask="dtype" if on_cpu else "byte", autocast=autocast)
+                  dropout_mask="dtype" if on_cpu else "byte", autocast=autocast, sdpa_layout=sdpa_layout)
     _lora(model, setup, _model_type(config))
     return setup
 

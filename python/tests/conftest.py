@@ -49,3 +49,9 @@ def ckptplan_binary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         if os.environ.get("CKPTPLAN_BINARY") == str(out):
             del os.environ["CKPTPLAN_BINARY"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "newer: needs a newer transformers than the pinned one (python/requirements-newer.txt); "
+        ".ci/run runs these with it")

@@ -8,6 +8,7 @@ the truth is PyTorch's own saved tensors, live storages and FlopCounterMode.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -57,6 +58,12 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                            vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=dropout,
                                            query_pre_attn_scalar=24, sliding_window=8,
                                            attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    elif family == "qwen3":
+        # Heads of their own size, as every Qwen 3's; tied, as the small ones.
+        config = transformers.Qwen3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=32, intermediate_size=192,
+                                          vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=dropout,
+                                          tie_word_embeddings=True)
     elif family == "phi3":
         config = transformers.Phi3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
@@ -133,6 +140,18 @@ ALL += [("granite", a, "fp32", 0.1, "attn", "bf16") for a in ("eager", "sdpa")]
 ALL += [("gemma2", a, d, p, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
         for p, lora in ((0.0, ""), (0.1, "all"))]
 ALL += [("gemma2", a, "fp32", p, lora, "bf16") for a in ("eager", "sdpa") for p, lora in ((0.0, ""), (0.1, "attn"))]
+# Qwen 3 (transformers 4.51 and later; .ci/run runs these with a newer
+# transformers than the pinned one): Llama's layer with each query and key
+# head RMS-normalized, and sdpa handed contiguous copies, as every model
+# is from 4.48.
+# CKPTPLAN_NEWER=1 (.ci/run's run of them) makes a missing family a failure.
+NEWER = [pytest.mark.newer,
+         pytest.mark.skipif(not hasattr(transformers, "Qwen3Config") and not os.environ.get("CKPTPLAN_NEWER"),
+                            reason=f"transformers {transformers.__version__} has no Qwen 3")]
+ALL += [pytest.param("qwen3", a, d, p, lora, None, marks=NEWER) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+        for p, lora in ((0.0, ""), (0.1, "all"))]
+ALL += [pytest.param("qwen3", a, "fp32", p, lora, "bf16", marks=NEWER) for a in ("eager", "sdpa")
+        for p, lora in ((0.0, ""), (0.1, "attn"))]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -243,7 +262,7 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
 
 
 @pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b",
-                                  "gemma-2-9b"])
+                                  "gemma-2-9b", pytest.param("qwen3-0.6b", marks=NEWER)])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
     """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
     160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
