@@ -178,6 +178,26 @@ def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, atte
         assert got.kept_bytes == layer.kept_bytes, f"{layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
 
 
+# Every family again on the newer transformers, whose models (4.48 and
+# later) run one attention function and hand sdpa contiguous copies: what
+# each stored layer keeps. Only .ci/run's run with it (CKPTPLAN_NEWER=1)
+# runs them; the pinned run tests the same setups above.
+NEWER_RUN = [pytest.mark.newer, pytest.mark.skipif(not os.environ.get("CKPTPLAN_NEWER"),
+                                                   reason="run with python/requirements-newer.txt's transformers")]
+NEWER_STORED = [pytest.param(f, a, d, p, lora, None, marks=NEWER_RUN)
+                for f in ("llama", "mistral", "qwen2", "gpt2", "gemma", "gemma2", "phi3", "starcoder2", "granite",
+                          "mistral-hd", "llama-bias")
+                for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p, lora in ((0.0, ""), (0.1, "all"))]
+NEWER_STORED += [pytest.param(f, "sdpa", "fp32", 0.0, "", "bf16", marks=NEWER_RUN)
+                 for f in ("llama", "gemma", "gemma2", "phi3", "starcoder2", "granite")]
+
+
+@pytest.mark.parametrize("family,attention,dtype,dropout,lora,autocast", NEWER_STORED)
+def test_stored_layers_on_newer_transformers(ckptplan_binary, family, attention, dtype, dropout, lora, autocast):
+    """test_stored_layers_keep_what_ckptplan_predicts on the newer transformers."""
+    test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype, dropout, lora, autocast)
+
+
 def grads_equal(a, b) -> bool:
     return all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
                for p, q in zip(a.parameters(), b.parameters()))
