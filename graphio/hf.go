@@ -133,8 +133,8 @@ type hfRead struct {
 // errors, and its base name without extension is the model's name when
 // the config has no _name_or_path. Keys that do not change the graph are
 // ignored. The training setup is ir.DefaultSetup's with what
-// transformers does by default (the transformers profile, sdpa attention,
-// fp32 logits in the loss), bf16 training whatever dtype the checkpoint
+// transformers does by default (the transformers profile, sdpa attention
+// as 4.48 and later run it, fp32 logits in the loss), bf16 training whatever dtype the checkpoint
 // was saved in (torch_dtype), the config's dropout, and a sequence length
 // of max_position_embeddings (n_positions) capped at 8192.
 //
@@ -171,6 +171,9 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	m.Training.Profile, m.Training.Attention = "transformers", "sdpa"
 	m.Training.Numerics.LogitsFP32 = true
 	m.Training.Numerics.ByteMasks = true // the GPU a config trains on
+	// transformers 4.48 and later, which hand sdpa contiguous copies;
+	// --sdpa-layout views plans an older one.
+	m.Training.Numerics.SDPAContiguous = true
 	m.Training.Numerics.SoftmaxFP32 = family != "gpt2"
 	r.keys["name"] = "_name_or_path"
 	if err := r.dtype(&c, m); err != nil {

@@ -19,7 +19,7 @@ func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s := ir.DefaultSetup()
 	s.DType, s.Dropout, s.Seq = dtype, dropout, seq
 	s.Profile, s.Attention, s.Numerics.LogitsFP32 = "transformers", "sdpa", true
-	s.Numerics.ByteMasks = true
+	s.Numerics.ByteMasks, s.Numerics.SDPAContiguous = true, true
 	return s
 }
 
