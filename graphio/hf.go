@@ -59,8 +59,8 @@ type hfCommon struct {
 }
 
 // hfLlama holds the keys of LlamaConfig, MistralConfig, Qwen2Config,
-// GemmaConfig, Gemma2Config, Phi3Config, Starcoder2Config and
-// GraniteConfig.
+// Qwen3Config, GemmaConfig, Gemma2Config, Phi3Config, Starcoder2Config
+// and GraniteConfig.
 type hfLlama struct {
 	Layers        *int64   `yaml:"num_hidden_layers"`
 	Hidden        *int64   `yaml:"hidden_size"`
@@ -129,13 +129,13 @@ type hfRead struct {
 
 // ParseHFConfig reads a Hugging Face config.json of a supported
 // model_type (gemma, gemma2, gpt2, granite, llama, mistral, phi3, qwen2,
-// qwen3, starcoder2) into a Model; file names it in
-// errors, and its base name without extension is the model's name when
-// the config has no _name_or_path. Keys that do not change the graph are
-// ignored. The training setup is ir.DefaultSetup's with what
-// transformers does by default (the transformers profile, sdpa attention
-// as 4.48 and later run it, fp32 logits in the loss), bf16 training whatever dtype the checkpoint
-// was saved in (torch_dtype), the config's dropout, and a sequence length
+// qwen3, starcoder2) into a Model; file names it in errors, and its base
+// name without extension is the model's name when the config has no
+// _name_or_path. Keys that do not change the graph are ignored. The
+// training setup is ir.DefaultSetup's with what transformers does by
+// default (the transformers profile, sdpa attention as 4.48 and later
+// run it, fp32 logits in the loss), bf16 training whatever dtype the
+// checkpoint was saved in (torch_dtype), the config's dropout, and a sequence length
 // of max_position_embeddings (n_positions) capped at 8192.
 //
 // Errors are *PosError values at the offending value: JSON syntax, wrong
@@ -295,10 +295,11 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		return err
 	}
 	switch modelType {
-	case "llama", "gemma", "gemma2", "granite":
-		// LlamaAttention, GemmaAttention, Gemma2Attention and
-		// GraniteAttention bias q, k, v and o alike; LlamaMLP and
-		// GraniteMLP their three projections (Gemma's MLPs have none).
+	case "llama", "gemma", "gemma2", "granite", "qwen3":
+		// LlamaAttention, GemmaAttention, Gemma2Attention,
+		// GraniteAttention and Qwen3Attention bias q, k, v and o alike;
+		// LlamaMLP and GraniteMLP their three projections (Gemma's and
+		// Qwen 3's MLPs have none).
 		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
 		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
 		if modelType == "llama" || modelType == "granite" {
@@ -314,15 +315,11 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 				return err
 			}
 		}
-	case "qwen2":
-		m.QKVBias = true // Qwen2Attention always biases q, k and v
-	case "qwen3":
-		// Qwen3Attention biases q, k, v and o alike; Qwen3MLP has none.
-		setField(r, &m.QKVBias, c.AttentionBias, "qkv_bias", "attention_bias")
-		setField(r, &m.OBias, c.AttentionBias, "o_bias", "attention_bias")
-		if c.UseSlidingWindow != nil && *c.UseSlidingWindow {
+		if modelType == "qwen3" && c.UseSlidingWindow != nil && *c.UseSlidingWindow {
 			return r.d.errField("use_sliding_window", "use_sliding_window: sliding-window layers of a qwen3 model are not modelled (transformers passes their mask to every layer's attention); set it to false to plan the model with full attention")
 		}
+	case "qwen2":
+		m.QKVBias = true // Qwen2Attention always biases q, k and v
 	case "phi3":
 		if err := r.phi3(&c, m); err != nil {
 			return err

@@ -23,7 +23,7 @@ const maxLayers = solver.MaxStages - 2
 // ir.DefaultSetup's.
 type Model struct {
 	Name    string `yaml:"name" json:"name"`
-	Family  string `yaml:"family" json:"family"` // gemma | gpt2 | granite | llama | phi3 | starcoder2
+	Family  string `yaml:"family" json:"family"` // one of Families
 	Layers  int64  `yaml:"layers" json:"layers"`
 	Hidden  int64  `yaml:"hidden" json:"hidden"`
 	Heads   int64  `yaml:"heads" json:"heads"`
