@@ -51,7 +51,14 @@ type Costs struct {
 	outputs []int   // storage of each node's output
 	grad    []bool  // whether each node's output requires grad
 	owned   [][]int // storages each node allocates, in index order
+	reads   [][]int // storages of other nodes each node reads besides its inputs
 }
+
+// Reads returns the storages node id's kernel reads, forward and backward,
+// that are neither its inputs' outputs nor its own: the routing a mixture
+// of experts' ops share (a topk's indices, a dispatch's route). Their
+// owners keep them; a forward frees them after their last reader.
+func (c *Costs) Reads(id int) []int { return c.reads[id] }
 
 // RequiresGrad reports whether node id's output needs a gradient: it
 // depends on a trainable parameter.
@@ -133,6 +140,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	a.shard = make([]bool, n)
 	a.firstOwned = make([]int, n)
 	a.c.Nodes = make([]Node, n)
+	a.c.reads = make([][]int, n)
 	for i := range g.Nodes {
 		a.node(&g.Nodes[i])
 	}
@@ -158,8 +166,8 @@ func (a *analyzer) node(n *ir.Node) {
 	g := a.g
 	c := &a.c.Nodes[n.ID]
 	c.ID = n.ID
-	for _, in := range n.Inputs {
-		a.grad[n.ID] = a.grad[n.ID] || a.grad[in]
+	for i, in := range n.Inputs {
+		a.grad[n.ID] = a.grad[n.ID] || a.grad[in] && !n.Op.Routes(i)
 	}
 	if g.TrainableParams(n.ID) > 0 {
 		a.grad[n.ID] = true

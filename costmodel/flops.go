@@ -41,6 +41,17 @@ func (a *analyzer) flops(n *ir.Node) (fwd, bwd int64) {
 		if a.shard[n.ID] || a.shard[n.Inputs[0]] {
 			fwd, bwd = fwd/a.tp, bwd/a.tp
 		}
+	case ir.ExpertLinear:
+		// Each expert's product over its own rows: the rows' sum whatever
+		// the routing.
+		x := &g.Nodes[n.Inputs[0]]
+		fwd = a.mul(2, x.Shape[0], x.Shape.Last(), n.Attrs.Out)
+		if !n.Attrs.Frozen {
+			bwd = a.add(bwd, fwd)
+		}
+		if a.grad[n.Inputs[0]] {
+			bwd = a.add(bwd, fwd)
+		}
 	case ir.MatMul:
 		out := n.Shape
 		k := g.Nodes[n.Inputs[0]].Shape.Last()

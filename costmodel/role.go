@@ -42,6 +42,10 @@ const (
 	OnePlusWeight               // Gemma's RMS norm: 1 + its weight, in fp32
 	Scaled                      // Gemma's RMS norm: the fp32 product, before the cast back
 	AttnMask                    // fused attention: the additive mask its layer made and passed it
+	Indices                     // topk: the int64 indices of the chosen experts
+	Route                       // dispatch: each routed row's (slot, token), int64, grouped by expert
+	Sum                         // sum_norm: the sum it divides by
+	InputCopy                   // sum_norm: a copy of its input, which the in-place division overwrites
 )
 
 var roleNames = [...]string{
@@ -52,6 +56,7 @@ var roleNames = [...]string{
 	Tanh: "tanh", HalfX: "half_x", OnePlusTanh: "one_plus_tanh", Divisor: "divisor", RopeCos: "cos", RopeSin: "sin",
 	LoRAInput: "lora_input", WeightCopy: "weight_16", LoRAAWeight: "lora_a_weight_16", LoRABWeight: "lora_b_weight_16",
 	OnePlusWeight: "one_plus_weight", Scaled: "scaled", AttnMask: "attn_mask",
+	Indices: "indices", Route: "route", Sum: "sum", InputCopy: "input_copy",
 }
 
 // String returns the role's name as plans, saved-tensor names and JSON

@@ -82,8 +82,10 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.RMSNorm:
 		a.keepRMSNorm(n)
-	case ir.Softmax, ir.LogSoftmax, ir.Tanh:
+	case ir.Softmax, ir.LogSoftmax, ir.Tanh, ir.Sigmoid:
 		a.keep(n, a.lay.out[n.ID])
+	case ir.TopK, ir.SumNorm, ir.Dispatch, ir.ExpertLinear, ir.RouteWeights, ir.Combine:
+		a.keepRouting(n)
 	case ir.Dropout:
 		// The CPU kernel keeps the scaled mask in the input dtype; CUDA's
 		// fused kernel (and Megatron's) a 1-byte mask.
@@ -330,4 +332,63 @@ func (a *analyzer) copyOperands(n *ir.Node) {
 			a.operand(n, i)
 		}
 	}
+}
+
+// keepRouting is a mixture of experts as transformers' sparse MoE blocks
+// run it (MixtralSparseMoeBlock): topk keeps its indices; dividing the
+// chosen weights by their sum in place keeps the sum and a copy of them;
+// each expert's torch.where makes its (slot, token) pairs, which indexing
+// the tokens, indexing the weights and index_add_ keep; the experts'
+// linears keep their inputs as any linear does; index_add_ also keeps
+// the rows it adds (its source), whose shape its backward needs. Experts run one after
+// another on their own rows: here their rows are one [rows, h] tensor
+// grouped by expert, the same bytes and the same products whatever the
+// routing, since every token sends k rows.
+func (a *analyzer) keepRouting(n *ir.Node) {
+	x := &a.g.Nodes[n.Inputs[0]]
+	sh := a.shard[n.Inputs[0]]
+	switch n.Op {
+	case ir.TopK:
+		a.keep(n, a.extra(n, Indices, n.Shape, ir.Int64, sh))
+	case ir.SumNorm:
+		sum := a.extra(n, Sum, append(x.Shape[:len(x.Shape)-1].Clone(), 1), x.DType, sh)
+		cp := a.extra(n, InputCopy, x.Shape, x.DType, sh)
+		a.keep(n, sum)
+		a.keep(n, cp)
+	case ir.Dispatch:
+		// The topk's indices, read to route.
+		a.c.reads[n.ID] = []int{a.routing(n.Inputs[1], Indices)}
+		a.keep(n, a.extra(n, Route, ir.Shape{n.Shape[0], 2}, ir.Int64, sh))
+	default:
+		// The dispatch's route, and for the experts' products the topk's
+		// indices, which say whose rows they are.
+		d := &a.g.Nodes[n.Inputs[1]]
+		route := a.routing(d.ID, Route)
+		a.c.reads[n.ID] = []int{route}
+		if n.Op == ir.Combine && a.grad[n.Inputs[0]] {
+			// index_add_'s backward shapes the rows' gradient after its
+			// source, which autograd therefore keeps.
+			a.keep(n, a.lay.out[n.Inputs[0]])
+		}
+		if n.Op == ir.ExpertLinear {
+			a.c.reads[n.ID] = append(a.c.reads[n.ID], a.routing(d.Inputs[1], Indices))
+			if !n.Attrs.Frozen {
+				a.keep(n, a.operand(n, 0))
+			}
+		}
+		for _, s := range a.c.reads[n.ID] {
+			a.keep(n, s)
+		}
+	}
+}
+
+// routing returns the storage node id allocates in a role: the routing
+// state a later op of its mixture of experts reads.
+func (a *analyzer) routing(id int, role Role) int {
+	for k := a.firstOwned[id]; k < len(a.c.Storages); k++ {
+		if s := &a.c.Storages[k]; s.Node == id && s.Role == role {
+			return k
+		}
+	}
+	panic(fmt.Sprintf("costmodel: %s allocates no %v", a.g.Nodes[id].Name, role))
 }

@@ -359,7 +359,12 @@ func (b *builder) llamaLayer(x int) int {
 	if m.Family == "gemma2" {
 		pre = "pre_feedforward_layernorm" // its post-attention norm is the branch's
 	}
-	h = b.mlp(b.norm(pre, x))
+	h = b.norm(pre, x)
+	if m.Routed(b.layer) {
+		h = b.moe(h)
+	} else {
+		h = b.mlp(h)
+	}
 	h = b.residBranch("mlp", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
 }
@@ -409,6 +414,45 @@ func (b *builder) mlp(h int) int {
 	up = b.linear("mlp.up_proj", "up", m.FFN, m.MLPBias, h)
 	h = b.op("mlp.mul", ir.Mul, ir.Attrs{}, act, up)
 	return b.linear("mlp.down_proj", "down", m.Hidden, m.MLPBias, h)
+}
+
+// moe is a sparse mixture of experts in place of the MLP, as
+// transformers' MixtralSparseMoeBlock (and Qwen2-MoE's, Qwen 3 MoE's)
+// runs it on the tokens as rows: the router's logits, their softmax in
+// fp32, the top k, optionally divided by their sum, cast to the model
+// dtype; each expert's rows gathered, its gated MLP, its output times
+// the rows' weights, added back to the tokens. Qwen2-MoE adds a shared
+// expert that every token goes through, times a sigmoid gate.
+func (b *builder) moe(h int) int {
+	m, t := b.m, &b.m.Training
+	frozen := t.LoRA.Rank > 0
+	shape := b.g.Nodes[h].Shape
+	x := b.op("moe.tokens", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch * t.Seq, m.Hidden}}, h)
+	probs := b.op("moe.softmax", ir.Softmax, ir.Attrs{Upcast: true}, b.linear("moe.gate", "router", m.Experts, false, x))
+	top := b.op("moe.topk", ir.TopK, ir.Attrs{TopK: m.ExpertsPerToken}, probs)
+	w := top
+	if m.NormTopK {
+		w = b.op("moe.norm_topk", ir.SumNorm, ir.Attrs{}, top)
+	}
+	w = b.cast("moe.weights_cast", b.dt, w)
+	d := b.op("moe.dispatch", ir.Dispatch, ir.Attrs{Experts: m.Experts}, x, top)
+	expert := func(region string, out int64, in int) int {
+		return b.op("moe.experts."+region, ir.ExpertLinear, ir.Attrs{Experts: m.Experts, Out: out, Frozen: frozen}, in, d)
+	}
+	act := b.op("moe.experts.silu", ir.SiLU, ir.Attrs{}, expert("gate_proj", m.ExpertFFN, d))
+	y := b.op("moe.experts.mul", ir.Mul, ir.Attrs{}, act, expert("up_proj", m.ExpertFFN, d))
+	y = expert("down_proj", m.Hidden, y)
+	y = b.op("moe.experts.weighted", ir.Mul, ir.Attrs{}, y, b.op("moe.route_weights", ir.RouteWeights, ir.Attrs{}, w, d))
+	y = b.op("moe.combine", ir.Combine, ir.Attrs{TopK: m.ExpertsPerToken}, y, d)
+	if m.SharedExpertFFN > 0 {
+		sg := b.op("moe.shared_expert.silu", ir.SiLU, ir.Attrs{}, b.linear("moe.shared_expert.gate_proj", "shared_gate", m.SharedExpertFFN, false, x))
+		s := b.op("moe.shared_expert.mul", ir.Mul, ir.Attrs{}, sg, b.linear("moe.shared_expert.up_proj", "shared_up", m.SharedExpertFFN, false, x))
+		s = b.linear("moe.shared_expert.down_proj", "shared_down", m.Hidden, false, s)
+		gate := b.op("moe.shared_expert_gate.sigmoid", ir.Sigmoid, ir.Attrs{}, b.linear("moe.shared_expert_gate", "router", 1, false, x))
+		s = b.op("moe.shared_expert.weighted", ir.Mul, ir.Attrs{}, gate, s)
+		y = b.op("moe.add_shared", ir.Add, ir.Attrs{}, y, s)
+	}
+	return b.op("moe.out", ir.Reshape, ir.Attrs{Shape: shape.Clone()}, y)
 }
 
 // residBranch is what a family does to a residual branch before its

@@ -38,9 +38,12 @@ var hfModelTypes = map[string]string{
 	"granite":    "granite",
 	"llama":      "llama",
 	"mistral":    "llama",
+	"mixtral":    "llama",
 	"phi3":       "phi3",
 	"qwen2":      "llama",
+	"qwen2_moe":  "llama",
 	"qwen3":      "qwen3",
+	"qwen3_moe":  "qwen3",
 	"starcoder2": "starcoder2",
 }
 
@@ -75,9 +78,17 @@ type hfLlama struct {
 	AttentionBias *bool    `yaml:"attention_bias"`
 	MLPBias       *bool    `yaml:"mlp_bias"`
 	// Mixture-of-experts keys, which a dense builder must not ignore.
-	LocalExperts  *int64   `yaml:"num_local_experts"`
-	Experts       *int64   `yaml:"num_experts"`
+	LocalExperts  *int64   `yaml:"num_local_experts"` // Mixtral's
+	Experts       *int64   `yaml:"num_experts"`       // Qwen2-MoE's and Qwen 3 MoE's
 	RoutedExperts *int64   `yaml:"n_routed_experts"`
+	ExpertsPerTok *int64   `yaml:"num_experts_per_tok"`
+	ExpertFFN     *int64   `yaml:"moe_intermediate_size"`
+	SharedFFN     *int64   `yaml:"shared_expert_intermediate_size"`
+	NormTopK      *bool    `yaml:"norm_topk_prob"`
+	SparseStep    *int64   `yaml:"decoder_sparse_step"`
+	MLPOnly       []int64  `yaml:"mlp_only_layers"`
+	RouterJitter  *float64 `yaml:"router_jitter_noise"`
+	RouterLogits  *bool    `yaml:"output_router_logits"`
 	HeadDim       *int64   `yaml:"head_dim"`
 	Dropout       *float64 `yaml:"attention_dropout"`
 	Act           *string  `yaml:"hidden_act"`
@@ -269,6 +280,20 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		m.NormEps = 1e-6 // GraniteConfig's
 	case "qwen3":
 		m.HeadSize, m.NormEps = 128, 1e-6 // Qwen3Config's
+	case "mixtral":
+		// MixtralConfig's: 8 experts, 2 per token, their weights
+		// renormalized.
+		m.Experts, m.ExpertsPerToken, m.NormTopK = 8, 2, true
+	case "qwen2_moe":
+		// Qwen2MoeConfig's: 60 experts of 1408, 4 per token, a shared
+		// expert of 5632, biases on q, k and v.
+		m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.SharedExpertFFN, m.QKVBias = 60, 4, 1408, 5632, true
+		m.NormEps = 1e-6
+	case "qwen3_moe":
+		// Qwen3MoeConfig's: Qwen 3's attention, 128 experts of 768, 8 per
+		// token.
+		m.HeadSize, m.NormEps = 128, 1e-6
+		m.Experts, m.ExpertsPerToken, m.ExpertFFN = 128, 8, 768
 	}
 	setField(r, &m.Layers, c.Layers, "layers", "num_hidden_layers")
 	setField(r, &m.Hidden, c.Hidden, "hidden", "hidden_size")
@@ -283,19 +308,14 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	setField(r, &m.RopeTheta, c.RopeTheta, "rope_theta", "rope_theta")
 	setField(r, &m.Training.Dropout, c.Dropout, "training.dropout", "attention_dropout")
 	setField(r, &m.TiedEmbeddings, c.Tied, "tied_embeddings", "tie_word_embeddings")
-	for _, e := range []struct {
-		n   *int64
-		key string
-	}{{c.LocalExperts, "num_local_experts"}, {c.Experts, "num_experts"}, {c.RoutedExperts, "n_routed_experts"}} {
-		if e.n != nil && *e.n > 1 {
-			return r.d.errField(e.key, "%s: %d experts: mixture-of-experts models are not planned yet, and a %s without them would be another model", e.key, *e.n, modelType)
-		}
+	if err := r.experts(&c, m, modelType); err != nil {
+		return err
 	}
 	if err := r.activation(&c, modelType); err != nil {
 		return err
 	}
 	switch modelType {
-	case "llama", "gemma", "gemma2", "granite", "qwen3":
+	case "llama", "gemma", "gemma2", "granite", "qwen3", "qwen3_moe":
 		// LlamaAttention, GemmaAttention, Gemma2Attention,
 		// GraniteAttention and Qwen3Attention bias q, k, v and o alike;
 		// LlamaMLP and GraniteMLP their three projections (Gemma's and
@@ -315,11 +335,11 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 				return err
 			}
 		}
-		if modelType == "qwen3" && c.UseSlidingWindow != nil && *c.UseSlidingWindow {
-			return r.d.errField("use_sliding_window", "use_sliding_window: sliding-window layers of a qwen3 model are not modelled (transformers passes their mask to every layer's attention); set it to false to plan the model with full attention")
+		if strings.HasPrefix(modelType, "qwen3") && c.UseSlidingWindow != nil && *c.UseSlidingWindow {
+			return r.d.errField("use_sliding_window", "use_sliding_window: sliding-window layers of a %s model are not modelled (transformers passes their mask to every layer's attention); set it to false to plan the model with full attention", modelType)
 		}
-	case "qwen2":
-		m.QKVBias = true // Qwen2Attention always biases q, k and v
+	case "qwen2", "qwen2_moe":
+		m.QKVBias = true // Qwen2Attention (and Qwen2MoeAttention) always biases q, k and v
 	case "phi3":
 		if err := r.phi3(&c, m); err != nil {
 			return err
@@ -343,6 +363,78 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		m.HeadSize = 0 // hidden/heads
 	}
 	r.keys["head_dim"] = "head_dim"
+	return nil
+}
+
+// hfMoETypes are the model types whose MLP is a mixture of experts, and
+// the key each names its number of experts by.
+var hfMoETypes = map[string]string{"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
+
+// experts reads a mixture of experts: its experts and how many each token
+// goes to, their size, the shared expert, whether the chosen weights are
+// renormalized, and which layers keep a dense MLP (Qwen's
+// mlp_only_layers, and those decoder_sparse_step skips). A dense model
+// type with experts is refused (it would be another model), as are the
+// router's jitter (a random tensor per layer kept for backward) and its
+// auxiliary loss, which are not modelled.
+func (r *hfRead) experts(c *hfLlama, m *Model, modelType string) error {
+	key, moe := hfMoETypes[modelType]
+	if !moe {
+		for _, e := range []struct {
+			n   *int64
+			key string
+		}{{c.LocalExperts, "num_local_experts"}, {c.Experts, "num_experts"}, {c.RoutedExperts, "n_routed_experts"}} {
+			if e.n != nil && *e.n > 1 {
+				return r.d.errField(e.key, "%s: %d experts: a %s has no mixture of experts, and without them this would be another model (model types with experts: %s)", e.key, *e.n, modelType, strings.Join(slices.Sorted(maps.Keys(hfMoETypes)), ", "))
+			}
+		}
+		return nil
+	}
+	n := c.Experts
+	if modelType == "mixtral" {
+		n = c.LocalExperts
+	}
+	if n != nil && *n <= 0 {
+		return r.d.errField(key, "%s: must be positive, got %d", key, *n)
+	}
+	setField(r, &m.Experts, n, "experts", key)
+	setField(r, &m.ExpertsPerToken, c.ExpertsPerTok, "experts_per_token", "num_experts_per_tok")
+	if modelType != "mixtral" {
+		setField(r, &m.ExpertFFN, c.ExpertFFN, "expert_ffn", "moe_intermediate_size")
+		setField(r, &m.NormTopK, c.NormTopK, "norm_topk", "norm_topk_prob")
+	}
+	if modelType == "qwen2_moe" {
+		setField(r, &m.SharedExpertFFN, c.SharedFFN, "shared_expert_ffn", "shared_expert_intermediate_size")
+	}
+	if c.RouterJitter != nil && *c.RouterJitter != 0 {
+		return r.d.errField("router_jitter_noise", "router_jitter_noise: %v: the router's jitter (a random tensor each layer keeps for backward) is not modelled; plan with 0", *c.RouterJitter)
+	}
+	if c.RouterLogits != nil && *c.RouterLogits {
+		return r.d.errField("output_router_logits", "output_router_logits: true: the router's auxiliary load-balancing loss (which holds every layer's router logits) is not modelled; plan with false")
+	}
+	if modelType == "mixtral" {
+		return nil
+	}
+	step := int64(1)
+	if c.SparseStep != nil {
+		if step = *c.SparseStep; step <= 0 {
+			return r.d.errField("decoder_sparse_step", "decoder_sparse_step: must be positive, got %d", step)
+		}
+	}
+	r.keys["dense_layers"] = "mlp_only_layers"
+	if m.Layers > maxLayers {
+		return nil // Validate says so
+	}
+	for l := int64(0); l < m.Layers; l++ {
+		if slices.Contains(c.MLPOnly, l) || (l+1)%step != 0 {
+			m.DenseLayers = append(m.DenseLayers, l)
+		}
+	}
+	for i, l := range c.MLPOnly {
+		if l < 0 || l >= m.Layers {
+			return r.d.errField("mlp_only_layers", "mlp_only_layers[%d]: layer %d is not one of the model's %d", i, l, m.Layers)
+		}
+	}
 	return nil
 }
 
@@ -551,7 +643,14 @@ func parseJSON(file string, data []byte) (*yaml.Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		if delim != 0 {
+		switch delim {
+		case '[':
+			// A list of numbers (Qwen's mlp_only_layers) is read;
+			// nested containers stay empty.
+			if err := t.list(v); err != nil {
+				return nil, err
+			}
+		case '{':
 			if err := t.skip(); err != nil {
 				return nil, err
 			}
@@ -619,6 +718,25 @@ func (t *jsonTokens) next() (*yaml.Node, json.Delim, error) {
 		n.Tag, n.Value = "!!null", "null"
 	}
 	return n, delim, nil
+}
+
+// list reads the rest of a list whose '[' was read into seq, each
+// element a node; an element that is itself a container is left empty.
+func (t *jsonTokens) list(seq *yaml.Node) error {
+	for t.dec.More() {
+		v, delim, err := t.next()
+		if err != nil {
+			return err
+		}
+		if delim != 0 {
+			if err := t.skip(); err != nil {
+				return err
+			}
+		}
+		seq.Content = append(seq.Content, v)
+	}
+	_, err := t.dec.Token() // ']'
+	return err
 }
 
 // skip reads the rest of a container whose opening delimiter was read.

@@ -56,8 +56,28 @@ type Model struct {
 	FinalSoftcap  float64  `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
 	QueryScalar   float64  `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
 	SlidingWindow int64    `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
-	Training      ir.Setup `yaml:"training" json:"training"`
+	// A mixture of experts in place of the MLP (Mixtral, Qwen2-MoE, Qwen
+	// 3 MoE): a router picks ExpertsPerToken of Experts experts for each
+	// token, each a gated MLP of ExpertFFN (0: ffn), and NormTopK divides
+	// the chosen weights by their sum. Qwen2-MoE adds a shared expert of
+	// SharedExpertFFN that every token goes through, gated by a sigmoid.
+	// DenseLayers keep a dense MLP of ffn.
+	Experts         int64    `yaml:"experts,omitempty" json:"experts,omitempty"`
+	ExpertsPerToken int64    `yaml:"experts_per_token,omitempty" json:"experts_per_token,omitempty"`
+	ExpertFFN       int64    `yaml:"expert_ffn,omitempty" json:"expert_ffn,omitempty"`
+	SharedExpertFFN int64    `yaml:"shared_expert_ffn,omitempty" json:"shared_expert_ffn,omitempty"`
+	NormTopK        bool     `yaml:"norm_topk,omitempty" json:"norm_topk,omitempty"`
+	DenseLayers     []int64  `yaml:"dense_layers,omitempty" json:"dense_layers,omitempty"`
+	Training        ir.Setup `yaml:"training" json:"training"`
 }
+
+// Routed reports whether layer l routes its tokens to experts.
+func (m *Model) Routed(l int64) bool {
+	return m.Experts > 0 && !slices.Contains(m.DenseLayers, l)
+}
+
+// moeFamilies are the families whose MLP may be a mixture of experts.
+var moeFamilies = []string{"llama", "qwen3"}
 
 // Families lists the model families the builders know: GPT-2; Llama
 // (Mistral, Qwen2); Gemma, Llama's layer with GELU, a (1 + w) RMS norm in
@@ -152,6 +172,9 @@ func (m *Model) fillDefaults() {
 	if m.NormEps == 0 {
 		m.NormEps = 1e-5
 	}
+	if m.Experts > 0 && m.ExpertFFN == 0 {
+		m.ExpertFFN = m.FFN
+	}
 	if m.RopeTheta == 0 && m.Family != "gpt2" {
 		m.RopeTheta = 10000
 	}
@@ -208,6 +231,9 @@ func (m *Model) Validate() error {
 	case m.SlidingWindow < 0:
 		return fe("sliding_window", "must be positive, got %d", m.SlidingWindow)
 	}
+	if err := m.validateExperts(); err != nil {
+		return err
+	}
 	if m.HeadSize < 0 || m.HeadSize > 0 && m.Family == "gpt2" && m.HeadSize != m.Hidden/m.Heads {
 		return fe("head_dim", "must be positive, and hidden/heads for gpt2, got %d", m.HeadSize)
 	}
@@ -236,6 +262,60 @@ func (m *Model) Validate() error {
 		}
 	}
 	return m.checkSizes()
+}
+
+// validateExperts checks a mixture of experts' fields, and refuses what
+// is not modelled with them: LoRA on the experts, torch.autocast, tensor
+// parallelism (expert parallelism), Megatron's accounting.
+func (m *Model) validateExperts() error {
+	fe := func(field, format string, args ...any) error {
+		return &ir.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if m.Experts == 0 {
+		for _, f := range []struct {
+			name  string
+			given bool
+		}{{"experts_per_token", m.ExpertsPerToken != 0}, {"expert_ffn", m.ExpertFFN != 0},
+			{"shared_expert_ffn", m.SharedExpertFFN != 0}, {"norm_topk", m.NormTopK}, {"dense_layers", len(m.DenseLayers) > 0}} {
+			if f.given {
+				return fe(f.name, "is a field of a mixture of experts, and the model has no experts")
+			}
+		}
+		return nil
+	}
+	t := &m.Training
+	switch {
+	case m.Experts < 0:
+		return fe("experts", "must be positive, got %d", m.Experts)
+	case !slices.Contains(moeFamilies, m.Family):
+		return fe("experts", "a %s model has no mixture of experts (families with one: %s)", m.Family, strings.Join(moeFamilies, ", "))
+	case m.ExpertsPerToken <= 0 || m.ExpertsPerToken > m.Experts:
+		return fe("experts_per_token", "must be between 1 and experts (%d), got %d", m.Experts, m.ExpertsPerToken)
+	case m.ExpertFFN < 0:
+		return fe("expert_ffn", "must be positive, got %d", m.ExpertFFN)
+	case m.SharedExpertFFN < 0:
+		return fe("shared_expert_ffn", "must not be negative, got %d", m.SharedExpertFFN)
+	case t.Autocast != "":
+		return fe("training.autocast", "a mixture of experts under torch.autocast is not modelled yet: plan it in its own dtype")
+	case t.Parallel.TP > 1:
+		return fe("training.parallel.tp", "a mixture of experts over tensor-parallel ranks (expert parallelism) is not modelled yet")
+	case t.Profile == "megatron":
+		return fe("training.profile", "a mixture of experts is planned under the transformers or torch-eager profile, not megatron")
+	}
+	for _, target := range t.LoRA.Targets {
+		if slices.Contains([]string{"gate", "up", "down", "gate_up"}, target) {
+			return fe("training.lora.targets", "LoRA on the MLP (%s) of a mixture of experts is not modelled yet: adapt the attention (q, k, v, o)", target)
+		}
+	}
+	for i, l := range m.DenseLayers {
+		if l < 0 || l >= m.Layers {
+			return fe(fmt.Sprintf("dense_layers[%d]", i), "layer %d is not one of the model's %d", l, m.Layers)
+		}
+	}
+	if _, ok := (ir.Shape{m.Layers, m.Experts, m.Hidden, m.ExpertFFN, 3 * 8}).Elements(); !ok {
+		return fe("experts", "%d experts of %d×%d overflow int64 bytes", m.Experts, m.Hidden, m.ExpertFFN)
+	}
+	return nil
 }
 
 // checkSizes rejects models whose largest tensors or parameter count

@@ -137,6 +137,8 @@ func (g *Graph) Params(id int) int64 {
 			p += n.Attrs.Out
 		}
 		return p + n.Attrs.LoRARank*(in+n.Attrs.Out)
+	case ExpertLinear:
+		return n.Attrs.Experts * g.Nodes[n.Inputs[0]].Shape.Last() * n.Attrs.Out
 	case LayerNorm:
 		return 2 * n.Shape.Last()
 	case RMSNorm:

@@ -60,7 +60,7 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		return Tensor{s, x.DType}, needFloat()
 	case MatMul:
 		return inferMatMul(a, x, in[1])
-	case LayerNorm, RMSNorm, GELU, SiLU, Tanh, Scale, Dropout, LogSoftmax:
+	case LayerNorm, RMSNorm, GELU, SiLU, Tanh, Sigmoid, SumNorm, Scale, Dropout, LogSoftmax:
 		if op == Dropout && (a.P < 0 || a.P >= 1) {
 			return Tensor{}, fmt.Errorf("dropout probability %v is not in [0, 1)", a.P)
 		}
@@ -117,6 +117,8 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 		return same, nil
 	case Attention:
 		return inferAttention(a, in)
+	case TopK, Dispatch, ExpertLinear, RouteWeights, Combine:
+		return inferRouting(op, a, in)
 	case CrossEntropy:
 		t := in[1]
 		if t.DType != Int64 {
@@ -241,4 +243,77 @@ func inferReshape(a Attrs, x Tensor) (Tensor, error) {
 		return Tensor{}, fmt.Errorf("cannot reshape %v (%d elements) to %v", x.Shape, n, a.Shape)
 	}
 	return Tensor{s, x.DType}, nil
+}
+
+// inferRouting is the shape rule of the mixture-of-experts ops: a top-k
+// router's choices over the last axis, and the routed rows they make.
+// The ops that read the routing take the dispatch (or, for the dispatch,
+// the topk) as their second input; Validate checks those are what they
+// read.
+func inferRouting(op Op, a Attrs, in []Tensor) (Tensor, error) {
+	x := in[0]
+	if !x.DType.IsFloat() {
+		return Tensor{}, fmt.Errorf("%v needs a floating-point input, got %v", op, x.DType)
+	}
+	if len(x.Shape) == 0 {
+		return Tensor{}, fmt.Errorf("%v needs an input with at least one axis", op)
+	}
+	rows := func() (int64, error) {
+		r := in[1].Shape
+		if len(r) != 2 {
+			return 0, fmt.Errorf("%v: the dispatch is %v, want [rows, h]", op, r)
+		}
+		return r[0], nil
+	}
+	switch op {
+	case TopK:
+		if a.TopK <= 0 || a.TopK > x.Shape.Last() {
+			return Tensor{}, fmt.Errorf("topk of %d out of a last axis of %d", a.TopK, x.Shape.Last())
+		}
+		s := x.Shape.Clone()
+		s[len(s)-1] = a.TopK
+		return Tensor{s, x.DType}, nil
+	case Dispatch:
+		t := in[1].Shape
+		if a.Experts <= 0 {
+			return Tensor{}, fmt.Errorf("dispatch needs a positive number of experts, got %d", a.Experts)
+		}
+		if len(t) != len(x.Shape) || !t[:len(t)-1].Equal(x.Shape[:len(x.Shape)-1]) {
+			return Tensor{}, fmt.Errorf("dispatch of %v by choices %v: the tokens differ", x.Shape, t)
+		}
+		return Tensor{Shape{t.NumElements(), x.Shape.Last()}, x.DType}, nil
+	case ExpertLinear:
+		r, err := rows()
+		if err != nil {
+			return Tensor{}, err
+		}
+		if len(x.Shape) != 2 || x.Shape[0] != r {
+			return Tensor{}, fmt.Errorf("expert_linear of %v: want the dispatch's %d rows", x.Shape, r)
+		}
+		if a.Experts <= 0 || a.Out <= 0 {
+			return Tensor{}, fmt.Errorf("expert_linear needs positive experts and output width, got %d and %d", a.Experts, a.Out)
+		}
+		if _, ok := (Shape{a.Experts, x.Shape.Last(), a.Out}).Bytes(FP64); !ok {
+			return Tensor{}, fmt.Errorf("%d expert weights of %d×%d are too large to count", a.Experts, x.Shape.Last(), a.Out)
+		}
+		return Tensor{Shape{r, a.Out}, x.DType}, nil
+	case RouteWeights:
+		r, err := rows()
+		if err != nil {
+			return Tensor{}, err
+		}
+		if x.Shape.NumElements() != r {
+			return Tensor{}, fmt.Errorf("route_weights of %v for %d routed rows", x.Shape, r)
+		}
+		return Tensor{Shape{r, 1}, x.DType}, nil
+	default: // Combine
+		r, err := rows()
+		if err != nil {
+			return Tensor{}, err
+		}
+		if len(x.Shape) != 2 || x.Shape[0] != r || a.TopK <= 0 || r%a.TopK != 0 {
+			return Tensor{}, fmt.Errorf("combine of %v: want the dispatch's %d rows, %d per token", x.Shape, r, a.TopK)
+		}
+		return Tensor{Shape{r / a.TopK, x.Shape.Last()}, x.DType}, nil
+	}
 }

@@ -36,6 +36,13 @@ const (
 	Transpose       // view swapping axes Axis and Axis2
 	Split           // view of part Index of Parts parts along the last axis: equal, or of the given Sizes
 	Tanh            // elementwise hyperbolic tangent (Gemma 2's soft-capping)
+	Sigmoid         // elementwise logistic function (a shared expert's gate)
+	TopK            // the TopK largest of the last axis, in order: [..., E] -> [..., TopK]; keeps their int64 indices
+	SumNorm         // divide by the sum over the last axis (renormalized routing weights)
+	Dispatch        // routed token rows: x [..., h] and a topk node's choices -> [rows, h], rows grouped by expert
+	ExpertLinear    // each routed row x W_e of its expert e: [rows, in] and the dispatch -> [rows, Out]; Experts weights
+	RouteWeights    // each routed row's routing weight: weights [..., TopK] and the dispatch -> [rows, 1]
+	Combine         // sum each token's routed rows: [rows, h] and the dispatch -> [rows/TopK, h]
 	numOps
 )
 
@@ -65,6 +72,13 @@ var opNames = [...]string{
 	Transpose:    "transpose",
 	Split:        "split",
 	Tanh:         "tanh",
+	Sigmoid:      "sigmoid",
+	TopK:         "topk",
+	SumNorm:      "sum_norm",
+	Dispatch:     "dispatch",
+	ExpertLinear: "expert_linear",
+	RouteWeights: "route_weights",
+	Combine:      "combine",
 }
 
 // String returns the op's name as written in graph YAML.
@@ -84,12 +98,23 @@ func (o Op) Arity() int {
 	switch o {
 	case Input:
 		return 0
-	case MatMul, Mul, Add, CrossEntropy:
+	case MatMul, Mul, Add, CrossEntropy, Dispatch, ExpertLinear, RouteWeights, Combine:
 		return 2
 	case Attention:
 		return 3
 	}
 	return 1
+}
+
+// Routes reports whether input i of the op is the routing it reads (a
+// topk's choices, a dispatch's rows) rather than a value it computes
+// with: no gradient flows back through it.
+func (o Op) Routes(i int) bool {
+	switch o {
+	case Dispatch, ExpertLinear, RouteWeights, Combine:
+		return i == 1
+	}
+	return false
 }
 
 // OpNames returns the names of all ops, sorted.
@@ -115,10 +140,12 @@ func ParseOp(s string) (Op, bool) {
 // Attrs holds the attributes of an op. Each field is meaningful only for the
 // ops named in its comment; the zero value is the default for all of them.
 type Attrs struct {
-	Out         int64   // Linear: output features; Embedding: embedding width
+	Out         int64   // Linear, ExpertLinear: output features; Embedding: embedding width
+	Experts     int64   // Dispatch, ExpertLinear: the experts tokens are routed to
+	TopK        int64   // TopK, Combine: the experts each token is routed to
 	Vocab       int64   // Embedding: rows of the table
 	Bias        bool    // Linear: has a bias
-	Frozen      bool    // Linear, Embedding, norms: weights are not trained
+	Frozen      bool    // Linear, ExpertLinear, Embedding, norms: weights are not trained
 	Tied        string  // Linear, Embedding: name of the node whose weight this one shares
 	LoRARank    int64   // Linear: rank of a trainable low-rank adapter (0: none)
 	LoRADrop    float64 // Linear: dropout probability on the adapter's input

@@ -120,8 +120,42 @@ func validateNode(g *Graph, n *Node) error {
 	if err != nil {
 		return err
 	}
+	if err := validateRouting(g, n); err != nil {
+		return err
+	}
 	if !t.Shape.Equal(n.Shape) || t.DType != n.DType {
 		return fmt.Errorf("output is %v %v, but its inputs give %v %v", n.Shape, n.DType, t.Shape, t.DType)
+	}
+	return nil
+}
+
+// validateRouting checks that the routed ops read what they route by: a
+// dispatch the choices of a topk over its experts, the others a dispatch
+// (whose k they agree with).
+func validateRouting(g *Graph, n *Node) error {
+	switch n.Op {
+	case Dispatch:
+		t := &g.Nodes[n.Inputs[1]]
+		if t.Op != TopK {
+			return fmt.Errorf("dispatch routes by a topk's choices, but %s is a %v", t.Name, t.Op)
+		}
+		if e := g.Nodes[t.Inputs[0]].Shape.Last(); e != n.Attrs.Experts {
+			return fmt.Errorf("dispatch over %d experts routes by %s, a choice among %d", n.Attrs.Experts, t.Name, e)
+		}
+	case ExpertLinear, RouteWeights, Combine:
+		d := &g.Nodes[n.Inputs[1]]
+		if d.Op != Dispatch {
+			return fmt.Errorf("%v reads its routing from a dispatch, but %s is a %v", n.Op, d.Name, d.Op)
+		}
+		k := g.Nodes[d.Inputs[1]].Shape.Last()
+		switch {
+		case n.Op == ExpertLinear && n.Attrs.Experts != d.Attrs.Experts:
+			return fmt.Errorf("expert_linear of %d experts reads %s, which routes to %d", n.Attrs.Experts, d.Name, d.Attrs.Experts)
+		case n.Op == Combine && n.Attrs.TopK != k:
+			return fmt.Errorf("combine of %d rows per token reads %s, which routes %d", n.Attrs.TopK, d.Name, k)
+		case n.Op == RouteWeights && g.Nodes[n.Inputs[0]].Shape.Last() != k:
+			return fmt.Errorf("route_weights of %v reads %s, which routes %d per token", g.Nodes[n.Inputs[0]].Shape, d.Name, k)
+		}
 	}
 	return nil
 }

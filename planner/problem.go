@@ -98,6 +98,9 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 			p.Chain.Forward[i] = rerun
 		}
 	}
+	if note := routingNote(g, stages); note != "" {
+		p.Notes = append(p.Notes, note)
+	}
 	if src.Kind == graphio.KindGraph && len(stages) == 1 {
 		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
 	}
@@ -182,4 +185,30 @@ func baselineCost(c *solver.Chain) float64 {
 		s += c.Forward[i] + c.Backward[i]
 	}
 	return s
+}
+
+// routingNote says how a mixture of experts is planned, or "" when the
+// graph routes nothing.
+func routingNote(g *ir.Graph, stages []*stage.Stage) string {
+	var routed []string
+	for _, st := range stages {
+		if st.Routed {
+			routed = append(routed, st.Name)
+		}
+	}
+	if len(routed) == 0 {
+		return ""
+	}
+	var experts, k int64
+	for i := range g.Nodes {
+		if n := &g.Nodes[i]; n.Op == ir.Dispatch {
+			experts, k = n.Attrs.Experts, g.Nodes[n.Inputs[1]].Shape.Last()
+			break
+		}
+	}
+	which := "the layers"
+	if len(routed) < len(stages)-2 {
+		which = strings.Join(routed, ", ")
+	}
+	return fmt.Sprintf("mixture of experts: each token is routed to %d of %d experts without dropping or padding, as transformers routes it, so the experts keep and compute the same bytes and FLOPs under any routing (balanced or all tokens on the same experts); which rows each expert gets is known only when the step runs, so %s that route are stored or recomputed whole, never in part", k, experts, which)
 }

@@ -356,11 +356,17 @@ func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 			}
 		}
 		for _, name := range Policies {
-			add(name, k.closeOutputs(k.policy(name, core)))
+			if !st.Routed || name == "keep-all" {
+				add(name, k.closeOutputs(k.policy(name, core)))
+			}
 		}
-		front, complete := k.front()
-		for _, b := range front {
-			add("", k.closeOutputs(b))
+		complete := true
+		if !st.Routed {
+			var front []bitset
+			front, complete = k.front()
+			for _, b := range front {
+				add("", k.closeOutputs(b))
+			}
 		}
 		if !complete {
 			found.found = append(found.found, namedBits{policy: frontTooWide})

@@ -103,6 +103,7 @@ func (st *Stage) forward(holds func(int) bool) Program {
 	g := c.Graph
 	in := inStage(g, nodes)
 	lastUse := map[int]int{}
+	read := map[int]bool{} // storages besides outputs that later nodes read
 	for k, id := range nodes {
 		for _, s := range c.Owned(id) {
 			lastUse[s] = k
@@ -113,6 +114,11 @@ func (st *Stage) forward(holds func(int) bool) Program {
 				lastUse[s] = max(lastUse[s], k)
 			}
 		}
+		for _, s := range c.Reads(id) {
+			if in[c.Storages[s].Node] {
+				lastUse[s], read[s] = max(lastUse[s], k), true
+			}
+		}
 	}
 	var p Program
 	for k, id := range nodes {
@@ -121,14 +127,15 @@ func (st *Stage) forward(holds func(int) bool) Program {
 		}
 		p = append(p, withWorkspace(c, id, false, Event{Kind: RunForward, Node: id})...)
 		for _, s := range c.Owned(id) {
-			if c.Storages[s].Role != costmodel.Out && !holds(s) {
+			if c.Storages[s].Role != costmodel.Out && !read[s] && !holds(s) {
 				p = append(p, st.storageEvent(Free, s))
 			}
 		}
-		// Outputs whose last reader this node was, in storage order.
+		// Outputs (and routing state) whose last reader this node was, in
+		// storage order.
 		for _, q := range nodes[:k+1] {
 			for _, s := range c.Owned(q) {
-				if c.Storages[s].Role == costmodel.Out && lastUse[s] == k && s != st.Output && !holds(s) {
+				if (c.Storages[s].Role == costmodel.Out || read[s]) && lastUse[s] == k && s != st.Output && !holds(s) {
 					p = append(p, st.storageEvent(Free, s))
 				}
 			}
@@ -193,8 +200,8 @@ func (st *Stage) BackwardProgram() Program {
 			continue // no gradient reaches this node
 		}
 		var scratch []Event
-		for _, src := range g.Nodes[id].Inputs {
-			if !c.RequiresGrad(src) {
+		for i, src := range g.Nodes[id].Inputs {
+			if !c.RequiresGrad(src) || g.Nodes[id].Op.Routes(i) {
 				continue
 			}
 			key, bytes := src, gradBytes(g, src)

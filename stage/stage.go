@@ -44,6 +44,11 @@ type Stage struct {
 	// its Pareto front to be searched: its keep sets are the named
 	// policies alone.
 	FrontTooWide bool
+	// Routed says that the stage routes tokens to experts: which rows each
+	// expert's tensors have is data, known when the step runs, so no keep
+	// set can name them ahead. The stage is stored or recomputed whole:
+	// its only keep set keeps everything.
+	Routed bool
 
 	c      *costmodel.Costs
 	tape   []int       // every storage keeping everything keeps, sorted
@@ -117,6 +122,7 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 	}
 	inTape := map[int]bool{st.Output: true}
 	for _, id := range sp.nodes {
+		st.Routed = st.Routed || g.Nodes[id].Op == ir.Dispatch
 		st.ForwardFLOPs += c.Nodes[id].ForwardFLOPs
 		st.BackwardFLOPs += c.Nodes[id].BackwardFLOPs
 		for _, s := range c.Nodes[id].Saved {
