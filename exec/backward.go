@@ -74,7 +74,17 @@ func (r *Runner) backward(id, stage int) {
 		kernel.SiLUBackward(dx, r.data(n.Inputs[0]), dy)
 	case ir.Tanh:
 		kernel.TanhBackward(dx, r.data(id), dy)
+	case ir.Sigmoid:
+		kernel.SigmoidBackward(dx, dy, r.data(id))
+	case ir.TopK, ir.SumNorm, ir.Dispatch, ir.ExpertLinear, ir.RouteWeights, ir.Combine:
+		r.routingBackward(id, dx, dy)
 	case ir.Mul:
+		if i, ok := r.rowScale(id); ok {
+			rw, cl := rows(n.Shape)
+			dScaled, dScale := r.gradIn(id, 1-i), r.gradIn(id, i)
+			kernel.MulRowsBackward(dScaled, dScale, dy, r.data(n.Inputs[1-i]), r.data(n.Inputs[i]), rw, cl)
+			break
+		}
 		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
 		db := r.gradIn(id, 1)
 		var a, b []float32
@@ -176,5 +186,43 @@ func (r *Runner) linearBackward(id int, dx, dy []float32) {
 			}
 		}
 		kernel.LoRABackward(dx, p.dLoraA, p.dLoraB, dy, ax, r.extra(id, costmodel.LoRAA), p.loraA, p.loraB, mask, r.work.F, loraScale, rw, in, rank, out)
+	}
+}
+
+// routingBackward runs the mixture-of-experts ops' backward from what
+// they keep: the topk's indices, the sum and copy sum_norm keeps, the
+// dispatch's route, the experts' inputs.
+func (r *Runner) routingBackward(id int, dx, dy []float32) {
+	n := r.node(id)
+	x := r.node(n.Inputs[0]).Shape
+	if n.Op == ir.ExpertLinear {
+		p := &r.params[id]
+		var in []float32
+		if p.dw != nil {
+			in = r.data(n.Inputs[0])
+		}
+		route, idx, k := r.routing(n.Inputs[1])
+		kernel.ExpertLinearBackward(dx, p.dw, dy, in, p.w, route, idx, k, int(n.Attrs.Experts), int(x.Last()), int(n.Attrs.Out))
+		return
+	}
+	if dx == nil {
+		return
+	}
+	switch n.Op {
+	case ir.TopK:
+		rw, cl := rows(x)
+		kernel.TopKBackward(dx, dy, r.owned(id, costmodel.Indices).I, rw, cl, int(n.Attrs.TopK))
+	case ir.SumNorm:
+		rw, cl := rows(x)
+		kernel.SumNormBackward(dx, dy, r.extra(id, costmodel.InputCopy), r.extra(id, costmodel.Sum), rw, cl)
+	case ir.Dispatch:
+		route := r.owned(id, costmodel.Route).I
+		kernel.DispatchBackward(dx, dy, route, int(x.NumElements()/x.Last()), int(n.Shape[0]), int(x.Last()))
+	case ir.RouteWeights:
+		route, k := r.route(n.Inputs[1])
+		kernel.GatherWeightsBackward(dx, dy, route, int(x.NumElements())/k, int(n.Shape[0]), k)
+	case ir.Combine:
+		route, _ := r.route(n.Inputs[1])
+		kernel.CombineBackward(dx, dy, route, int(x[0]), int(x.Last()))
 	}
 }

@@ -166,7 +166,16 @@ func (r *Runner) forward(id int) {
 		kernel.SiLU(r.data(id), r.data(n.Inputs[0]))
 	case ir.Tanh:
 		kernel.Tanh(r.data(id), r.data(n.Inputs[0]))
+	case ir.Sigmoid:
+		kernel.Sigmoid(r.data(id), r.data(n.Inputs[0]))
+	case ir.TopK, ir.SumNorm, ir.Dispatch, ir.ExpertLinear, ir.RouteWeights, ir.Combine:
+		r.routingForward(id)
 	case ir.Mul, ir.Add:
+		if i, ok := r.rowScale(id); ok {
+			rw, cl := rows(n.Shape)
+			kernel.MulRows(r.data(id), r.data(n.Inputs[1-i]), r.data(n.Inputs[i]), rw, cl)
+			break
+		}
 		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
 		if n.Op == ir.Mul {
 			kernel.Mul(r.data(id), r.data(n.Inputs[0]), r.data(n.Inputs[1]), rw, cl)
@@ -245,5 +254,67 @@ func (r *Runner) linearForward(id int) {
 			kernel.Dropout(ax, x, mask)
 		}
 		kernel.LoRA(y, r.extra(id, costmodel.LoRAA), ax, p.loraA, p.loraB, r.work.F, loraScale, rw, in, rank, out)
+	}
+}
+
+// rowScale reports whether a product multiplies each row by one value of
+// its operand i ([rows, 1] against [rows, cols]: a routing weight or a
+// shared expert's gate), which the broadcast of a trailing operand does
+// not cover.
+func (r *Runner) rowScale(id int) (int, bool) {
+	n := r.node(id)
+	if n.Op != ir.Mul || n.Shape.Last() == 1 {
+		return 0, false
+	}
+	for i, in := range n.Inputs {
+		s := r.node(in).Shape
+		if len(s) == len(n.Shape) && s.Last() == 1 && s.NumElements() == n.Shape.NumElements()/n.Shape.Last() {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// routing returns the route of the dispatch an expert's product reads,
+// the indices of the topk that dispatch routes by (whose experts the
+// rows are), and k.
+func (r *Runner) routing(dispatch int) (route, idx []int64, k int) {
+	route, k = r.route(dispatch)
+	return route, r.owned(r.node(dispatch).Inputs[1], costmodel.Indices).I, k
+}
+
+// route returns the route of a dispatch and the experts each token goes
+// to, k.
+func (r *Runner) route(dispatch int) ([]int64, int) {
+	top := r.node(dispatch).Inputs[1]
+	return r.owned(dispatch, costmodel.Route).I, int(r.node(top).Shape.Last())
+}
+
+// routingForward runs the mixture-of-experts ops (kernel/moe.go).
+func (r *Runner) routingForward(id int) {
+	n := r.node(id)
+	x := r.node(n.Inputs[0]).Shape
+	switch n.Op {
+	case ir.TopK:
+		rw, cl := rows(x)
+		kernel.TopK(r.data(id), r.owned(id, costmodel.Indices).I, r.data(n.Inputs[0]), rw, cl, int(n.Attrs.TopK))
+	case ir.SumNorm:
+		rw, cl := rows(x)
+		kernel.SumNorm(r.data(id), r.extra(id, costmodel.Sum), r.extra(id, costmodel.InputCopy), r.data(n.Inputs[0]), rw, cl)
+	case ir.Dispatch:
+		top := n.Inputs[1]
+		tokens, k := rows(r.node(top).Shape)
+		route := r.owned(id, costmodel.Route).I
+		kernel.Route(route, make([]int, n.Attrs.Experts), r.owned(top, costmodel.Indices).I, tokens, k, int(n.Attrs.Experts))
+		kernel.Dispatch(r.data(id), r.data(n.Inputs[0]), route, int(n.Shape[0]), int(x.Last()))
+	case ir.ExpertLinear:
+		route, idx, k := r.routing(n.Inputs[1])
+		kernel.ExpertLinear(r.data(id), r.data(n.Inputs[0]), r.params[id].w, route, idx, k, int(n.Attrs.Experts), int(x.Last()), int(n.Attrs.Out))
+	case ir.RouteWeights:
+		route, k := r.route(n.Inputs[1])
+		kernel.GatherWeights(r.data(id), r.data(n.Inputs[0]), route, int(n.Shape[0]), k)
+	case ir.Combine:
+		route, _ := r.route(n.Inputs[1])
+		kernel.Combine(r.data(id), r.data(n.Inputs[0]), route, int(n.Shape[0]), int(x[0]), int(x.Last()))
 	}
 }

@@ -62,6 +62,13 @@ func (r *Runner) static(seed int64) {
 				uniform(p.loraB, 1/math.Sqrt(float64(rank)))
 				p.dLoraA, p.dLoraB = alloc(in*rank, n.Name+".lora_a.grad"), alloc(rank*n.Attrs.Out, n.Name+".lora_b.grad")
 			}
+		case ir.ExpertLinear:
+			size := n.Attrs.Experts * g.Nodes[n.Inputs[0]].Shape.Last() * n.Attrs.Out
+			p.w = alloc(size, n.Name+".weight")
+			uniform(p.w, 1/math.Sqrt(float64(g.Nodes[n.Inputs[0]].Shape.Last())))
+			if trains {
+				p.dw = alloc(size, n.Name+".weight.grad")
+			}
 		case ir.LayerNorm, ir.RMSNorm:
 			h := n.Shape.Last()
 			p.w = alloc(h, n.Name+".weight")

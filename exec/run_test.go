@@ -205,6 +205,14 @@ func TestUnusualShapes(t *testing.T) {
 		// Qwen 3 normalizes each query and key head: RMS norms over d
 		// with weights of their own.
 		{"qwen3", "tiny-llama", func(m *graphio.Model) { m.Family, m.HeadSize = "qwen3", 32 }},
+		// Mixtral's experts: tokens routed by their own top 2 of 4,
+		// renormalized; the routing state (indices, route) is int64.
+		{"mixtral", "tiny-llama", func(m *graphio.Model) { m.Experts, m.ExpertsPerToken, m.NormTopK = 4, 2, true }},
+		// Qwen2-MoE's: top 3 of 5 without renormalizing, a shared expert
+		// under a sigmoid gate, and a dense layer.
+		{"qwen2_moe", "tiny-llama", func(m *graphio.Model) {
+			m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.SharedExpertFFN, m.DenseLayers = 5, 3, 48, 80, []int64{1}
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			src, err := graphio.Load(tt.model)

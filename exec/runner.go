@@ -253,9 +253,12 @@ func (r *Runner) runProgram(p stage.Program, i int) {
 		switch e.Kind {
 		case stage.Alloc:
 			var b *Buffer
-			if e.Buf == stage.StorageBuf && r.c.Storages[e.Storage].DType.Size() == 1 {
+			switch {
+			case e.Buf == stage.StorageBuf && r.c.Storages[e.Storage].DType.Size() == 1:
 				b = r.tr.AllocBytes(int(e.Bytes), "mask")
-			} else {
+			case e.Buf == stage.StorageBuf && r.c.Storages[e.Storage].DType == ir.Int64:
+				b = r.tr.AllocIDs(int(e.Bytes/8), "routing")
+			default:
 				b = r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
 			}
 			switch e.Buf {

@@ -52,10 +52,10 @@ type Model struct {
 	// logits are capped by FinalSoftcap alike. Its queries are scaled by
 	// 1/√QueryScalar (0: by 1/√head_dim), and every other layer from the
 	// first attends within SlidingWindow tokens (0: none).
-	AttnSoftcap   float64  `yaml:"attn_logit_softcapping,omitempty" json:"attn_logit_softcapping,omitempty"`
-	FinalSoftcap  float64  `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
-	QueryScalar   float64  `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
-	SlidingWindow int64    `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
+	AttnSoftcap   float64 `yaml:"attn_logit_softcapping,omitempty" json:"attn_logit_softcapping,omitempty"`
+	FinalSoftcap  float64 `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
+	QueryScalar   float64 `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
+	SlidingWindow int64   `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
 	// A mixture of experts in place of the MLP (Mixtral, Qwen2-MoE, Qwen
 	// 3 MoE): a router picks ExpertsPerToken of Experts experts for each
 	// token, each a gated MLP of ExpertFFN (0: ffn), and NormTopK divides
