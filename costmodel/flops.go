@@ -75,7 +75,7 @@ func (a *analyzer) flops(n *ir.Node) (fwd, bwd int64) {
 			fwd, bwd = fwd/a.tp, bwd/a.tp
 		}
 	case ir.RoPE:
-		if n.Attrs.Tables {
+		if n.Attrs.Tables && n.Attrs.CacheLen == 0 {
 			// The layer makes its cos/sin tables: inv_freq [d/2, 1] times
 			// the positions [1, s], one batch of positions, no gradient.
 			x := g.Nodes[n.Inputs[0]].Shape

@@ -348,8 +348,14 @@ func (b *builder) llamaLayer(x int) int {
 	q, k, v := b.qkv(h)
 	// Under autocast the 16-bit q and k meet fp32 cos and sin and become
 	// fp32, unless the layer makes its tables, in q's dtype.
-	fp32 := b.half != ir.Invalid && !m.Training.Numerics.RopeInLayer
-	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: m.Training.Numerics.RopeInLayer, Upcast: fp32}, q)
+	nm := &m.Training.Numerics
+	inLayer := nm.RopeInLayer || nm.RopeCached
+	fp32 := b.half != ir.Invalid && !inLayer
+	var cache int64
+	if nm.RopeCached {
+		cache = max(m.MaxSeq, m.Training.Seq)
+	}
+	q = b.op("attn.rope_q", ir.RoPE, ir.Attrs{Heads: m.Heads, Theta: m.RopeTheta, Tables: inLayer, CacheLen: cache, Upcast: fp32}, q)
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)

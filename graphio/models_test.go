@@ -26,6 +26,8 @@ func TestPublishedParameterCounts(t *testing.T) {
 		"gemma-2-9b":     9241705984,  // Gemma 2 report, Table 1: 917,504,000 embedding + 8,324,201,984
 		"granite-3.3-8b": 8170864640,  // IBM's "8B"; transformers counts 8,170,864,640 (python/tests)
 		"qwen3-8b":       8.19e9,      // Qwen3 model card: 8.2B, 6.95B non-embedding
+		"mixtral-8x7b":   46.7e9,      // Jiang et al. 2024, Mixtral of Experts: 46.7B
+		"qwen3-30b-a3b":  30.5e9,      // Qwen3 model card: 30.5B, 3.3B activated
 	}
 	for name, want := range published {
 		t.Run(name, func(t *testing.T) {
@@ -112,6 +114,13 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 		{"gemma-2-9b", 256000*3584 + 42*(3584*(16+2*8)*256+16*256*3584+3*3584*14336+4*3584) + 3584},
 		{"qwen3-0.6b", 151936*1024 + 28*(1024*(16+2*8)*128+16*128*1024+3*1024*3072+2*1024+2*128) + 1024},
 		{"granite-3.3-8b", 49159*4096 + 40*(4096*(32+2*8)*128+32*128*4096+3*4096*12800+2*4096) + 4096},
+		// Mixtral: Mistral's attention, a router of 8 and 8 experts.
+		{"mixtral-8x7b", 2*32000*4096 + 32*(4096*(32+2*8)*128+32*128*4096+4096*8+8*3*4096*14336+2*4096) + 4096},
+		// Qwen1.5-MoE: biased q, k, v; 60 experts of 1408, a shared
+		// expert of 5632 and its gate of one output.
+		{"qwen1.5-moe-a2.7b", 2*151936*2048 + 24*(2048*(16+2*16)*128+3*16*128+16*128*2048+2048*60+60*3*2048*1408+3*2048*5632+2048+2*2048) + 2048},
+		// Qwen3-30B-A3B: Qwen 3's attention, 128 experts of 768.
+		{"qwen3-30b-a3b", 2*151936*2048 + 48*(2048*(32+2*4)*128+32*128*2048+2*128+2048*128+128*3*2048*768+2*2048) + 2048},
 	} {
 		src, err := Load("testdata/hf/" + c.file + ".json")
 		if err != nil {

@@ -171,6 +171,7 @@ type Attrs struct {
 	Eps         float64 // LayerNorm, RMSNorm: epsilon
 	Theta       float64 // RoPE: base of the rotary frequencies
 	Tables      bool    // RoPE: computes the cos/sin tables it uses, [1, 1, s, d] each, which its backward keeps
+	CacheLen    int64   // RoPE with Tables: they are indexed from its layer's cache of this many positions, without a product
 	To          DType   // Cast: the target dtype
 	Shape       Shape   // Reshape: the new shape; one entry may be -1
 }

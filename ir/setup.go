@@ -35,6 +35,11 @@ type Numerics struct {
 	// RopeInLayer: each layer computes its rotary cos/sin tables itself
 	// (Mistral in transformers before 4.48), so they are its activations.
 	RopeInLayer bool `yaml:"rope_in_layer,omitempty" json:"rope_in_layer,omitempty"`
+	// RopeCached: each layer slices and indexes cos/sin tables it holds
+	// for every position (Mixtral in transformers before 4.48): copies
+	// kept as RopeInLayer's are, made without a product; the tables are
+	// the layer's buffers.
+	RopeCached bool `yaml:"rope_cached,omitempty" json:"rope_cached,omitempty"`
 	// SDPAContiguous: q, k and v are made contiguous before sdpa (copies
 	// of strided ones), whose output is then [b, heads, s, d], so that
 	// merging the heads copies it (transformers 4.48 and later); before,

@@ -123,7 +123,7 @@ func (st *Stage) replayFLOPs(cached func(s int) bool) int64 {
 				b = 0
 			}
 			f += base + a + b
-		case n.Op == ir.RoPE && n.Attrs.Tables:
+		case n.Op == ir.RoPE && n.Attrs.Tables && n.Attrs.CacheLen == 0:
 			f += c.ForwardFLOPs // the tables' product; the rotation is pointwise
 		case len(st.c.Owned(id)) > 0 && cached(st.c.OutputStorage(id)):
 		default:

@@ -140,6 +140,16 @@ func writeInspectText(w io.Writer, r *inspectReport) error {
 		t := &m.Training
 		fmt.Fprintf(tw, "family\t%s: %d layers, hidden %d, %d heads (%d kv), ffn %d, vocab %d\n",
 			m.Family, m.Layers, m.Hidden, m.Heads, m.KVHeads, m.FFN, m.Vocab)
+		if m.Experts > 0 {
+			fmt.Fprintf(tw, "experts\t%d of ffn %d, %d per token", m.Experts, m.ExpertFFN, m.ExpertsPerToken)
+			if m.SharedExpertFFN > 0 {
+				fmt.Fprintf(tw, ", a shared expert of ffn %d", m.SharedExpertFFN)
+			}
+			if n := len(m.DenseLayers); n > 0 {
+				fmt.Fprintf(tw, "; %d dense layers", n)
+			}
+			fmt.Fprintln(tw)
+		}
 		fmt.Fprintf(tw, "training\tbatch %d, seq %d, %s, dropout %g, %s attention, profile %s\n",
 			t.Batch, t.Seq, t.DType, t.Dropout, t.Attention, t.Profile)
 	}

@@ -51,7 +51,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
 	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
-	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48)")
+	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48) | cached (each layer indexes a cache of its own, Mixtral before 4.48)")
 	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are; before 4.48) | contiguous (contiguous copies, 4.48 and later) (default: the model's)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
@@ -86,6 +86,7 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":
 			t.Numerics.RopeInLayer = s.ropeTables == "layer"
+			t.Numerics.RopeCached = s.ropeTables == "cached"
 		case "sdpa-layout":
 			t.Numerics.SDPAContiguous = s.sdpaLayout == "contiguous"
 		case "lora-dropout":
@@ -117,8 +118,8 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.attention != "" && !slices.Contains(ir.Attentions, s.attention) {
 		return nil, usagef("--attention: unknown value %q (valid: %s)", s.attention, strings.Join(ir.Attentions, ", "))
 	}
-	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" {
-		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer)", s.ropeTables)
+	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" && s.ropeTables != "cached" {
+		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer, cached)", s.ropeTables)
 	}
 	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" {
 		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous)", s.sdpaLayout)

@@ -128,6 +128,10 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     attn = getattr(layers[0], "self_attn", None)
     layer_rope = attn is not None and hasattr(attn, "rotary_emb") and not hasattr(inner, "rotary_emb")
     rope = "layer" if layer_rope else "model"
+    if layer_rope and hasattr(attn.rotary_emb, "cos_cached"):
+        # Mixtral before 4.48: each layer slices and indexes tables it
+        # holds for every position, computing nothing.
+        rope = "cached"
     dropout = None if model.training else 0.0
     attention = _ATTENTION[impl]
     attn_p = cfg.get("attention_dropout", cfg.get("attn_pdrop", 0.0)) or 0.0

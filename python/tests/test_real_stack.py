@@ -83,6 +83,27 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
                                             max_position_embeddings=64, attention_dropout=dropout,
                                             embedding_multiplier=12.0, residual_multiplier=0.22,
                                             attention_multiplier=0.0078125, logits_scaling=8.0)
+    elif family == "mixtral":
+        # Two of four experts a token, renormalized.
+        config = transformers.MixtralConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                            num_key_value_heads=2, intermediate_size=96, vocab_size=VOCAB,
+                                            max_position_embeddings=64, attention_dropout=dropout,
+                                            num_local_experts=4, num_experts_per_tok=2)
+    elif family == "qwen2_moe":
+        # Three of five experts a token, not renormalized, a shared expert
+        # under a sigmoid gate, and a dense middle layer.
+        config = transformers.Qwen2MoeConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                             num_key_value_heads=2, intermediate_size=192, moe_intermediate_size=48,
+                                             shared_expert_intermediate_size=80, num_experts=5, num_experts_per_tok=3,
+                                             mlp_only_layers=[1], vocab_size=VOCAB, max_position_embeddings=64,
+                                             attention_dropout=dropout)
+    elif family == "qwen3_moe":
+        # Qwen 3's attention; two of four experts a token, renormalized.
+        config = transformers.Qwen3MoeConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=32, intermediate_size=192,
+                                             moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                             norm_topk_prob=True, vocab_size=VOCAB, max_position_embeddings=64,
+                                             attention_dropout=dropout)
     else:
         cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "mistral-hd": transformers.MistralConfig, "llama-bias": transformers.LlamaConfig,
@@ -152,6 +173,18 @@ ALL += [pytest.param("qwen3", a, d, p, lora, None, marks=NEWER) for a in ("eager
         for p, lora in ((0.0, ""), (0.1, "all"))]
 ALL += [pytest.param("qwen3", a, "fp32", p, lora, "bf16", marks=NEWER) for a in ("eager", "sdpa")
         for p, lora in ((0.0, ""), (0.1, "attn"))]
+# Mixtures of experts: Mixtral and Qwen2-MoE (a shared expert, a dense
+# layer) on the pinned transformers, Qwen 3 MoE on the newer one; LoRA on
+# the attention (the experts frozen). Their layers are stored or
+# checkpointed whole.
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+ALL += [(f, a, d, p, lora, None) for f in ("mixtral", "qwen2_moe") for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+        for p, lora in ((0.0, ""), (0.1, "attn"))]
+NEWER_MOE = [pytest.mark.newer,
+             pytest.mark.skipif(not hasattr(transformers, "Qwen3MoeConfig") and not os.environ.get("CKPTPLAN_NEWER"),
+                                reason=f"transformers {transformers.__version__} has no Qwen 3 MoE")]
+ALL += [pytest.param("qwen3_moe", a, d, p, lora, None, marks=NEWER_MOE) for a in ("eager", "sdpa")
+        for d in ("fp32", "bf16") for p, lora in ((0.0, ""), (0.1, "attn"))]
 AUTOCAST = {None: None, "bf16": torch.bfloat16}
 
 
@@ -188,6 +221,8 @@ NEWER_STORED = [pytest.param(f, a, d, p, lora, None, marks=NEWER_RUN)
                 for f in ("llama", "mistral", "qwen2", "gpt2", "gemma", "gemma2", "phi3", "starcoder2", "granite",
                           "mistral-hd", "llama-bias")
                 for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p, lora in ((0.0, ""), (0.1, "all"))]
+NEWER_STORED += [pytest.param(f, a, d, p, lora, None, marks=NEWER_RUN) for f in ("mixtral", "qwen2_moe")
+                 for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p, lora in ((0.0, ""), (0.1, "attn"))]
 NEWER_STORED += [pytest.param(f, "sdpa", "fp32", 0.0, "", "bf16", marks=NEWER_RUN)
                  for f in ("llama", "gemma", "gemma2", "phi3", "starcoder2", "granite")]
 
@@ -196,6 +231,65 @@ NEWER_STORED += [pytest.param(f, "sdpa", "fp32", 0.0, "", "bf16", marks=NEWER_RU
 def test_stored_layers_on_newer_transformers(ckptplan_binary, family, attention, dtype, dropout, lora, autocast):
     """test_stored_layers_keep_what_ckptplan_predicts on the newer transformers."""
     test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, attention, dtype, dropout, lora, autocast)
+
+
+class FixedRouter(torch.nn.Linear):
+    """A router whose logits are its linear's plus fixed logits per token,
+    which decide where each token goes: it keeps what the router it
+    replaces keeps (its input), and adding the table keeps nothing."""
+
+    def __init__(self, gate: torch.nn.Linear, table: "torch.Tensor"):
+        super().__init__(gate.in_features, gate.out_features, bias=False, device="meta")
+        self.weight = gate.weight
+        self.register_buffer("table", table.to(gate.weight.dtype))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight) + self.table
+
+
+def routing_table(routing: str, tokens: int, experts: int, k: int) -> "torch.Tensor":
+    """Logits that send token t to k experts: "worst", all to experts
+    0…k−1; "balanced", round robin; "skewed", most to expert 0 and none
+    to the last expert."""
+    table = torch.zeros(tokens, experts)
+    for t in range(tokens):
+        if routing == "worst":
+            chosen = range(k)
+        elif routing == "balanced":
+            chosen = [(t * k + j) % experts for j in range(k)]
+        else:
+            chosen = [0] + [1 + (t + j) % (experts - 2) for j in range(k - 1)]
+        for rank, e in enumerate(chosen):
+            table[t, e] = 100.0 - rank
+    return table
+
+
+@pytest.mark.parametrize("family,attention,dtype,dropout,lora,autocast",
+                         [(f, "sdpa", d, 0.0, "", None) for f in ("mixtral", "qwen2_moe") for d in ("fp32", "bf16")]
+                         + [pytest.param("qwen3_moe", "eager", "fp32", 0.0, "", None, marks=NEWER_MOE)])
+@pytest.mark.parametrize("routing", ["worst", "balanced", "skewed"])
+def test_experts_keep_the_same_bytes_under_any_routing(ckptplan_binary, family, attention, dtype, dropout, lora,
+                                                       autocast, routing):
+    """Routing forced by fixed router logits: all tokens on the same k
+    experts, spread evenly, or skewed with an expert left idle. Each
+    layer keeps what the plan says, which does not depend on the
+    routing: every token sends k rows, whichever experts take them."""
+    model = build(family, attention, dtype, dropout, lora)
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    counts = []
+    for layer in model.model.layers:
+        block = getattr(layer, "block_sparse_moe", None) or layer.mlp
+        if not hasattr(block, "experts"):
+            continue  # a dense layer
+        k = block.top_k
+        table = routing_table(routing, BATCH * SEQ, block.gate.out_features, k)
+        block.gate = FixedRouter(block.gate, table)
+        chosen = table.topk(k, dim=-1).indices
+        counts.append(torch.bincount(chosen.flatten(), minlength=table.shape[1]).tolist())
+    assert counts, "no layer routes"
+    m = measure(model, batch())
+    for layer, got in zip(plan.layers, m.layers):
+        assert got.kept_bytes == layer.kept_bytes, f"{routing} routing {counts[0]}: {layer.name} holds {got.kept_bytes}, plan {layer.kept_bytes}"
 
 
 def grads_equal(a, b) -> bool:
@@ -234,7 +328,7 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
             assert got.kept_bytes == layer.kept_bytes, f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
         assert m.recomputed_flops == plan.recompute_flops, f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}"
         assert m.backward_flops - base.backward_flops == plan.recompute_flops
-    assert ("selective" if solver == "selective" else "checkpoint") in modes
+    assert ("selective" if solver == "selective" and family not in MOE else "checkpoint") in modes
 
 
 def test_other_shapes_are_refused(ckptplan_binary):
@@ -282,12 +376,15 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
 
 
 @pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b",
-                                  "gemma-2-9b", pytest.param("qwen3-0.6b", marks=NEWER)])
+                                  "gemma-2-9b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
+                                  pytest.param("qwen3-0.6b", marks=NEWER),
+                                  pytest.param("qwen3-30b-a3b", marks=NEWER_MOE)])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
     """Full-size configs: Mistral-NeMo's (heads of 128 where hidden/heads is
     160), Gemma-7B's (tied, heads of 256), Phi-3-mini's (fused
-    projections): ckptplan counts the parameters transformers builds, on
-    the meta device."""
+    projections), the mixtures of experts' (Qwen1.5-MoE's shared expert):
+    ckptplan counts the parameters transformers builds, on the meta
+    device."""
     import json
     import os
 
