@@ -240,3 +240,38 @@ func TestUnusualShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestGraphs runs graph YAMLs under a plan at a share of what storing
+// everything holds: a mixture of experts written op by op, and a norm of
+// the graph's input (whose gradient nothing needs).
+func TestGraphs(t *testing.T) {
+	for _, tt := range []struct {
+		file  string
+		share mem.Bytes // in quarters
+	}{{"moe.yaml", 3}, {"norm-input.yaml", 4}} {
+		file := tt.file
+		t.Run(file, func(t *testing.T) {
+			src, err := graphio.Load("../graphio/testdata/graphs/" + file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := planner.New(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*tt.share/4})
+			if err != nil || !plan.Feasible {
+				t.Fatalf("%v, feasible %v", err, plan.Feasible)
+			}
+			rep, err := Verify(p, plan, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.MeasuredPeakBytes != rep.PredictedPeakBytes || !rep.TimelineMatches || !rep.GradientsMatch || rep.MeasuredCost != rep.PredictedCost {
+				t.Errorf("measured %d, predicted %d; timeline %v gradients %v; FLOPs %v vs %v",
+					rep.MeasuredPeakBytes, rep.PredictedPeakBytes, rep.TimelineMatches, rep.GradientsMatch, rep.MeasuredCost, rep.PredictedCost)
+			}
+		})
+	}
+}

@@ -108,7 +108,7 @@ func (s *GraphSpec) attrs(n *flatNode) (ir.Attrs, error) {
 		key  string
 		expr string
 		dst  *int64
-	}{{"out", e.Out, &a.Out}, {"vocab", e.Vocab, &a.Vocab}, {"heads", e.Heads, &a.Heads}, {"kv_heads", e.KVHeads, &a.KVHeads}, {"lora_rank", e.LoRARank, &a.LoRARank}}
+	}{{"out", e.Out, &a.Out}, {"vocab", e.Vocab, &a.Vocab}, {"heads", e.Heads, &a.Heads}, {"kv_heads", e.KVHeads, &a.KVHeads}, {"lora_rank", e.LoRARank, &a.LoRARank}, {"experts", e.Experts, &a.Experts}, {"top_k", e.TopK, &a.TopK}}
 	for _, sz := range sizes {
 		if sz.expr == "" {
 			continue

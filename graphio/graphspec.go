@@ -95,6 +95,8 @@ type entrySpec struct {
 	Heads      string   `yaml:"heads"`
 	KVHeads    string   `yaml:"kv_heads"`
 	LoRARank   string   `yaml:"lora_rank"`
+	Experts    string   `yaml:"experts"`
+	TopK       string   `yaml:"top_k"`
 	Bias       bool     `yaml:"bias"`
 	Frozen     bool     `yaml:"frozen"`
 	Upcast     bool     `yaml:"upcast"`
@@ -134,11 +136,13 @@ type flatNode struct {
 // op is an error rather than silently ignored. Keys not listed (name, op,
 // inputs, block) go on every node.
 var opKeys = map[string][]ir.Op{
-	"out":         {ir.Linear, ir.Embedding},
+	"out":         {ir.Linear, ir.Embedding, ir.ExpertLinear},
+	"experts":     {ir.Dispatch, ir.ExpertLinear},
+	"top_k":       {ir.TopK, ir.Combine},
 	"vocab":       {ir.Embedding},
 	"bias":        {ir.Linear},
 	"lora_rank":   {ir.Linear},
-	"frozen":      {ir.Linear, ir.Embedding, ir.LayerNorm, ir.RMSNorm},
+	"frozen":      {ir.Linear, ir.ExpertLinear, ir.Embedding, ir.LayerNorm, ir.RMSNorm},
 	"upcast":      {ir.LayerNorm, ir.RMSNorm, ir.Softmax},
 	"eps":         {ir.LayerNorm, ir.RMSNorm},
 	"p":           {ir.Dropout, ir.Attention},

@@ -1,6 +1,7 @@
 package graphio
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,6 +163,35 @@ func TestParseHFConfigKeys(t *testing.T) {
 		{"qwen3 biases, no sliding window", `{"attention_bias": true, "use_sliding_window": false, "sliding_window": 4096, "head_dim": 16, ` +
 			strings.Replace(llama, `"llama"`, `"qwen3"`, 1) + `}`,
 			small("llama", func(m *Model) { m.Family, m.NormEps, m.QKVBias, m.OBias = "qwen3", 1e-6, true, true })},
+		// MixtralConfig's: 8 experts, 2 a token, renormalized; every
+		// layer routes.
+		{"mixtral defaults", `{` + strings.Replace(llama, `"llama"`, `"mixtral"`, 1) + `}`,
+			small("llama", func(m *Model) { m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.NormTopK = 8, 2, 128, true })},
+		{"mixtral experts", `{"num_local_experts": 4, "num_experts_per_tok": 1, "router_jitter_noise": 0, "output_router_logits": false, ` +
+			strings.Replace(llama, `"llama"`, `"mixtral"`, 1) + `}`,
+			small("llama", func(m *Model) { m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.NormTopK = 4, 1, 128, true })},
+		// Qwen2MoeConfig's: 60 experts of 1408, 4 a token, not
+		// renormalized, a shared expert of 5632, biased q, k, v, ε 1e-6.
+		{"qwen2_moe defaults", `{` + strings.Replace(llama, `"llama"`, `"qwen2_moe"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.SharedExpertFFN = 60, 4, 1408, 5632
+				m.QKVBias, m.NormEps = true, 1e-6
+			})},
+		// A layer is dense when mlp_only_layers lists it or
+		// decoder_sparse_step skips it: (l+1) % step != 0.
+		{"qwen2_moe dense layers", `{"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 0, "norm_topk_prob": true, "decoder_sparse_step": 2, "mlp_only_layers": [0], "num_hidden_layers": 4, ` +
+			strings.Replace(strings.Replace(llama, `"llama"`, `"qwen2_moe"`, 1), `"num_hidden_layers": 2, `, "", 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Layers, m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.NormTopK = 4, 4, 2, 32, true
+				m.DenseLayers, m.QKVBias, m.NormEps = []int64{0, 2}, true, 1e-6
+			})},
+		// Qwen3MoeConfig's: Qwen 3's heads of 128, 128 experts of 768, 8 a
+		// token, not renormalized unless norm_topk_prob says so.
+		{"qwen3_moe defaults", `{` + strings.Replace(llama, `"llama"`, `"qwen3_moe"`, 1) + `}`,
+			small("llama", func(m *Model) {
+				m.Family, m.HeadSize, m.NormEps = "qwen3", 128, 1e-6
+				m.Experts, m.ExpertsPerToken, m.ExpertFFN = 128, 8, 768
+			})},
 		{"gpt2 defaults", `{` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner null", `{"n_inner": null, ` + gpt2 + `}`, small("gpt2", func(m *Model) {})},
 		{"gpt2 n_inner", `{"n_inner": 100, ` + gpt2 + `}`, small("gpt2", func(m *Model) { m.FFN = 100 })},
@@ -219,6 +249,41 @@ func TestParseHFConfigErrors(t *testing.T) {
 			}
 			if !strings.HasPrefix(err.Error(), tt.want) {
 				t.Errorf("error = %q\nwant it to start with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseHFConfigExpertErrors checks that a mixture of experts'
+// config is refused where it is wrong or not modelled, at the value.
+func TestParseHFConfigExpertErrors(t *testing.T) {
+	const base = `"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100`
+	tests := []struct {
+		name, typ, key, value, want string
+		inner                       int // columns from the value to the error: an element of a list
+	}{
+		{"dense type with experts", "mistral", "num_local_experts", "8", "num_local_experts: 8 experts: a mistral has no mixture of experts", 0},
+		{"qwen2 with experts", "qwen2", "num_experts", "60", "num_experts: 60 experts: a qwen2 has no mixture of experts", 0},
+		{"no experts", "mixtral", "num_local_experts", "0", "num_local_experts: must be positive, got 0", 0},
+		{"negative experts", "qwen3_moe", "num_experts", "-2", "num_experts: must be positive, got -2", 0},
+		{"more per token than experts", "mixtral", "num_experts_per_tok", "9", "num_experts_per_tok: must be between 1 and experts (8), got 9", 0},
+		{"none per token", "qwen2_moe", "num_experts_per_tok", "0", "num_experts_per_tok: must be between 1 and experts (60), got 0", 0},
+		{"jitter", "mixtral", "router_jitter_noise", "0.01", "router_jitter_noise: 0.01: the router's jitter", 0},
+		{"aux loss", "qwen2_moe", "output_router_logits", "true", "output_router_logits: true: the router's auxiliary load-balancing loss", 0},
+		{"zero sparse step", "qwen3_moe", "decoder_sparse_step", "0", "decoder_sparse_step: must be positive, got 0", 0},
+		{"dense layer out of range", "qwen2_moe", "mlp_only_layers", "[0, 5]", "mlp_only_layers[1]: layer 5 is not one of the model's 2", 0},
+		{"dense layers of strings", "qwen2_moe", "mlp_only_layers", `["0"]`, `mlp_only_layers[0]: want an integer, got "0"`, 1},
+		{"negative expert size", "qwen3_moe", "moe_intermediate_size", "-1", "moe_intermediate_size: must be positive, got -1", 0},
+		{"qwen3_moe sliding window", "qwen3_moe", "use_sliding_window", "true", "use_sliding_window: sliding-window layers of a qwen3_moe model are not modelled", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := `{"model_type": "` + tt.typ + `", ` + base + `, "` + tt.key + `": ` + tt.value + `}`
+			col := strings.Index(doc, `"`+tt.key+`": `) + len(tt.key) + 4 + 1 + tt.inner // the value's column
+			want := fmt.Sprintf("x.json:1:%d: %s", col, tt.want)
+			_, err := ParseHFConfig("x.json", []byte(doc))
+			if err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("error = %v\nwant it to start with %q", err, want)
 			}
 		})
 	}

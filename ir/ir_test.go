@@ -57,6 +57,15 @@ func TestInfer(t *testing.T) {
 		{"cast", Cast, Attrs{To: BF16}, []Tensor{f(3)}, Tensor{Shape{3}, BF16}, ""},
 		{"arity", Add, Attrs{}, []Tensor{f(3)}, Tensor{}, "takes 2 inputs"},
 		{"dropout p", Dropout, Attrs{P: 1}, []Tensor{f(3)}, Tensor{}, "not in [0, 1)"},
+		{"topk", TopK, Attrs{TopK: 2}, []Tensor{f(32, 8)}, f(32, 2), ""},
+		{"topk of too many", TopK, Attrs{TopK: 9}, []Tensor{f(32, 8)}, Tensor{}, "topk of 9 out of a last axis of 8"},
+		{"dispatch", Dispatch, Attrs{Experts: 8}, []Tensor{f(32, 64), f(32, 2)}, f(64, 64), ""},
+		{"dispatch of other tokens", Dispatch, Attrs{Experts: 8}, []Tensor{f(32, 64), f(16, 2)}, Tensor{}, "the tokens differ"},
+		{"expert_linear", ExpertLinear, Attrs{Experts: 8, Out: 96}, []Tensor{f(64, 64), f(64, 64)}, f(64, 96), ""},
+		{"expert_linear of other rows", ExpertLinear, Attrs{Experts: 8, Out: 96}, []Tensor{f(32, 64), f(64, 64)}, Tensor{}, "want the dispatch's 64 rows"},
+		{"route_weights", RouteWeights, Attrs{}, []Tensor{f(32, 2), f(64, 64)}, f(64, 1), ""},
+		{"combine", Combine, Attrs{TopK: 2}, []Tensor{f(64, 64), f(64, 64)}, f(32, 64), ""},
+		{"combine uneven", Combine, Attrs{TopK: 3}, []Tensor{f(64, 64), f(64, 64)}, Tensor{}, "3 per token"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,5 +147,56 @@ func TestValidate(t *testing.T) {
 	}
 	if got := g.Params(y); got != 12 {
 		t.Errorf("Params = %d, want 12", got)
+	}
+}
+
+// TestValidateRouting: the ops that read a routing must read it from a
+// topk's choices (dispatch) or a dispatch (the rest), of agreeing sizes.
+func TestValidateRouting(t *testing.T) {
+	build := func(edit func(g *Graph, x, top, d int) error) error {
+		g := NewGraph("moe", FP32)
+		x, _ := g.AddInput("x", "", Tensor{Shape{32, 64}, FP32})
+		p, _ := g.AddOp("probs", "", Softmax, Attrs{}, x)
+		top, _ := g.AddOp("top", "", TopK, Attrs{TopK: 2}, p)
+		d, _ := g.AddOp("dispatch", "", Dispatch, Attrs{Experts: 64}, x, top)
+		if err := edit(g, x, top, d); err != nil {
+			return err
+		}
+		g.Output = len(g.Nodes) - 1
+		return Validate(g)
+	}
+	for _, tt := range []struct {
+		name string
+		edit func(g *Graph, x, top, d int) error
+		want string
+	}{
+		{"well formed", func(g *Graph, x, top, d int) error {
+			_, err := g.AddOp("up", "", ExpertLinear, Attrs{Experts: 64, Out: 8}, d, d)
+			return err
+		}, ""},
+		{"dispatch by a non-topk", func(g *Graph, x, top, d int) error {
+			_, err := g.AddOp("bad", "", Dispatch, Attrs{Experts: 64}, x, x)
+			return err
+		}, "dispatch routes by a topk's choices, but x is a input"},
+		{"experts disagree", func(g *Graph, x, top, d int) error {
+			_, err := g.AddOp("up", "", ExpertLinear, Attrs{Experts: 4, Out: 8}, d, d)
+			return err
+		}, "expert_linear of 4 experts reads dispatch, which routes to 64"},
+		{"routing from a non-dispatch", func(g *Graph, x, top, d int) error {
+			_, err := g.AddOp("w", "", RouteWeights, Attrs{}, top, top)
+			return err
+		}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := build(tt.edit)
+			switch {
+			case tt.want == "" && tt.name == "well formed" && err != nil:
+				t.Errorf("unexpected error %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("error = %v, want it to contain %q", err, tt.want)
+			case tt.name == "routing from a non-dispatch" && err == nil:
+				t.Error("route_weights reading a topk was accepted")
+			}
+		})
 	}
 }

@@ -77,14 +77,15 @@ func LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
 // LayerNormBackward writes dx and adds to dw and db from what torch-eager
 // keeps: x and the forward's mean and rstd, with the weight w and the
 // output gradient dy. A nil dw or db is a frozen parameter (or a missing
-// bias). O(rows·cols).
+// bias); a nil dx an input that needs no gradient (a graph input).
+// O(rows·cols).
 func LayerNormBackward(dx, dw, db, x, mean, rstd, w, dy []float32, rows, cols int) {
 	pointwiseMustLen("layernorm backward", "mean", len(mean), rows)
 	pointwiseMustLen("layernorm backward", "rstd", len(rstd), rows)
 	layerNormBackwardCheck(dx, dw, db, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
-		layerNormRowBackward(dx[lo:hi], dw, db, x[lo:hi], w, dy[lo:hi], mean[i], rstd[i])
+		layerNormRowBackward(optionalRow(dx, lo, hi), dw, db, x[lo:hi], w, dy[lo:hi], mean[i], rstd[i])
 	}
 }
 
@@ -97,7 +98,7 @@ func LayerNormBackwardRecompute(dx, dw, db, x, w, dy []float32, rows, cols int, 
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
 		m, r := normRowStats(x[lo:hi], eps)
-		layerNormRowBackward(dx[lo:hi], dw, db, x[lo:hi], w, dy[lo:hi], m, r)
+		layerNormRowBackward(optionalRow(dx, lo, hi), dw, db, x[lo:hi], w, dy[lo:hi], m, r)
 	}
 }
 
@@ -105,7 +106,9 @@ func layerNormBackwardCheck(dx, dw, db, x, w, dy []float32, rows, cols int) {
 	const op = "layernorm backward"
 	pointwiseMustLen(op, "x", len(x), rows*cols)
 	pointwiseMustLen(op, "dy", len(dy), rows*cols)
-	pointwiseMustLen(op, "dx", len(dx), rows*cols)
+	if dx != nil {
+		pointwiseMustLen(op, "dx", len(dx), rows*cols)
+	}
 	pointwiseMustLen(op, "w", len(w), cols)
 	if dw != nil {
 		pointwiseMustLen(op, "dw", len(dw), cols)
@@ -118,17 +121,20 @@ func layerNormBackwardCheck(dx, dw, db, x, w, dy []float32, rows, cols int) {
 // layerNormRowBackward handles one row. The two row means of the dx
 // formula are sums over the row, taken in float64.
 func layerNormRowBackward(dx, dw, db, x, w, dy []float32, m, r float32) {
-	w, dy, dx = w[:len(x)], dy[:len(x)], dx[:len(x)]
-	var sg, sgx float64
-	for j, v := range x {
-		g := dy[j] * w[j]
-		sg += float64(g)
-		sgx += float64(g) * float64((v-m)*r)
-	}
-	n := float64(len(x))
-	mg, mgx := float32(sg/n), float32(sgx/n)
-	for j, v := range x {
-		dx[j] = r * (dy[j]*w[j] - mg - (v-m)*r*mgx)
+	w, dy = w[:len(x)], dy[:len(x)]
+	if dx != nil {
+		dx = dx[:len(x)]
+		var sg, sgx float64
+		for j, v := range x {
+			g := dy[j] * w[j]
+			sg += float64(g)
+			sgx += float64(g) * float64((v-m)*r)
+		}
+		n := float64(len(x))
+		mg, mgx := float32(sg/n), float32(sgx/n)
+		for j, v := range x {
+			dx[j] = r * (dy[j]*w[j] - mg - (v-m)*r*mgx)
+		}
 	}
 	if dw != nil {
 		dw = dw[:len(x)]
@@ -187,7 +193,8 @@ func RMSNorm(y, xsq, rstd, normalized, x, w []float32, rows, cols int, eps float
 // The math needs only x and rstd: x² is what PyTorch's mean keeps for its
 // own backward, and normalized is x·rstd to the bit, so recomputing it reads
 // one stream less than loading it. Both are accepted, length-checked when
-// not nil, and otherwise ignored; either may be nil. O(rows·cols).
+// not nil, and otherwise ignored; either may be nil. A nil dx is an
+// input that needs no gradient (a graph input). O(rows·cols).
 func RMSNormBackward(dx, dw, x, xsq, rstd, normalized, w, dy []float32, rows, cols int) {
 	const op = "rmsnorm backward"
 	pointwiseMustLen(op, "rstd", len(rstd), rows)
@@ -200,7 +207,7 @@ func RMSNormBackward(dx, dw, x, xsq, rstd, normalized, w, dy []float32, rows, co
 	rmsNormBackwardCheck(dx, dw, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
-		rmsNormRowBackward(dx[lo:hi], dw, x[lo:hi], w, dy[lo:hi], rstd[i])
+		rmsNormRowBackward(optionalRow(dx, lo, hi), dw, x[lo:hi], w, dy[lo:hi], rstd[i])
 	}
 }
 
@@ -211,7 +218,7 @@ func RMSNormBackwardRecompute(dx, dw, x, w, dy []float32, rows, cols int, eps fl
 	rmsNormBackwardCheck(dx, dw, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
-		rmsNormRowBackward(dx[lo:hi], dw, x[lo:hi], w, dy[lo:hi], normRowRstd(x[lo:hi], eps))
+		rmsNormRowBackward(optionalRow(dx, lo, hi), dw, x[lo:hi], w, dy[lo:hi], normRowRstd(x[lo:hi], eps))
 	}
 }
 
@@ -219,7 +226,9 @@ func rmsNormBackwardCheck(dx, dw, x, w, dy []float32, rows, cols int) {
 	const op = "rmsnorm backward"
 	pointwiseMustLen(op, "x", len(x), rows*cols)
 	pointwiseMustLen(op, "dy", len(dy), rows*cols)
-	pointwiseMustLen(op, "dx", len(dx), rows*cols)
+	if dx != nil {
+		pointwiseMustLen(op, "dx", len(dx), rows*cols)
+	}
 	pointwiseMustLen(op, "w", len(w), cols)
 	if dw != nil {
 		pointwiseMustLen(op, "dw", len(dw), cols)
@@ -228,14 +237,17 @@ func rmsNormBackwardCheck(dx, dw, x, w, dy []float32, rows, cols int) {
 
 // rmsNormRowBackward handles one row; mean(g·n) is a float64 sum.
 func rmsNormRowBackward(dx, dw, x, w, dy []float32, r float32) {
-	w, dy, dx = w[:len(x)], dy[:len(x)], dx[:len(x)]
-	var s float64
-	for j, v := range x {
-		s += float64(dy[j]*w[j]) * float64(v*r)
-	}
-	mgn := float32(s / float64(len(x)))
-	for j, v := range x {
-		dx[j] = r * (dy[j]*w[j] - (v*r)*mgn)
+	w, dy = w[:len(x)], dy[:len(x)]
+	if dx != nil {
+		dx = dx[:len(x)]
+		var s float64
+		for j, v := range x {
+			s += float64(dy[j]*w[j]) * float64(v*r)
+		}
+		mgn := float32(s / float64(len(x)))
+		for j, v := range x {
+			dx[j] = r * (dy[j]*w[j] - (v*r)*mgn)
+		}
 	}
 	if dw != nil {
 		dw = dw[:len(x)]
@@ -243,4 +255,12 @@ func rmsNormRowBackward(dx, dw, x, w, dy []float32, r float32) {
 			dw[j] += dy[j] * (v * r)
 		}
 	}
+}
+
+// optionalRow is s[lo:hi], or nil for a nil s (a gradient not wanted).
+func optionalRow(s []float32, lo, hi int) []float32 {
+	if s == nil {
+		return nil
+	}
+	return s[lo:hi]
 }
