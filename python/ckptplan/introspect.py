@@ -87,8 +87,8 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     config = getattr(base, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError(f"a {type(model).__name__} has no transformers config: ckptplan plans "
-                         "transformers models (Llama, Mistral, Qwen2, Qwen 3, Gemma, Gemma 2, Phi-3, "
-                         "StarCoder2, Granite, GPT-2)")
+                         "transformers models (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen 3, "
+                         "Qwen 3 MoE, Gemma, Gemma 2, Phi-3, StarCoder2, Granite, GPT-2)")
     if autocast not in (None, "bf16", "fp16"):
         raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     layers = decoder_layers(model)
