@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -263,5 +264,40 @@ func TestLayerRuntime(t *testing.T) {
 	}
 	if nested == 0 {
 		t.Error("no plan recomputed a layer twice")
+	}
+}
+
+// TestRoutedLayers: a mixture of experts' layers are stored or
+// checkpointed whole (their one keep set keeps everything), the plan says
+// why in a note, and megatron-selective, which recomputes inside every
+// layer, says why it cannot.
+func TestRoutedLayers(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Experts, src.Model.ExpertsPerToken, src.Model.DenseLayers = 4, 2, []int64{1}
+	src.Model.Training.Attention = "eager"
+	p, err := New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SearchKeepSets()
+	for _, st := range p.Stages {
+		routed := st.Name != "embed" && st.Name != "head" && st.Name != "layers.1"
+		if st.Routed != routed || routed && len(st.KeepSets) != 1 {
+			t.Errorf("%s: routed %v with %d keep sets", st.Name, st.Routed, len(st.KeepSets))
+		}
+	}
+	if len(p.Notes) == 0 || !strings.Contains(p.Notes[0], "each token is routed to 2 of 4 experts") || !strings.Contains(p.Notes[0], "layers.0, layers.2, layers.3 that route") {
+		t.Errorf("notes %q", p.Notes)
+	}
+	src.Model.DenseLayers = nil
+	p, err = New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Plan(&Options{Budget: 1 << 30, Strategy: MegatronSelective}); err == nil || !strings.Contains(err.Error(), "layers that route to experts are stored or recomputed whole") {
+		t.Errorf("megatron-selective: %v", err)
 	}
 }

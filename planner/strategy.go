@@ -76,6 +76,11 @@ func solveRevolve(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, e
 func solveMegatronSelective(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
 	opts, ok := p.policyEverywhere("megatron-selective")
 	if !ok {
+		for _, st := range p.Stages {
+			if st.Routed {
+				return nil, fmt.Errorf("%s has no layer whose attention core megatron-selective can recompute: layers that route to experts are stored or recomputed whole (try --solver optimal)", p.Name)
+			}
+		}
 		return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
 	}
 	return solver.Fixed(p.Chain, solver.StoreAllWith(p.Chain, opts), budget)
