@@ -96,30 +96,34 @@ func staticMemory(g *ir.Graph) (Static, error) {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// ropeTables returns the bytes of the cos and sin tables, one pair per
-// distinct (sequence, head size) among the graph's RoPE nodes, and one
-// pair of every position per layer whose RoPE indexes a cache of its own.
+// ropeTables returns the bytes of the cos and sin tables the model holds
+// through the step: one pair per distinct (sequence, head size) among the
+// graph's RoPE nodes when the model makes them once, none when its layers
+// make their own (their copies are the layers' activations), and a pair
+// for every position in each layer whose RoPE indexes a cache of its own.
 func ropeTables(g *ir.Graph) int64 {
 	seen := map[[2]int64]bool{}
 	cached := map[string]bool{}
-	var b int64
+	inLayer := false
+	var model, b int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		if n.Op != ir.RoPE {
 			continue
 		}
-		if c := n.Attrs.CacheLen; c > 0 {
-			if !cached[n.Block] {
-				cached[n.Block] = true
-				b += 2 * c * n.Shape.Last() * g.DType.Size()
-			}
-			continue
+		inLayer = inLayer || n.Attrs.Tables
+		if c := n.Attrs.CacheLen; c > 0 && !cached[n.Block] {
+			cached[n.Block] = true
+			b += 2 * c * n.Shape.Last() * g.DType.Size()
 		}
 		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
 		if !seen[k] {
 			seen[k] = true
-			b += 2 * k[0] * k[1] * g.DType.Size()
+			model += 2 * k[0] * k[1] * g.DType.Size()
 		}
+	}
+	if !inLayer {
+		b += model
 	}
 	return b
 }

@@ -292,6 +292,22 @@ def test_experts_keep_the_same_bytes_under_any_routing(ckptplan_binary, family, 
         assert got.kept_bytes == layer.kept_bytes, f"{routing} routing {counts[0]}: {layer.name} holds {got.kept_bytes}, plan {layer.kept_bytes}"
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
+    """Mixtral before transformers 4.48: each layer holds cos and sin tables
+    of every position, in the model's dtype, and indexes them. The plan's
+    static memory is the weights, gradients and AdamW state (16 bytes a
+    parameter: fp32 weights, gradients and moments; or 16-bit weights and
+    gradients, fp32 moments and master copy) and those tables, to the byte
+    (each layer's inv_freq, d/2 fp32 values, is not counted)."""
+    model = build("mixtral", "sdpa", dtype)
+    tables = [b for n, b in model.named_buffers() if n.endswith(("cos_cached", "sin_cached"))]
+    if not tables:
+        pytest.skip(f"transformers {transformers.__version__} makes Mixtral's rotary tables in the model")
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    assert plan.static_bytes == 16 * model.num_parameters() + sum(t.nbytes for t in tables)
+
+
 def grads_equal(a, b) -> bool:
     return all((p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
                for p, q in zip(a.parameters(), b.parameters()))
