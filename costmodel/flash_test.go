@@ -17,14 +17,7 @@ func TestFlashLayer(t *testing.T) {
 	const b, s, h, a, f = 2, 32, 64, 4, 192
 	m := &graphio.Model{Name: "flash", Family: "llama", Layers: 2, Hidden: h, Heads: a, KVHeads: a, FFN: f, Vocab: 100, Training: ir.DefaultSetup()}
 	m.Training.Batch, m.Training.Seq, m.Training.DType, m.Training.Attention = b, s, "fp32", "flash"
-	g, err := graphio.Build(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := Analyze(g)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := analyzeModel(t, m)
 	want := int64(4 * (13*s*b*h + 2*b*s + b*a*s + 4*b*s*f))
 	if got := blockByName(c, "layers.1").SavedBytes; got != want {
 		t.Errorf("flash layer keeps %d bytes, want %d", got, want)
@@ -51,14 +44,7 @@ func TestSDPAContiguous(t *testing.T) {
 		m.Training.Batch, m.Training.Seq, m.Training.DType = b, s, "fp32"
 		m.Training.Attention, m.Training.Profile = "sdpa", "transformers"
 		m.Training.Numerics.SDPAContiguous = contiguous
-		g, err := graphio.Build(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := Analyze(g)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := analyzeModel(t, m)
 		return blockByName(c, "layers.1").SavedBytes
 	}
 	if views, copies := kept(false), kept(true); copies-views != 4*b*s*h {

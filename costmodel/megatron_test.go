@@ -38,14 +38,7 @@ func TestKorthikanti(t *testing.T) {
 			tr.Seq, tr.Batch, tr.DType, tr.Dropout, tr.Profile = 2048, 1, "bf16", 0.1, "megatron"
 			tr.Numerics = ir.Numerics{GQA: "repeat"}
 			tr.Parallel.TP, tr.Parallel.SP = tt.tp, tt.sp
-			g, err := graphio.Build(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := Analyze(g)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := analyzeModel(t, m)
 			b := blockByName(c, "layers.1")
 			got := b.SavedBytes
 			switch {

@@ -42,14 +42,7 @@ func TestMoELayer(t *testing.T) {
 				if experts > 0 {
 					m.Experts, m.ExpertsPerToken, m.ExpertFFN, m.SharedExpertFFN, m.NormTopK = experts, tt.k, tt.ef, tt.shared, tt.norm
 				}
-				g, err := graphio.Build(m)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c, err := Analyze(g)
-				if err != nil {
-					t.Fatal(err)
-				}
+				c := analyzeModel(t, m)
 				return blockByName(c, "layers.1").SavedBytes
 			}
 			b := int64(4)

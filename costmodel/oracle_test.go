@@ -139,6 +139,21 @@ func blockByName(c *Costs, name string) *Block {
 	return nil
 }
 
+// analyzeModel builds a model's graph and analyzes it, failing the test
+// on an error.
+func analyzeModel(t *testing.T, m *graphio.Model) *Costs {
+	t.Helper()
+	g, err := graphio.Build(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Analyze(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestOracleBlocks checks, for every record, the kept tensors of every op
 // of a layer and the layer's deduplicated activation bytes.
 func TestOracleBlocks(t *testing.T) {

@@ -313,10 +313,8 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 		return a.lay.out[id]
 	}
 	role := CopyRole(i)
-	for k := a.firstOwned[n.ID]; k < len(a.c.Storages); k++ {
-		if s := &a.c.Storages[k]; s.Node == n.ID && s.Role == role {
-			return k // made already
-		}
+	if k := a.made(n.ID, role); k >= 0 {
+		return k
 	}
 	in := &a.g.Nodes[id]
 	return a.extra(n, role, in.Shape, in.DType, a.shard[id])
@@ -385,10 +383,20 @@ func (a *analyzer) keepRouting(n *ir.Node) {
 // routing returns the storage node id allocates in a role: the routing
 // state a later op of its mixture of experts reads.
 func (a *analyzer) routing(id int, role Role) int {
+	k := a.made(id, role)
+	if k < 0 {
+		panic(fmt.Sprintf("costmodel: %s allocates no %v", a.g.Nodes[id].Name, role))
+	}
+	return k
+}
+
+// made returns the storage node id has allocated in a role so far, or
+// −1 when it has none.
+func (a *analyzer) made(id int, role Role) int {
 	for k := a.firstOwned[id]; k < len(a.c.Storages); k++ {
 		if s := &a.c.Storages[k]; s.Node == id && s.Role == role {
 			return k
 		}
 	}
-	panic(fmt.Sprintf("costmodel: %s allocates no %v", a.g.Nodes[id].Name, role))
+	return -1
 }

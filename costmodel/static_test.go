@@ -17,16 +17,9 @@ func TestStaticZeRO(t *testing.T) {
 		m := &graphio.Model{Name: "s", Family: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
 		m.Training.DType, m.Training.Optimizer = dtype, opt
 		m.Training.Parallel = ir.Parallel{DP: dp, TP: 1, Zero: zero}
-		g, err := graphio.Build(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := Analyze(g)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := analyzeModel(t, m)
 		// The rotary tables: cos and sin, seq × head size each.
-		if want := 2 * m.Training.Seq * 16 * g.DType.Size(); c.Static.BuffersBytes != want {
+		if want := 2 * m.Training.Seq * 16 * c.Graph.DType.Size(); c.Static.BuffersBytes != want {
 			t.Errorf("buffers = %d, want %d", c.Static.BuffersBytes, want)
 		}
 		st := c.Static
@@ -69,14 +62,7 @@ func TestStaticZeRO(t *testing.T) {
 func TestStaticLoRA(t *testing.T) {
 	m := &graphio.Model{Name: "s", Family: "llama", Layers: 3, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
 	m.Training.LoRA = ir.LoRA{Rank: 8, Targets: []string{"q", "v"}}
-	g, err := graphio.Build(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := Analyze(g)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := analyzeModel(t, m)
 	// q: 8·(64+64), v: 8·(64+32), per layer.
 	adapters := int64(3 * (8*(64+64) + 8*(64+32)))
 	if c.Static.TrainableParameters != adapters {

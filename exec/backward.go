@@ -75,7 +75,7 @@ func (r *Runner) backward(id, stage int) {
 	case ir.Tanh:
 		kernel.TanhBackward(dx, r.data(id), dy)
 	case ir.Sigmoid:
-		kernel.SigmoidBackward(dx, dy, r.data(id))
+		kernel.SigmoidBackward(dx, r.data(id), dy)
 	case ir.TopK, ir.SumNorm, ir.Dispatch, ir.ExpertLinear, ir.RouteWeights, ir.Combine:
 		r.routingBackward(id, dx, dy)
 	case ir.Mul:

@@ -220,24 +220,32 @@ func TestUnusualShapes(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.edit(src.Model)
-			p, err := planner.New(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
-			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*3/4})
-			if err != nil || !plan.Feasible {
-				t.Fatalf("%v, feasible %v", err, plan.Feasible)
-			}
-			rep, err := Verify(p, plan, 3)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rep.MeasuredPeakBytes != rep.PredictedPeakBytes || !rep.TimelineMatches || !rep.GradientsMatch || rep.MeasuredCost != rep.PredictedCost {
-				t.Errorf("measured %d, predicted %d; timeline %v gradients %v; FLOPs %v vs %v",
-					rep.MeasuredPeakBytes, rep.PredictedPeakBytes, rep.TimelineMatches, rep.GradientsMatch, rep.MeasuredCost, rep.PredictedCost)
-			}
+			verifyShare(t, src, 3)
 		})
+	}
+}
+
+// verifyShare plans src at quarters/4 of what storing everything holds,
+// runs the plan and checks the measured peak, timeline, FLOPs and
+// gradients against the predicted.
+func verifyShare(t *testing.T, src *graphio.Source, quarters mem.Bytes) {
+	t.Helper()
+	p, err := planner.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*quarters/4})
+	if err != nil || !plan.Feasible {
+		t.Fatalf("%v, feasible %v", err, plan.Feasible)
+	}
+	rep, err := Verify(p, plan, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.MeasuredPeakBytes != rep.PredictedPeakBytes || !rep.TimelineMatches || !rep.GradientsMatch || rep.MeasuredCost != rep.PredictedCost {
+		t.Errorf("measured %d, predicted %d; timeline %v gradients %v; FLOPs %v vs %v",
+			rep.MeasuredPeakBytes, rep.PredictedPeakBytes, rep.TimelineMatches, rep.GradientsMatch, rep.MeasuredCost, rep.PredictedCost)
 	}
 }
 
@@ -249,29 +257,12 @@ func TestGraphs(t *testing.T) {
 		file  string
 		share mem.Bytes // in quarters
 	}{{"moe.yaml", 3}, {"norm-input.yaml", 4}} {
-		file := tt.file
-		t.Run(file, func(t *testing.T) {
-			src, err := graphio.Load("../graphio/testdata/graphs/" + file)
+		t.Run(tt.file, func(t *testing.T) {
+			src, err := graphio.Load("../graphio/testdata/graphs/" + tt.file)
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := planner.New(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
-			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*tt.share/4})
-			if err != nil || !plan.Feasible {
-				t.Fatalf("%v, feasible %v", err, plan.Feasible)
-			}
-			rep, err := Verify(p, plan, 3)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rep.MeasuredPeakBytes != rep.PredictedPeakBytes || !rep.TimelineMatches || !rep.GradientsMatch || rep.MeasuredCost != rep.PredictedCost {
-				t.Errorf("measured %d, predicted %d; timeline %v gradients %v; FLOPs %v vs %v",
-					rep.MeasuredPeakBytes, rep.PredictedPeakBytes, rep.TimelineMatches, rep.GradientsMatch, rep.MeasuredCost, rep.PredictedCost)
-			}
+			verifyShare(t, src, tt.share)
 		})
 	}
 }

@@ -185,12 +185,14 @@ func (m *Model) fillDefaults() {
 	}
 }
 
+// fe is a model's validation error: a field and what is wrong with it.
+func fe(field, format string, args ...any) error {
+	return &ir.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
 // Validate checks the architecture and the training setup. Errors are
 // *ir.FieldError values naming the field.
 func (m *Model) Validate() error {
-	fe := func(field, format string, args ...any) error {
-		return &ir.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
 	if m.Name == "" {
 		return fe("name", "missing model name")
 	}
@@ -268,9 +270,6 @@ func (m *Model) Validate() error {
 // is not modelled with them: LoRA on the experts, torch.autocast, tensor
 // parallelism (expert parallelism), Megatron's accounting.
 func (m *Model) validateExperts() error {
-	fe := func(field, format string, args ...any) error {
-		return &ir.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
 	if m.Experts == 0 {
 		for _, f := range []struct {
 			name  string

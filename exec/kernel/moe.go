@@ -18,20 +18,16 @@
 // is the order torch.where(expert_mask[e]) returns them in. Row r of every
 // routed tensor (R rows) belongs to pair r; idx[token·k + slot] is its
 // expert. Expert e's rows are one contiguous segment, empty when no token
-// picked it; RouteCounts gives every segment's length.
+// picked it; Route gives every segment's length.
 //
 // Dispatch and Combine are each other's backward: one gathers rows by
 // token, the other scatter-adds them back in row order (index_add_).
-// Sigmoid, σ(x) with dσ = σ(1−σ) read from the output, gates shared
-// experts (Qwen2-MoE's shared_expert_gate) together with MulRows.
+// MulRows also gates shared experts (Qwen2-MoE's sigmoid of
+// shared_expert_gate, a value a row).
 
 package kernel
 
-import (
-	"fmt"
-
-	"github.com/ckptplan/ckptplan/exec/vmath"
-)
+import "fmt"
 
 // moeAbove reports whether a ranks above b in TopK: it is larger, or it is
 // NaN and b is not (torch.topk ranks NaN above every number). Equal values
@@ -180,27 +176,6 @@ func Route(route []int64, counts []int, idx []int64, tokens, k, experts int) {
 	}
 	for e := experts - 1; e > 0; e-- {
 		counts[e] -= counts[e-1]
-	}
-}
-
-// RouteCounts writes into counts (experts values) how many rows of route
-// (exactly R pairs, len(route) = 2R) go to each expert, reading every row's
-// expert from idx (tokens×k): expert e's rows are route rows start_e to
-// start_e + counts[e], with start_e the sum of counts before e. It panics
-// on a pair outside idx, an expert outside [0, experts), or a route whose
-// experts do not ascend. It allocates nothing and takes O(R + experts) time.
-func RouteCounts(counts []int, route, idx []int64, k, experts int) {
-	mmCheck("route counts", len(counts), experts)
-	counts = counts[:experts]
-	clear(counts)
-	prev := 0
-	for r := range moeRows(route) {
-		e := moeExpert(route, idx, k, experts, r)
-		if e < prev {
-			panic(fmt.Sprintf("kernel: route row %d goes to expert %d after expert %d", r, e, prev))
-		}
-		counts[e]++
-		prev = e
 	}
 }
 
@@ -429,31 +404,5 @@ func MulRowsBackward(da, db, dy, a, b []float32, rows, cols int) {
 	if da != nil {
 		mmCheck("mulrows da", len(da), rows*cols)
 		MulRows(da, dy, b, rows, cols)
-	}
-}
-
-// Sigmoid writes y = σ(x) = 1/(1 + e^−x) without overflow, from e^−|x|
-// taken a chunk at a time from vmath.Exp. y may be x. O(len(x)).
-func Sigmoid(y, x []float32) {
-	pointwiseMustLen("sigmoid", "y", len(y), len(x))
-	var buf [pointwiseChunk]float32
-	for lo := 0; lo < len(x); lo += pointwiseChunk {
-		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		yc, t := y[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, pointwiseIdentity)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			yc[j], _ = pointwiseSigmoid(v, t[j])
-		}
-	}
-}
-
-// SigmoidBackward writes dx = dy·y·(1−y) from the forward's output y, which
-// is what autograd keeps. dx may be dy. O(len(y)).
-func SigmoidBackward(dx, dy, y []float32) {
-	pointwiseMustLen("sigmoid backward", "dx", len(dx), len(y))
-	pointwiseMustLen("sigmoid backward", "dy", len(dy), len(y))
-	for i, v := range y {
-		dx[i] = dy[i] * v * (1 - v)
 	}
 }

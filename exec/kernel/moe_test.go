@@ -98,11 +98,6 @@ func TestMoERouteExample(t *testing.T) {
 	if !slices.Equal(route, want) || !slices.Equal(counts, []int{2, 2, 2}) {
 		t.Errorf("route %v counts %v, want %v and [2 2 2]", route, counts, want)
 	}
-	counts2 := []int{7, 7, 7}
-	RouteCounts(counts2, route, idx, 2, 3)
-	if !slices.Equal(counts2, counts) {
-		t.Errorf("RouteCounts %v, want %v", counts2, counts)
-	}
 }
 
 func TestRoute(t *testing.T) {
@@ -123,13 +118,7 @@ func TestRoute(t *testing.T) {
 			if !slices.Equal(counts, wantCounts) {
 				t.Errorf("counts %v, want %v", counts, wantCounts)
 			}
-			counts2 := slices.Repeat([]int{-3}, c.experts)
-			RouteCounts(counts2, route, idx, c.k, c.experts)
-			if !slices.Equal(counts2, wantCounts) {
-				t.Errorf("RouteCounts %v, want %v", counts2, wantCounts)
-			}
 			mmAllocs(t, "Route", func() { Route(route, counts, idx, c.tokens, c.k, c.experts) })
-			mmAllocs(t, "RouteCounts", func() { RouteCounts(counts2, route, idx, c.k, c.experts) })
 		})
 	}
 }
@@ -449,43 +438,6 @@ func TestMulRows(t *testing.T) {
 	}
 }
 
-func TestSigmoid(t *testing.T) {
-	ref := func(v []float64) []float64 {
-		y := make([]float64, len(v))
-		for i, e := range v {
-			y[i] = 1 / (1 + math.Exp(-e))
-		}
-		return y
-	}
-	for _, n := range []int{1, 7, 300, 1001} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			rng := rand.New(rand.NewSource(int64(n)))
-			x, g := fdRand(rng, n, -12, 12), fdRand(rng, n, -1, 1)
-			y, dx := mmNaN(n), mmNaN(n)
-			Sigmoid(y, x)
-			fdCheck(t, "y", ref(fdWiden(x)), y, 1e-6)
-			SigmoidBackward(dx, g, y)
-			fdGradCheck(t, "dx", func(v []float64) float64 { return fdDot(ref(v), g) }, x, dx)
-			xy := slices.Clone(x)
-			Sigmoid(xy, xy)
-			fdSameBits(t, "y in place of x", y, xy)
-			mmAllocs(t, "Sigmoid", func() { Sigmoid(y, x) })
-			mmAllocs(t, "SigmoidBackward", func() { SigmoidBackward(dx, g, y) })
-		})
-	}
-	// Far tails: the exact limits, no NaN, a gradient of 0.
-	x := []float32{float32(math.Inf(-1)), -1e4, -200, 0, 200, 1e4, float32(math.Inf(1))}
-	y, dx := make([]float32, len(x)), make([]float32, len(x))
-	Sigmoid(y, x)
-	SigmoidBackward(dx, slices.Repeat([]float32{1}, len(x)), y)
-	if want := []float32{0, 0, 0, 0.5, 1, 1, 1}; !mmSame(y, want) {
-		t.Errorf("sigmoid %v = %v, want %v", x, y, want)
-	}
-	if want := []float32{0, 0, 0, 0.25, 0, 0, 0}; !mmSame(dx, want) {
-		t.Errorf("sigmoid backward %v, want %v", dx, want)
-	}
-}
-
 // moeRefLayer is MixtralSparseMoeBlock's forward in float64, transcribed:
 // softmax of the router logits, top-k, the weights divided by their sum,
 // then expert by expert torch.where over (slot, token), the expert (here
@@ -613,10 +565,9 @@ func TestMoEPanics(t *testing.T) {
 		{"route short route", func() { Route(i64(11), make([]int, 3), idx, 3, 2, 3) }},
 		{"route short idx", func() { Route(i64(12), make([]int, 3), idx[:5], 3, 2, 3) }},
 		{"route short counts", func() { Route(i64(12), make([]int, 2), idx, 3, 2, 3) }},
-		{"routecounts odd", func() { RouteCounts(make([]int, 3), route[:11], idx, 2, 3) }},
-		{"routecounts descending", func() { RouteCounts(make([]int, 3), slices.Concat(route[8:], route[:8]), idx, 2, 3) }},
-		{"routecounts slot", func() { RouteCounts(make([]int, 3), []int64{2, 0}, idx, 2, 3) }},
-		{"routecounts token", func() { RouteCounts(make([]int, 3), []int64{0, 3}, idx, 2, 3) }},
+		{"expert linear odd route", func() { ExpertLinear(f(24), f(12), f(24), route[:11], idx, 2, 3, 2, 4) }},
+		{"expert linear slot", func() { ExpertLinear(f(4), f(2), f(24), []int64{2, 0}, idx, 2, 3, 2, 4) }},
+		{"expert linear token", func() { ExpertLinear(f(4), f(2), f(24), []int64{0, 3}, idx, 2, 3, 2, 4) }},
 		{"dispatch short y", func() { Dispatch(f(11), f(6), route, 6, 2) }},
 		{"dispatch token", func() { Dispatch(f(12), f(4), route, 6, 2) }},
 		{"dispatch short route", func() { Dispatch(f(12), f(6), route[:10], 6, 2) }},

@@ -5,6 +5,7 @@
 //	              dy/dx = σ(2u) + x·σ(2u)(1−σ(2u))·2c(1 + 3·0.044715x²)
 //	SiLU:         y = x·σ(x),  dy/dx = σ(x) + x·σ(x)(1−σ(x))
 //	Tanh:         y = tanh x,  dy/dx = 1 − y²
+//	Sigmoid:      y = σ(x),  dy/dx = y(1 − y)
 //	Mul:          y = a·b,  da = dy·b,  db = Σ dy·a over the rows b repeats on
 //	Add:          y = a + b,  da = dy,  db = Σ dy over the rows b repeats on
 //	Scale:        y = c·x,  dx = c·dy
@@ -197,6 +198,32 @@ func TanhBackward(dx, y, dy []float32) {
 	pointwiseMustLen("tanh backward", "dy", len(dy), len(y))
 	for i, v := range y {
 		dx[i] = dy[i] * (1 - v*v)
+	}
+}
+
+// Sigmoid writes y = σ(x) = 1/(1 + e^−x) without overflow, from e^−|x|
+// taken a chunk at a time from vmath.Exp. y may be x. O(len(x)).
+func Sigmoid(y, x []float32) {
+	pointwiseMustLen("sigmoid", "y", len(y), len(x))
+	var buf [pointwiseChunk]float32
+	for lo := 0; lo < len(x); lo += pointwiseChunk {
+		xc := x[lo:min(lo+pointwiseChunk, len(x))]
+		yc, t := y[lo:lo+len(xc)], buf[:len(xc)]
+		pointwiseNegAbs(t, xc, pointwiseIdentity)
+		vmath.Exp(t, t)
+		for j, v := range xc {
+			yc[j], _ = pointwiseSigmoid(v, t[j])
+		}
+	}
+}
+
+// SigmoidBackward writes dx = dy·y·(1−y). It needs the forward's output y,
+// which is what autograd keeps. dx may be dy. O(len(y)).
+func SigmoidBackward(dx, y, dy []float32) {
+	pointwiseMustLen("sigmoid backward", "dx", len(dx), len(y))
+	pointwiseMustLen("sigmoid backward", "dy", len(dy), len(y))
+	for i, v := range y {
+		dx[i] = dy[i] * v * (1 - v)
 	}
 }
 

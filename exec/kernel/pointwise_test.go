@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 )
 
@@ -230,5 +231,42 @@ func TestTanh(t *testing.T) {
 			fdGradCheck(t, "dx", func(v []float64) float64 { return fdDot(ref(v), g) }, x, dx)
 			fdNoAllocs(t, "forward", func() { Tanh(y, x) })
 		})
+	}
+}
+
+func TestSigmoid(t *testing.T) {
+	ref := func(v []float64) []float64 {
+		y := make([]float64, len(v))
+		for i, e := range v {
+			y[i] = 1 / (1 + math.Exp(-e))
+		}
+		return y
+	}
+	for _, n := range []int{1, 7, 300, 1001} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			rng := rand.New(rand.NewSource(int64(n)))
+			x, g := fdRand(rng, n, -12, 12), fdRand(rng, n, -1, 1)
+			y, dx := mmNaN(n), mmNaN(n)
+			Sigmoid(y, x)
+			fdCheck(t, "y", ref(fdWiden(x)), y, 1e-6)
+			SigmoidBackward(dx, y, g)
+			fdGradCheck(t, "dx", func(v []float64) float64 { return fdDot(ref(v), g) }, x, dx)
+			xy := slices.Clone(x)
+			Sigmoid(xy, xy)
+			fdSameBits(t, "y in place of x", y, xy)
+			mmAllocs(t, "Sigmoid", func() { Sigmoid(y, x) })
+			mmAllocs(t, "SigmoidBackward", func() { SigmoidBackward(dx, y, g) })
+		})
+	}
+	// Far tails: the exact limits, no NaN, a gradient of 0.
+	x := []float32{float32(math.Inf(-1)), -1e4, -200, 0, 200, 1e4, float32(math.Inf(1))}
+	y, dx := make([]float32, len(x)), make([]float32, len(x))
+	Sigmoid(y, x)
+	SigmoidBackward(dx, y, slices.Repeat([]float32{1}, len(x)))
+	if want := []float32{0, 0, 0, 0.5, 1, 1, 1}; !mmSame(y, want) {
+		t.Errorf("sigmoid %v = %v, want %v", x, y, want)
+	}
+	if want := []float32{0, 0, 0, 0.25, 0, 0, 0}; !mmSame(dx, want) {
+		t.Errorf("sigmoid backward %v, want %v", dx, want)
 	}
 }
