@@ -158,8 +158,30 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.BuffersBytes += a.heldInputs()
 	a.c.Static = st
 	return a.c, nil
+}
+
+// heldInputs returns the bytes of the floating-point graph inputs traced
+// ops keep: what the model computes once and hands every layer (rotary
+// cos and sin), which lives through the step as its tables do.
+func (a *analyzer) heldInputs() int64 {
+	var b int64
+	seen := map[int]bool{}
+	for id := range a.c.Nodes {
+		if a.g.Nodes[id].Op != ir.Aten {
+			continue
+		}
+		for _, s := range a.c.Nodes[id].Saved {
+			st := &a.c.Storages[s]
+			if !seen[s] && a.g.Nodes[st.Node].Op == ir.Input && st.DType.IsFloat() {
+				seen[s] = true
+				b += st.Bytes
+			}
+		}
+	}
+	return b
 }
 
 func (a *analyzer) node(n *ir.Node) {
@@ -172,10 +194,17 @@ func (a *analyzer) node(n *ir.Node) {
 	if g.TrainableParams(n.ID) > 0 {
 		a.grad[n.ID] = true
 	}
+	if n.Op == ir.Aten {
+		a.grad[n.ID] = n.Attrs.Grad // as the tracer saw it
+	}
 	a.shard[n.ID] = a.sharded(n)
 	a.firstOwned[n.ID] = len(a.c.Storages)
 	inContig := len(n.Inputs) == 0 || a.lay.contig[n.Inputs[0]]
-	if view, contig := viewOf(g, n, inContig); view && n.Op != ir.Input {
+	if n.Op == ir.Aten && n.Attrs.View && n.Attrs.ViewOf > 0 {
+		// One of a traced op's other outputs, as a node of its own.
+		a.lay.out[n.ID] = a.made(n.Inputs[0], ExtraRole(n.Attrs.ViewOf))
+		a.lay.contig[n.ID] = true
+	} else if view, contig := viewOf(g, n, inContig); view && n.Op != ir.Input {
 		a.lay.out[n.ID] = a.lay.out[n.Inputs[0]]
 		a.lay.contig[n.ID] = contig
 	} else {

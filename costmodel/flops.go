@@ -17,6 +17,8 @@ import (
 func (a *analyzer) flops(n *ir.Node) (fwd, bwd int64) {
 	g := a.g
 	switch n.Op {
+	case ir.Aten:
+		fwd, bwd = n.Attrs.FLOPs, n.Attrs.BackwardFLOPs
 	case ir.Linear:
 		x := &g.Nodes[n.Inputs[0]]
 		rows := x.Shape.NumElements() / x.Shape.Last()

@@ -1,6 +1,10 @@
 package costmodel
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
 
 // Role is what a storage holds for the node that allocates it: its output,
 // or one of the buffers an op materializes besides (normalization
@@ -46,6 +50,10 @@ const (
 	Route                       // dispatch: each routed row's (slot, token), int64, grouped by expert
 	Sum                         // sum_norm: the sum it divides by
 	InputCopy                   // sum_norm: a copy of its input, which the in-place division overwrites
+	// Out1 is a traced op's first extra output; its k-th is Out1+k-1
+	// (ExtraRole), up to ir.MaxExtras.
+	Out1
+	outLast = Out1 + ir.MaxExtras - 1
 )
 
 var roleNames = [...]string{
@@ -59,11 +67,23 @@ var roleNames = [...]string{
 	Indices: "indices", Route: "route", Sum: "sum", InputCopy: "input_copy",
 }
 
+// ExtraRole is the role of a traced op's k-th extra output (k from 1).
+// It panics for k outside 1..ir.MaxExtras.
+func ExtraRole(k int) Role {
+	if k < 1 || k > ir.MaxExtras {
+		panic(fmt.Sprintf("costmodel: no role for extra output %d", k))
+	}
+	return Out1 + Role(k-1)
+}
+
 // String returns the role's name as plans, saved-tensor names and JSON
 // show it ("out", "mean", "copy0", …); Role(n) for an unknown value.
 func (r Role) String() string {
 	if int(r) < len(roleNames) {
 		return roleNames[r]
+	}
+	if r >= Out1 && r <= outLast {
+		return fmt.Sprintf("out%d", r-Out1+1)
 	}
 	return fmt.Sprintf("Role(%d)", r)
 }

@@ -111,6 +111,8 @@ func (a *analyzer) keeps(n *ir.Node) {
 		a.keep(n, a.extra(n, LogSoftmax, x().Shape, x().DType, a.shard[n.Inputs[0]]))
 	case ir.Attention:
 		a.keepAttention(n)
+	case ir.Aten:
+		a.keepTraced(n)
 	case ir.RoPE:
 		if n.Attrs.Tables {
 			t := ir.Shape{1, 1, x().Shape[2], x().Shape[3]}
@@ -123,6 +125,26 @@ func (a *analyzer) keeps(n *ir.Node) {
 		// buffer, rope its cos/sin buffers: none of them activations.
 	default:
 		panic(fmt.Sprintf("costmodel: no rule for op %v", n.Op))
+	}
+}
+
+// keepTraced keeps what the tracer saw a PyTorch op save, in its order:
+// its inputs' storages and its outputs, each extra output a storage of
+// its own whether or not it is kept.
+func (a *analyzer) keepTraced(n *ir.Node) {
+	extras := make([]int, len(n.Attrs.Extras))
+	for k, x := range n.Attrs.Extras {
+		extras[k] = a.extra(n, ExtraRole(k+1), x.Shape, x.DType, false)
+	}
+	for _, r := range n.Attrs.Saves {
+		switch {
+		case !r.Output:
+			a.keep(n, a.lay.out[n.Inputs[r.In]])
+		case r.In == 0:
+			a.keep(n, a.lay.out[n.ID])
+		default:
+			a.keep(n, extras[r.In-1])
+		}
 	}
 }
 

@@ -17,8 +17,12 @@ type Storage struct {
 // IsActivation reports whether a storage counts as an activation: a
 // tensor computed in the step (a floating-point output, or anything an op
 // materializes for its backward, such as a 1-byte dropout mask). Graph
-// inputs (token ids, targets) and scalars are not activations.
+// inputs (token ids, targets) and scalars are not activations; every
+// storage a traced op makes is.
 func (s *Storage) IsActivation(g *ir.Graph) bool {
+	if n := &g.Nodes[s.Node]; n.Op == ir.Aten {
+		return true // whatever a traced op made and saved is memory the step holds
+	}
 	return len(s.Shape) > 0 && g.Nodes[s.Node].Op != ir.Input && (s.DType.IsFloat() || s.Role != Out)
 }
 
@@ -33,6 +37,8 @@ type layout struct {
 // storage (no new buffer) and whether the view is contiguous.
 func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 	switch n.Op {
+	case ir.Aten:
+		return n.Attrs.View && n.Attrs.ViewOf == 0, true
 	case ir.Reshape:
 		// A reshape of a non-contiguous tensor copies (torch.reshape),
 		// unless the strides allow a view: a part of a split, whose last

@@ -55,6 +55,9 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 		return nil, fmt.Errorf("the executor runs one device: %s is set up for tp %d, dp %d", p.Name, par.TP, par.DP)
 	}
 	for i := range g.Nodes {
+		if n := &g.Nodes[i]; n.Op == ir.Aten {
+			return nil, fmt.Errorf("%s is a traced graph: its ops are PyTorch's (%s is %s), which the executor does not run; measure the plan on the model with the Python package (ckptplan.measure)", p.Name, n.Name, n.Attrs.Fn)
+		}
 		if n := &g.Nodes[i]; n.Op == ir.Attention && n.Attrs.Flash && n.Attrs.P > 0 {
 			return nil, fmt.Errorf("%s: the executor's flash attention has no dropout (its mask would be s² bytes the plan does not hold); run it with eager attention", n.Name)
 		}

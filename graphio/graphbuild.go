@@ -21,6 +21,12 @@ func (s *GraphSpec) Build() (*ir.Graph, error) {
 	if v, ok := s.Dims["s"]; ok {
 		g.Setup.Seq = v
 	}
+	if t := s.Traced; t != nil {
+		// What transformers ran, as it ran it: the selective runtime is
+		// PyTorch 2's.
+		g.Setup.Batch, g.Setup.Seq = t.Batch, t.Seq
+		g.Setup.Profile = "transformers"
+	}
 	for _, in := range s.inputs {
 		shape, err := s.shape(in.Shape, in.path+".shape", false)
 		if err != nil {
@@ -126,7 +132,7 @@ func (s *GraphSpec) attrs(n *flatNode) (ir.Attrs, error) {
 		}
 		a.To = dt
 	}
-	if e.Shape != nil {
+	if e.Shape != nil && n.op != ir.Aten {
 		sh, err := s.shape(e.Shape, n.path+".shape", true)
 		if err != nil {
 			return a, err
@@ -141,6 +147,11 @@ func (s *GraphSpec) attrs(n *flatNode) (ir.Attrs, error) {
 		a.Sizes = sh
 		if a.Parts == 0 {
 			a.Parts = len(sh)
+		}
+	}
+	if n.op == ir.Aten {
+		if err := s.tracedAttrs(n, &a); err != nil {
+			return a, err
 		}
 	}
 	if n.op == ir.Split && a.Parts == 0 {
@@ -188,4 +199,107 @@ func (s *GraphSpec) size(expr, path string, allowFree bool) (int64, error) {
 		v = p
 	}
 	return v, nil
+}
+
+// tracedAttrs reads a traced op's record: its output, the outputs it
+// makes besides, what it saves and what it costs.
+func (s *GraphSpec) tracedAttrs(n *flatNode, a *ir.Attrs) error {
+	e, d, path := n.spec, s.d, n.path
+	if e.Fn == "" {
+		return d.errField(path, "%s: an aten node needs fn, the PyTorch op it ran", path)
+	}
+	a.Fn = e.Fn
+	t, err := s.tensor(e.Shape, e.DType, path, false)
+	if err != nil {
+		return err
+	}
+	a.Type = t
+	if len(e.Outputs) > ir.MaxExtras {
+		return d.errField(path+".outputs", "%s.outputs: %d extra outputs, at most %d", path, len(e.Outputs), ir.MaxExtras)
+	}
+	for k, o := range e.Outputs {
+		t, err := s.tensor(o.Shape, o.DType, fmt.Sprintf("%s.outputs[%d]", path, k), true)
+		if err != nil {
+			return err
+		}
+		a.Extras = append(a.Extras, t)
+	}
+	a.Grad = e.Grad
+	if e.View != nil {
+		if *e.View < 0 || *e.View > 0 && *e.View > ir.MaxExtras {
+			return d.errField(path+".view", "%s.view: %d is not an output (0 for the input's own, k for its k-th extra)", path, *e.View)
+		}
+		a.View, a.ViewOf = true, *e.View
+	}
+	for _, f := range []struct {
+		key string
+		v   int64
+	}{{"flops", e.FLOPs}, {"backward_flops", e.BackwardFLOPs}, {"params", e.Params}, {"trainable_params", e.TrainableParams}} {
+		if f.v < 0 {
+			return d.errField(path+"."+f.key, "%s.%s: must not be negative, got %d", path, f.key, f.v)
+		}
+	}
+	if e.TrainableParams > e.Params {
+		return d.errField(path+".trainable_params", "%s.trainable_params: %d, more than its %d params", path, e.TrainableParams, e.Params)
+	}
+	a.FLOPs, a.BackwardFLOPs, a.Params, a.TrainParams = e.FLOPs, e.BackwardFLOPs, e.Params, e.TrainableParams
+	for k, ref := range e.Saves {
+		r, ok := parseSaveRef(ref)
+		if !ok || !r.Output && r.In >= len(e.Inputs) || r.Output && r.In > len(e.Outputs) {
+			return d.errField(fmt.Sprintf("%s.saves[%d]", path, k), "%s.saves[%d]: %q is not one of its inputs (in0..in%d) or outputs (out, out1..out%d)",
+				path, k, ref, len(e.Inputs)-1, len(e.Outputs))
+		}
+		a.Saves = append(a.Saves, r)
+	}
+	return nil
+}
+
+// tensor reads a shape and dtype; extra outputs may be empty (a 0 size).
+func (s *GraphSpec) tensor(shape []string, dtype, path string, empty bool) (ir.Tensor, error) {
+	d := s.d
+	if shape == nil || dtype == "" {
+		return ir.Tensor{}, d.errField(path, "%s: needs shape and dtype", path)
+	}
+	var sh ir.Shape
+	for i, e := range shape {
+		if empty && strings.TrimSpace(e) == "0" {
+			sh = append(sh, 0)
+			continue
+		}
+		v, err := s.size(e, fmt.Sprintf("%s.shape[%d]", path, i), false)
+		if err != nil {
+			return ir.Tensor{}, err
+		}
+		sh = append(sh, v)
+	}
+	dt, err := ir.ParseDType(dtype)
+	if err != nil {
+		return ir.Tensor{}, d.errField(path+".dtype", "%s.dtype: %v", path, err)
+	}
+	if _, ok := sh.Bytes(dt); !ok && !sh.HasZero() {
+		return ir.Tensor{}, d.errField(path+".shape", "%s.shape: %v of %v overflows int64 bytes", path, sh, dt)
+	}
+	return ir.Tensor{Shape: sh, DType: dt}, nil
+}
+
+// parseSaveRef reads "in0", "out" or "out2".
+func parseSaveRef(s string) (ir.SaveRef, bool) {
+	var r ir.SaveRef
+	digits := ""
+	switch {
+	case s == "out":
+		return ir.SaveRef{Output: true}, true
+	case strings.HasPrefix(s, "out"):
+		r.Output, digits = true, s[3:]
+	case strings.HasPrefix(s, "in"):
+		digits = s[2:]
+	default:
+		return r, false
+	}
+	k, err := strconv.Atoi(digits)
+	if err != nil || k < 0 || strconv.Itoa(k) != digits || r.Output && k == 0 {
+		return r, false
+	}
+	r.In = k
+	return r, true
 }

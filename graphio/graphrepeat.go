@@ -170,7 +170,7 @@ func (s *GraphSpec) checkNode(e *entrySpec, path string) (ir.Op, error) {
 			return 0, d.errAt(k, "%s: %v takes no %s (it is for %s)", path, op, k.Value, joinOps(ops))
 		}
 	}
-	if len(e.Inputs) != op.Arity() {
+	if op.Arity() >= 0 && len(e.Inputs) != op.Arity() {
 		return 0, d.errField(path+".inputs", "%s: %v takes %d inputs, got %d", path, op, op.Arity(), len(e.Inputs))
 	}
 	if _, err := s.attrs(&flatNode{name: e.Name, spec: e, op: op, path: path}); err != nil {

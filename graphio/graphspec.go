@@ -51,6 +51,9 @@ type GraphSpec struct {
 	Name  string   // the file's stem if not given
 	DType ir.DType // fp32 if not given
 	Dims  map[string]int64
+	// Traced is set for a graph a tracer wrote: its shapes are those of
+	// one batch and sequence, in one dtype.
+	Traced *Traced
 
 	d      *decoder
 	inputs []inputSpec
@@ -65,7 +68,15 @@ type graphDoc struct {
 	Graph *graphBody `yaml:"graph"`
 }
 
+// Traced says what a traced graph was recorded for.
+type Traced struct {
+	Batch int64  `yaml:"batch"`
+	Seq   int64  `yaml:"seq"`
+	By    string `yaml:"by"` // what recorded it: the libraries and device
+}
+
 type graphBody struct {
+	Traced *Traced          `yaml:"traced"`
 	Name   string           `yaml:"name"`
 	DType  string           `yaml:"dtype"`
 	Dims   map[string]int64 `yaml:"dims"`
@@ -113,6 +124,24 @@ type entrySpec struct {
 	Sizes      []string `yaml:"sizes"`
 	To         string   `yaml:"to"`
 	Shape      []string `yaml:"shape"`
+
+	// A traced op's record (op aten).
+	Fn              string       `yaml:"fn"`
+	DType           string       `yaml:"dtype"`
+	Grad            bool         `yaml:"grad"`
+	View            *int         `yaml:"view"`
+	FLOPs           int64        `yaml:"flops"`
+	BackwardFLOPs   int64        `yaml:"backward_flops"`
+	Saves           []string     `yaml:"saves"`
+	Outputs         []outputSpec `yaml:"outputs"`
+	Params          int64        `yaml:"params"`
+	TrainableParams int64        `yaml:"trainable_params"`
+}
+
+// outputSpec is one extra output of a traced op.
+type outputSpec struct {
+	Shape []string `yaml:"shape"`
+	DType string   `yaml:"dtype"`
 }
 
 type repeatSpec struct {
@@ -158,7 +187,18 @@ var opKeys = map[string][]ir.Op{
 	"index":       {ir.Split},
 	"sizes":       {ir.Split},
 	"to":          {ir.Cast},
-	"shape":       {ir.Reshape},
+	"shape":       {ir.Reshape, ir.Aten},
+
+	"fn":               {ir.Aten},
+	"dtype":            {ir.Aten},
+	"grad":             {ir.Aten},
+	"view":             {ir.Aten},
+	"flops":            {ir.Aten},
+	"backward_flops":   {ir.Aten},
+	"saves":            {ir.Aten},
+	"outputs":          {ir.Aten},
+	"params":           {ir.Aten},
+	"trainable_params": {ir.Aten},
 }
 
 // decodeGraphSpec decodes a graph document; root is the document's
@@ -172,7 +212,7 @@ func decodeGraphSpec(d *decoder, root *yaml.Node) (*GraphSpec, error) {
 	if b == nil {
 		return nil, d.errField("graph", "graph: is empty, want name, dims, inputs, nodes and output")
 	}
-	s := &GraphSpec{Name: b.Name, DType: ir.FP32, Dims: b.Dims, d: d, inputs: b.Inputs, output: b.Output}
+	s := &GraphSpec{Name: b.Name, DType: ir.FP32, Dims: b.Dims, Traced: b.Traced, d: d, inputs: b.Inputs, output: b.Output}
 	if err := s.checkHeader(b); err != nil {
 		return nil, err
 	}
@@ -213,6 +253,9 @@ func (s *GraphSpec) checkHeader(b *graphBody) error {
 	}
 	if len(b.Nodes) == 0 {
 		return d.errField("graph.nodes", "graph: no nodes")
+	}
+	if t := s.Traced; t != nil && (t.Batch <= 0 || t.Seq <= 0) {
+		return d.errField("graph.traced", "graph.traced: batch and seq must be positive, got %d and %d", t.Batch, t.Seq)
 	}
 	return nil
 }

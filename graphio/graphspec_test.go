@@ -273,7 +273,7 @@ func TestGraphSpecErrors(t *testing.T) {
 		{"missing name", "    - {op: gelu, inputs: [x]}\n  output: a\n",
 			"g.yaml:5:7: graph.nodes[0]: missing name"},
 		{"missing op", "    - {name: a, inputs: [x]}\n  output: a\n",
-			`g.yaml:5:7: graph.nodes[0]: unknown op "" (valid: add, attention,`},
+			`g.yaml:5:7: graph.nodes[0]: unknown op "" (valid: add, aten, attention,`},
 		{"input op", "    - {name: a, op: input}\n  output: a\n",
 			`g.yaml:5:21: graph.nodes[0]: unknown op "input"`},
 		{"node not a mapping", "    - a\n  output: a\n",
@@ -334,7 +334,7 @@ func TestGraphSpecHeader(t *testing.T) {
 		{"bad dtype", "graph:\n  dtype: int64\n", `g.yaml:2:10: graph.dtype: unknown value "int64" (valid: fp32, bf16, fp16)`},
 		{"bad dim name", "graph:\n  dims: {2x: 3}\n", `g.yaml:2:10: graph.dims: "2x" is not a dim name`},
 		{"input without shape", "graph:\n  inputs: [{name: x}]\n  nodes: [{name: a, op: gelu, inputs: [x]}]\n", "g.yaml:2:12: graph.inputs[0]: missing shape"},
-		{"input dtype", "graph:\n  inputs: [{name: x, shape: [], dtype: int8}]\n  nodes: [{name: a, op: gelu, inputs: [x]}]\n", `g.yaml:2:40: graph.inputs[0].dtype: unknown dtype "int8"`},
+		{"input dtype", "graph:\n  inputs: [{name: x, shape: [], dtype: int4}]\n  nodes: [{name: a, op: gelu, inputs: [x]}]\n", `g.yaml:2:40: graph.inputs[0].dtype: unknown dtype "int4"`},
 		{"dims list", "graph:\n  dims: [b, 2]\n", "g.yaml:2:9: graph.dims: want a mapping, got a list"},
 	}
 	for _, tt := range tests {

@@ -18,6 +18,10 @@ const (
 	FP64
 	Int64
 	Bool
+	Int32 // the integer types below appear only in traced graphs
+	Int16
+	Int8
+	UInt8
 )
 
 var dtypeNames = [...]string{
@@ -28,6 +32,10 @@ var dtypeNames = [...]string{
 	FP64:    "fp64",
 	Int64:   "int64",
 	Bool:    "bool",
+	Int32:   "int32",
+	Int16:   "int16",
+	Int8:    "int8",
+	UInt8:   "uint8",
 }
 
 // String returns the short name used in YAML and output ("bf16").
@@ -47,7 +55,11 @@ func (d DType) Size() int64 {
 		return 2
 	case FP64, Int64:
 		return 8
-	case Bool:
+	case Int32:
+		return 4
+	case Int16:
+		return 2
+	case Bool, Int8, UInt8:
 		return 1
 	}
 	return 0
@@ -72,8 +84,16 @@ func ParseDType(s string) (DType, error) {
 		return Int64, nil
 	case "bool":
 		return Bool, nil
+	case "int32", "int":
+		return Int32, nil
+	case "int16", "short":
+		return Int16, nil
+	case "int8":
+		return Int8, nil
+	case "uint8":
+		return UInt8, nil
 	}
-	return Invalid, fmt.Errorf("unknown dtype %q (valid: fp32, bf16, fp16, fp64, int64, bool)", s)
+	return Invalid, fmt.Errorf("unknown dtype %q (valid: fp32, bf16, fp16, fp64, int64, int32, int16, int8, uint8, bool)", s)
 }
 
 // TrainDTypes lists the dtypes a model may train in.

@@ -128,6 +128,8 @@ func (g *Graph) Params(id int) int64 {
 		return 0
 	}
 	switch n.Op {
+	case Aten:
+		return n.Attrs.Params
 	case Embedding:
 		return n.Attrs.Vocab * n.Attrs.Out
 	case Linear:
@@ -152,6 +154,9 @@ func (g *Graph) Params(id int) int64 {
 // (a LoRA adapter on a frozen linear still trains).
 func (g *Graph) TrainableParams(id int) int64 {
 	n := &g.Nodes[id]
+	if n.Op == Aten {
+		return n.Attrs.TrainParams
+	}
 	if !n.Attrs.Frozen {
 		return g.Params(id)
 	}

@@ -16,6 +16,10 @@ func Infer(op Op, a Attrs, in []Tensor, model DType) (Tensor, error) {
 	if op == Input || op == OpInvalid || op >= numOps {
 		return Tensor{}, fmt.Errorf("op %v has no shape rule", op)
 	}
+	if op == Aten {
+		// A traced op's output is what the tracer saw.
+		return Tensor{a.Type.Shape.Clone(), a.Type.DType}, nil
+	}
 	if len(in) != op.Arity() {
 		return Tensor{}, fmt.Errorf("%v takes %d inputs, got %d", op, op.Arity(), len(in))
 	}

@@ -3,6 +3,7 @@ package ir
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Op is the operation a node applies to its inputs.
@@ -43,6 +44,7 @@ const (
 	ExpertLinear    // each routed row x W_e of its expert e: [rows, in] and the dispatch -> [rows, Out]; Experts weights
 	RouteWeights    // each routed row's routing weight: weights [..., TopK] and the dispatch -> [rows, 1]
 	Combine         // sum each token's routed rows: [rows, h] and the dispatch -> [rows/TopK, h]
+	Aten            // a PyTorch op as a tracer recorded it: any inputs, its output Type, what it saves and costs given
 	numOps
 )
 
@@ -79,6 +81,7 @@ var opNames = [...]string{
 	ExpertLinear: "expert_linear",
 	RouteWeights: "route_weights",
 	Combine:      "combine",
+	Aten:         "aten",
 }
 
 // String returns the op's name as written in graph YAML.
@@ -93,9 +96,12 @@ func (o Op) String() string {
 // so costs no bytes and no FLOPs.
 func (o Op) IsView() bool { return o == Reshape || o == Transpose || o == Split }
 
-// Arity returns the number of inputs the op takes.
+// Arity returns the number of inputs the op takes; -1 for any number
+// (Aten).
 func (o Op) Arity() int {
 	switch o {
+	case Aten:
+		return -1
 	case Input:
 		return 0
 	case MatMul, Mul, Add, CrossEntropy, Dispatch, ExpertLinear, RouteWeights, Combine:
@@ -174,6 +180,65 @@ type Attrs struct {
 	CacheLen    int64   // RoPE with Tables: they are indexed from its layer's cache of this many positions, without a product
 	To          DType   // Cast: the target dtype
 	Shape       Shape   // Reshape: the new shape; one entry may be -1
+
+	// A traced op (Aten) carries what a tracer saw it do, since no rule
+	// here knows it.
+	Fn            string    // Aten: the PyTorch op ("aten.mm.default")
+	Type          Tensor    // Aten: its output
+	Extras        []Tensor  // Aten: its other outputs (a norm's statistics, a dropout's mask), each a storage of its own
+	View          bool      // Aten: its output lives in a storage of input 0 (a view, or an in-place op's result)
+	ViewOf        int       // Aten with View: which of input 0's storages: 0 its output's, k its k-th extra output
+	Grad          bool      // Aten: its output requires a gradient
+	Saves         []SaveRef // Aten: what autograd saves for its backward, in the order it saves them
+	FLOPs         int64     // Aten: forward FLOPs
+	BackwardFLOPs int64     // Aten: backward FLOPs
+	Params        int64     // Aten: parameters it is the first op to read
+	TrainParams   int64     // Aten: of those, the ones that train
+}
+
+// MaxExtras is the most extra outputs a traced op may have (PyTorch's
+// CUDA flash attention returns eight besides its output).
+const MaxExtras = 15
+
+// InPlace reports whether a traced op writes its input 0 in place: a view
+// whose PyTorch op is named with a trailing underscore (aten.add_.Tensor).
+func (a *Attrs) InPlace() bool {
+	if !a.View || a.ViewOf != 0 {
+		return false
+	}
+	name := strings.TrimPrefix(a.Fn, "aten.")
+	if i := strings.IndexByte(name, '.'); i >= 0 {
+		name = name[:i]
+	}
+	return strings.HasSuffix(name, "_") && !strings.HasSuffix(name, "__")
+}
+
+// IsProduct reports whether a traced op is a matrix product.
+func (a *Attrs) IsProduct() bool {
+	for _, p := range []string{"aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.matmul.", "aten.linear."} {
+		if strings.HasPrefix(a.Fn, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// SaveRef names a tensor a traced op saves: its input In, or (Output) its
+// output when In is 0 and its extra output In otherwise.
+type SaveRef struct {
+	Output bool
+	In     int
+}
+
+// String writes the reference as graph YAML does: "in0", "out", "out2".
+func (r SaveRef) String() string {
+	switch {
+	case !r.Output:
+		return fmt.Sprintf("in%d", r.In)
+	case r.In == 0:
+		return "out"
+	}
+	return fmt.Sprintf("out%d", r.In)
 }
 
 // SplitPart returns where part Index of a split of an axis of size n

@@ -35,6 +35,16 @@ func (s Shape) Elements() (int64, bool) {
 	return n, true
 }
 
+// HasZero reports whether an axis of s has size 0 (an empty tensor).
+func (s Shape) HasZero() bool {
+	for _, d := range s {
+		if d == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // NumElements returns the number of elements of a valid shape.
 func (s Shape) NumElements() int64 {
 	n, _ := s.Elements()

@@ -123,8 +123,49 @@ func validateNode(g *Graph, n *Node) error {
 	if err := validateRouting(g, n); err != nil {
 		return err
 	}
+	if err := validateTraced(g, n); err != nil {
+		return err
+	}
 	if !t.Shape.Equal(n.Shape) || t.DType != n.DType {
 		return fmt.Errorf("output is %v %v, but its inputs give %v %v", n.Shape, n.DType, t.Shape, t.DType)
+	}
+	return nil
+}
+
+// validateTraced checks that a traced op's references hold: its extra
+// outputs have a size, a view names a storage its input 0 has, and what it
+// saves is one of its inputs or outputs.
+func validateTraced(g *Graph, n *Node) error {
+	a := &n.Attrs
+	if n.Op != Aten {
+		return nil
+	}
+	if a.Fn == "" {
+		return fmt.Errorf("a traced op needs the PyTorch op it ran (fn)")
+	}
+	if len(a.Extras) > MaxExtras {
+		return fmt.Errorf("%d extra outputs, more than the %d a traced op may have", len(a.Extras), MaxExtras)
+	}
+	for k, x := range a.Extras {
+		if _, ok := x.Shape.Bytes(x.DType); (!ok && !x.Shape.HasZero()) || x.DType == Invalid {
+			return fmt.Errorf("output %d is %v of %v: empty or too large", k+1, x.Shape, x.DType)
+		}
+	}
+	if a.View {
+		if len(n.Inputs) == 0 {
+			return fmt.Errorf("a view needs an input whose storage it lives in")
+		}
+		if src := &g.Nodes[n.Inputs[0]]; a.ViewOf < 0 || a.ViewOf > len(src.Attrs.Extras) || a.ViewOf > 0 && src.Op != Aten {
+			return fmt.Errorf("a view of output %d of %s, which has no such output", a.ViewOf, src.Name)
+		}
+	}
+	if a.FLOPs < 0 || a.BackwardFLOPs < 0 || a.Params < 0 || a.TrainParams < 0 || a.TrainParams > a.Params {
+		return fmt.Errorf("negative FLOPs or parameters, or more trained parameters than parameters")
+	}
+	for _, r := range a.Saves {
+		if r.In < 0 || !r.Output && r.In >= len(n.Inputs) || r.Output && r.In > len(a.Extras) {
+			return fmt.Errorf("saves %v, which it does not have", r)
+		}
 	}
 	return nil
 }

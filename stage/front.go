@@ -52,6 +52,9 @@ type search struct {
 	c     *costmodel.Costs
 	pos   map[int]int // node → position in st.Nodes
 	owner []int       // position of each saved storage's owner
+	// mutated marks the storages a traced op writes in place after the
+	// op that made them.
+	mutated map[int]bool
 }
 
 func newSearch(st *Stage) *search {
@@ -61,6 +64,12 @@ func newSearch(st *Stage) *search {
 	}
 	for _, s := range st.Saved {
 		k.owner = append(k.owner, k.pos[st.c.Storages[s].Node])
+	}
+	k.mutated = map[int]bool{}
+	for _, id := range st.Nodes {
+		if n := &st.c.Graph.Nodes[id]; n.Op == ir.Aten && n.Attrs.InPlace() {
+			k.mutated[st.c.OutputStorage(id)] = true
+		}
 	}
 	return k
 }
@@ -312,7 +321,8 @@ func (k *search) policy(name string, core []bool) bitset {
 		case "megatron-selective":
 			keep = !k.c.SelectiveDrops(s, core)
 		case "matmuls-only":
-			keep = op == ir.MatMul || op == ir.Linear
+			n := &g.Nodes[k.c.Storages[s].Node]
+			keep = op == ir.MatMul || op == ir.Linear || op == ir.Aten && n.Attrs.IsProduct()
 		}
 		if keep {
 			b.set(j)

@@ -134,11 +134,13 @@ func (st *Stage) replayFLOPs(cached func(s int) bool) int64 {
 }
 
 // closeOutputs adds to kept the other outputs of every op one of whose
-// outputs it keeps, for the transformers profile's runtime, and takes
+// outputs it keeps (all of a traced op's), for the transformers profile's runtime, and takes
 // out what that runtime cannot cache: the CPU's dropout mask, which one
 // op allocates and the next ones fill in place (the policy may cache
 // only what no later op mutates); it is recomputed, at no FLOPs, from the
-// RNG state the checkpoint restores.
+// RNG state the checkpoint restores. A storage a traced op writes in place
+// after the op that made it (bernoulli_ filling empty_like's noise) is
+// not cached either, for the same reason, and costs what its ops cost.
 func (k *search) closeOutputs(kept bitset) bitset {
 	if k.c.Profile != costmodel.Transformers {
 		return kept
@@ -160,12 +162,18 @@ func (k *search) closeOutputs(kept bitset) bitset {
 		if !k.multiOutput(&k.c.Graph.Nodes[id]) {
 			continue
 		}
+		traced := k.c.Graph.Nodes[id].Op == ir.Aten
 		for _, o := range k.c.Owned(id) {
-			if r := k.c.Storages[o].Role; r == costmodel.Out || r == costmodel.LogSumExp || r == costmodel.Mean || r == costmodel.Rstd || r == costmodel.Mask {
+			if r := k.c.Storages[o].Role; traced || r == costmodel.Out || r == costmodel.LogSumExp || r == costmodel.Mean || r == costmodel.Rstd || r == costmodel.Mask {
 				if i, ok := k.st.index[o]; ok {
 					out.set(i)
 				}
 			}
+		}
+	}
+	for j, s := range k.st.Saved {
+		if k.mutated[s] {
+			out.clear(j)
 		}
 	}
 	return out
@@ -174,6 +182,6 @@ func (k *search) closeOutputs(kept bitset) bitset {
 // multiOutput reports whether one ATen op makes the node's output and its
 // statistics or mask together (dropout: CUDA's fused kernel).
 func (k *search) multiOutput(n *ir.Node) bool {
-	return (n.Op == ir.Attention && n.Attrs.Flash) || n.Op == ir.LayerNorm ||
+	return n.Op == ir.Aten && len(n.Attrs.Extras) > 0 || (n.Op == ir.Attention && n.Attrs.Flash) || n.Op == ir.LayerNorm ||
 		(n.Op == ir.Dropout && k.c.Graph.Setup.Numerics.ByteMasks)
 }
