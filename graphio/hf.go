@@ -173,7 +173,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	}
 	family, ok := hfModelTypes[*c.ModelType]
 	if !ok {
-		return nil, r.d.errField("model_type", "unsupported model_type %q (supported: %s); describe the model in a model YAML of a family ckptplan builds (%s) or in a graph YAML, see docs/formats.md", *c.ModelType, supported, strings.Join(Families, ", "))
+		return nil, r.d.errField("model_type", "no builder for model_type %q (ckptplan builds %s); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ckptplan' then 'ckptplan trace %s -o model.yaml' and 'ckptplan plan model.yaml' (docs/formats.md)", *c.ModelType, supported, file)
 	}
 	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
 	// What transformers does by default on PyTorch 2: sdpa attention and

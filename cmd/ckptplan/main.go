@@ -62,7 +62,15 @@ func commands() []command {
 		{"run", "MODEL", "run a plan on the CPU and check its memory and gradients", runRun},
 		{"sweep", "MODEL", "memory against recomputation for every budget and strategy", runSweep},
 		{"export", "MODEL", "a plan for PyTorch (a Python module), Hugging Face or Megatron-LM", runExport},
+		{"trace", "CONFIG", "a graph of any model transformers builds (in the Python package)", runTrace},
 	}
+}
+
+// runTrace says where trace runs: it builds the model with transformers,
+// which only the Python package has.
+func runTrace(stdout, stderr io.Writer, args []string) error {
+	return fmt.Errorf("trace runs in the Python package, which builds the model with transformers: " +
+		"'pip install ckptplan', then 'ckptplan trace CONFIG -o graph.yaml' (or 'python -m ckptplan trace ...'), then 'ckptplan plan graph.yaml'")
 }
 
 func usage(w io.Writer) {

@@ -163,6 +163,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 			return nil, fmt.Errorf("%s: %w", arg, err)
 		}
 	case graphio.KindGraph:
+		if t := src.Graph.Traced; t != nil && (s.batch != 0 || s.seq != 0 || s.dtype != "") {
+			return nil, usagef("%s was traced for batch %d, seq %d in %v: --batch, --seq and --dtype do not apply; trace it again with those (ckptplan trace --batch N --seq N --dtype D)", arg, t.Batch, t.Seq, src.Graph.DType)
+		}
 		for _, o := range []struct {
 			dim, flag string
 			v         int64

@@ -2,7 +2,8 @@
 
 ``main`` hands its arguments to the binary found by ``ckptplan._binary``
 and passes its standard output, standard error and exit status through
-unchanged (0 success, 1 failure, 2 usage error). When it is the program
+unchanged (0 success, 1 failure, 2 usage error). ``ckptplan trace`` runs
+here instead (``ckptplan.trace``): it needs torch and transformers. When it is the program
 (``argv`` left as None) on a POSIX system it replaces this process with the
 binary (``os.execv``), so signals, the terminal and the exit status are the
 binary's own; called with ``argv``, or on Windows, it runs the binary as a
@@ -33,6 +34,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     and return its exit status; see the module doc."""
     as_program = argv is None
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "trace":
+        # Tracing builds the model with transformers: it runs here.
+        from .trace import main as trace_main
+
+        return trace_main(args[1:])
     try:
         path = binary()
     except BinaryNotFoundError as err:

@@ -24,8 +24,10 @@ import torch.nn as nn
 _PATHS = (
     ("model", "layers"),  # LlamaForCausalLM and Mistral, Qwen2, Gemma, Phi-3
     ("layers",),  # LlamaModel and friends
-    ("transformer", "h"),  # GPT2LMHeadModel
+    ("transformer", "h"),  # GPT2LMHeadModel, Falcon, BLOOM, GPT-J
     ("h",),  # GPT2Model
+    ("gpt_neox", "layers"),  # GPT-NeoX, Pythia
+    ("model", "decoder", "layers"),  # OPT
 )
 
 
@@ -66,6 +68,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
                 break
         if isinstance(obj, nn.ModuleList) and len(obj) > 0:
             return obj
+    # Else the one longest list of blocks of one class.
+    lists = [m for m in base.modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+             and len({type(c) for c in m}) == 1]
+    if lists:
+        longest = max(len(m) for m in lists)
+        top = [m for m in lists if len(m) == longest]
+        if len(top) == 1:
+            return top[0]
     raise ValueError(
         f"cannot find the decoder layers of a {type(model).__name__}: ckptplan knows "
         "model.model.layers (Llama, Mistral, Qwen2, Gemma, Phi-3) and model.transformer.h (GPT-2); "
