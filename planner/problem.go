@@ -83,7 +83,9 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	if err != nil {
 		return nil, err
 	}
-	stages, err := stage.Build(c, src.Kind == graphio.KindModel)
+	// A model, and a traced graph, name their blocks; other graphs are cut
+	// at their cut points.
+	stages, err := stage.Build(c, src.Kind == graphio.KindModel || src.Kind == graphio.KindGraph && src.Graph.Traced != nil)
 	if err != nil {
 		return nil, err
 	}

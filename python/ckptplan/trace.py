@@ -138,7 +138,17 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
     rec = _Recorder(model, fake, device)
     rec.name_input(ids, "input_ids")
     rec.name_input(labels, "labels")
-    loss = rec.run({"input_ids": ids, "labels": labels})
+    from torch._subclasses import fake_tensor
+
+    dynamic = tuple(getattr(fake_tensor, n) for n in ("DynamicOutputShapeException", "DataDependentOutputException")
+                    if hasattr(fake_tensor, n))
+    try:
+        loss = rec.run({"input_ids": ids, "labels": labels})
+    except dynamic as err:
+        raise TraceError(
+            f"{name}: a shape depends on the data ({err}), as a mixture of experts' routing does: the "
+            "tracer follows shapes, not values, and cannot trace it (ckptplan builds mixtral, qwen2_moe and "
+            "qwen3_moe itself)") from None
     return _Graph(rec, loss, name, batch, seq).yaml()
 
 
@@ -475,6 +485,11 @@ class _Graph:
                                                              for t in op.args) and op.func.is_view:
             for t in op.outs:
                 self.param_views.add(_sid(t))
+            return
+        if op.func.is_view and len(op.outs) > 1 and refs:
+            # Several views of one input (split, unbind): a node each.
+            for k, t in enumerate(op.outs):
+                self._node(_Op(op.func, op.args, [t], op.block, op.scope, saves=op.saves if k == 0 else []))
             return
         # Inputs: activations in order, deduplicated.
         inputs: list[tuple[str, int]] = []

@@ -1,0 +1,174 @@
+"""The tracer against the builders and against PyTorch.
+
+A traced graph is planned by the same binary as a built one: for every
+family ckptplan builds, the traced layers must keep the bytes and cost the
+FLOPs the builder's do; for model types it does not build, the bytes each
+layer saves must be the bytes PyTorch saves (saved-tensor hooks, measured
+in the test), and the parameters those transformers builds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from ckptplan import _binary  # noqa: E402
+from ckptplan.introspect import describe  # noqa: E402
+from ckptplan.measure import measure  # noqa: E402
+from ckptplan.trace import trace  # noqa: E402
+from test_real_stack import BATCH, SEQ, VOCAB, DTYPES, batch, build  # noqa: E402
+
+
+def cost(path: str, flags=()) -> dict:
+    """The binary's cost JSON: block name → block."""
+    out = json.loads(_binary.call(["cost", "--format", "json", *flags, path]))
+    return out
+
+
+def traced_cost(model, tmp_path) -> dict:
+    path = tmp_path / "traced.yaml"
+    path.write_text(trace(model, batch=BATCH, seq=SEQ))
+    return cost(str(path))
+
+
+BUILT = [(f, a, d, p, lora) for f in ("llama", "mistral", "qwen2", "gpt2", "gemma", "gemma2", "phi3", "starcoder2",
+                                       "granite", "mistral-hd", "llama-bias")
+         for a in ("eager", "sdpa") for d in ("fp32", "bf16") for p, lora in ((0.0, ""), (0.1, "attn"))]
+
+
+@pytest.mark.parametrize("family,attention,dtype,dropout,lora", BUILT)
+def test_traced_layers_agree_with_the_builder(ckptplan_binary, tmp_path, family, attention, dtype, dropout, lora):
+    """Each traced layer keeps the builder's bytes and costs its FLOPs,
+    forward and backward; the parameters are the same."""
+    model = build(family, attention, dtype, dropout, lora)
+    setup = describe(model, batch=BATCH, seq=SEQ)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(setup.config))
+    built = cost(str(config), setup.flags())
+    traced = traced_cost(model, tmp_path)
+    got = {b["name"]: b for b in traced["blocks"]}
+    layers = [b for b in built["blocks"] if b["name"].startswith("layers.")]
+    assert len(layers) == 3
+    for b in layers:
+        t = got[b["name"]]
+        for key in ("saved_bytes", "forward_flops", "backward_flops"):
+            assert t[key] == b[key], f"{b['name']} {key}: traced {t[key]}, built {b[key]}"
+    assert traced["static"]["parameters"] == built["static"]["parameters"] == model.num_parameters()
+    assert traced["static"]["trainable_parameters"] == built["static"]["trainable_parameters"]
+
+
+def test_routing_cannot_be_traced():
+    """A mixture of experts' shapes depend on its routing: the tracer says
+    so rather than guess."""
+    from ckptplan.trace import TraceError
+
+    with pytest.raises(TraceError, match="depends on the data.*mixture of experts"):
+        trace(build("mixtral", "sdpa", "fp32"), batch=BATCH, seq=SEQ)
+
+
+# Model types ckptplan has no builder for, as small as transformers allows.
+UNBUILT = {
+    "gpt_neox": dict(rotary_pct=0.25),  # parallel residual, partial rotary, fused qkv
+    "olmo": dict(),  # LayerNorm without weights
+    "cohere": dict(),  # parallel residual, interleaved rotary, logit scale
+    "phi": dict(partial_rotary_factor=0.5),  # Phi-2: LayerNorm, GELU MLP, partial rotary
+    "falcon": dict(new_decoder_architecture=False, multi_query=True),  # one kv head
+    "stablelm": dict(num_key_value_heads=4, partial_rotary_factor=0.25),
+}
+
+
+def build_unbuilt(model_type: str, attention: str, dtype: str, dropout: float = 0.0):
+    kw = dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=192,
+              vocab_size=VOCAB, max_position_embeddings=64, **UNBUILT[model_type])
+    if dropout:
+        kw.update(attention_dropout=dropout, hidden_dropout=dropout)
+    config = transformers.AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                          torch_dtype=DTYPES[dtype])
+    model.train()
+    return model
+
+
+@pytest.mark.parametrize("model_type,attention,dtype", [(t, a, d) for t in UNBUILT for a in ("eager", "sdpa")
+                                                        for d in ("fp32", "bf16")])
+def test_traced_model_keeps_what_pytorch_saves(ckptplan_binary, tmp_path, model_type, attention, dtype):
+    """For a model type with no builder, the traced plan's bytes per layer
+    are the bytes PyTorch saves, and its parameters transformers'."""
+    model = build_unbuilt(model_type, attention, dtype)
+    traced = traced_cost(model, tmp_path)
+    got = {b["name"]: b for b in traced["blocks"]}
+    m = measure(model, batch())
+    assert len(m.layers) == 3
+    for layer in m.layers:
+        assert got[layer.name]["saved_bytes"] == layer.saved_bytes, (
+            f"{layer.name}: PyTorch saves {layer.saved_bytes}, traced {got[layer.name]['saved_bytes']}")
+    assert traced["static"]["parameters"] == model.num_parameters()
+
+
+def test_traced_dropout_keeps_its_masks(ckptplan_binary, tmp_path):
+    """GPT-NeoX with attention and residual dropout: the masks each layer
+    keeps are counted as PyTorch keeps them."""
+    model = build_unbuilt("gpt_neox", "eager", "fp32", dropout=0.1)
+    traced = traced_cost(model, tmp_path)
+    got = {b["name"]: b for b in traced["blocks"]}
+    m = measure(model, batch())
+    plain = traced_cost(build_unbuilt("gpt_neox", "eager", "fp32"), tmp_path)
+    for layer in m.layers:
+        assert got[layer.name]["saved_bytes"] == layer.saved_bytes
+        assert layer.saved_bytes > next(b for b in plain["blocks"] if b["name"] == layer.name)["saved_bytes"]
+
+
+def run_trace(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-m", "ckptplan", "trace", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_trace_command_writes_a_graph_the_binary_plans(ckptplan_binary, tmp_path):
+    """ckptplan trace CONFIG -o FILE, then ckptplan plan FILE: a config of a
+    type with no builder, planned under a budget that needs recomputation."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt_neox", "num_hidden_layers": 4, "hidden_size": 64,
+                                  "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 128,
+                                  "rotary_pct": 0.25}))
+    out = tmp_path / "neox.yaml"
+    p = run_trace(str(config), "--seq", "64", "--batch", "2", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    # The binary, asked for a config.json of this type, says how to trace.
+    with pytest.raises(_binary.CkptplanError) as err:
+        _binary.call(["plan", "--budget", "1GiB", str(config)])
+    assert "ckptplan trace" in err.value.message
+    full = json.loads(_binary.call(["plan", "--format", "json", "--solver", "none", "--budget", "1GiB", str(out)]))
+    stored = full["peak_bytes"]
+    plan = json.loads(_binary.call(["plan", "--format", "json", "--budget", str(stored - 1), str(out)]))
+    assert plan["feasible"] and plan["peak_bytes"] < stored
+    with pytest.raises(_binary.CkptplanError) as err:
+        _binary.call(["plan", "--budget", "1GiB", "--seq", "128", str(out)])
+    assert "traced for batch 2, seq 64" in err.value.message and err.value.code == 2
+
+
+@pytest.mark.parametrize("args,want", [
+    (["missing.json"], "missing.json: no such file"),
+    (["bad.json"], "bad.json:1:2"),
+    (["bert.json"], "a shape depends on the data"),
+])
+def test_trace_errors_are_messages(tmp_path, args, want):
+    (tmp_path / "bad.json").write_text("{]")
+    (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 1, "hidden_size": 32,
+                                                    "num_attention_heads": 2, "intermediate_size": 32,
+                                                    "vocab_size": 64}))
+    p = run_trace(*[str(tmp_path / a) for a in args], "--seq", "8")
+    assert p.returncode == 1
+    assert want in p.stderr and "Traceback" not in p.stderr
+
+
+def test_trace_usage_error():
+    p = run_trace("--seq", "x", "c.json")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
