@@ -1,7 +1,8 @@
 """ckptplan: which activations to keep and which to recompute so a training
 step fits a memory budget with the least extra compute.
 
-Plan, apply and measure on a live transformers or PEFT model:
+Plan, apply and measure on a live transformers or PEFT model (and trace
+one ckptplan does not build into a graph it plans, ``ckptplan.trace``):
 
     >>> import torch, transformers, ckptplan
     >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
@@ -22,7 +23,7 @@ from .plan import Layer, Plan, Saved, plan
 __version__ = "0.1.0"
 
 __all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "Saved", "apply", "applied",
-           "binary", "measure", "plan", "suspended", "__version__"]
+           "binary", "measure", "plan", "suspended", "trace", "TraceError", "__version__"]
 
 
 def __getattr__(name):
@@ -32,7 +33,8 @@ def __getattr__(name):
     import importlib
 
     for module, names in (("apply", ("apply", "applied", "suspended", "sac_available")),
-                          ("measure", ("measure", "Measurement", "LayerMeasurement"))):
+                          ("measure", ("measure", "Measurement", "LayerMeasurement")),
+                          ("trace", ("trace", "TraceError"))):
         if name in names:
             mod = importlib.import_module(f".{module}", __name__)
             for n in names:
