@@ -226,7 +226,7 @@ func (s *GraphSpec) tracedAttrs(n *flatNode, a *ir.Attrs) error {
 	}
 	a.Grad = e.Grad
 	if e.View != nil {
-		if *e.View < 0 || *e.View > 0 && *e.View > ir.MaxExtras {
+		if *e.View < 0 || *e.View > ir.MaxExtras {
 			return d.errField(path+".view", "%s.view: %d is not an output (0 for the input's own, k for its k-th extra)", path, *e.View)
 		}
 		a.View, a.ViewOf = true, *e.View

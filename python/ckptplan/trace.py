@@ -382,12 +382,6 @@ def _is_view_op(op: _Op) -> bool:
             and _sid(op.outs[0]) == _sid(op.args[0]) and op.func.is_view)
 
 
-def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
-
-
 class _Graph:
     """The recorded ops as graph nodes."""
 
@@ -400,10 +394,9 @@ class _Graph:
         self.param_views: set[int] = set()
         self.names: set[str] = set()
         self.grad: dict[str, bool] = {}
-        self.params_seen: set[int] = set()
         self.dtype = None
         self.loss = loss
-        self.nodes: list[str] = []
+        self.made: dict[str, _Op] = {}  # node → the op it records
         self._build()
 
     def _input(self, label: str, t: torch.Tensor) -> tuple[str, int]:
@@ -435,7 +428,6 @@ class _Graph:
     def _build(self) -> None:
         rec = self.rec
         ops = rec.ops
-        ids = None
         # The embedding ops that lead to the first layer: walk back from its
         # hidden state; the rest of what runs before it (rotary tables,
         # masks) makes the layers' other inputs.
@@ -451,12 +443,11 @@ class _Graph:
         for k, op in enumerate(ops):
             if op.block == "embed" and k not in pre_keep:
                 continue
-            if ids is None:
-                ids = True
             self._node(op)
-        self.output = self.where.get(_key(self.loss)) or self.storage_of.get(_sid(self.loss))
-        if self.output is None:
+        ref = self.where.get(_key(self.loss)) or self.storage_of.get(_sid(self.loss))
+        if ref is None:
             raise TraceError("the loss was not made by any op the tracer saw")
+        self.output = self._output_node(ref)
 
     def _node(self, op: _Op) -> None:
         rec = self.rec
@@ -517,7 +508,7 @@ class _Graph:
         node = self._name(op, short)
         trains = any(rec.params.get(_sid(t), (0, t.requires_grad))[1] for t in param_reads)
         params = train = 0
-        if not self.nodes:
+        if not self.made:
             # The model's parameters, each once, on the first node: what
             # static memory needs.
             params = sum(n for n, _ in rec.params.values())
@@ -572,7 +563,7 @@ class _Graph:
         if train:
             fields.append(f"trainable_params: {train}")
         self.lines.append("    - {" + ", ".join(fields) + "}")
-        self.nodes.append(node)
+        self.made[node] = op
         self.grad[node] = grad
         for k2, t in enumerate(op.outs):
             ref = (node, k2)
@@ -591,33 +582,15 @@ class _Graph:
         name = f"{node}.out{k}"
         if name not in self.names:
             self.names.add(name)
-            parent_block = next((ln for ln in self.lines if ln.startswith(f"    - {{name: {node},")), "")
-            block = re.search(r"block: ([^,}]+)", parent_block)
-            src = self.rec  # the tensor's shape comes from the recorded op
-            t = self._extra_tensor(node, k)
+            op = self.made[node]
+            t = op.outs[k]
+            grad = bool(self.grad.get(node) and t.dtype.is_floating_point)
             self.lines.append("    - {" + ", ".join([
-                f"name: {name}", "op: aten", "fn: getitem", f"block: {block.group(1) if block else 'embed'}",
-                f"inputs: [{node}]", f"shape: {_shape(t)}", f"dtype: {_dtype(t)}", f"view: {k}"]
-                + (["grad: true"] if self.grad.get(node) and t.dtype.is_floating_point else [])) + "}")
-            self.grad[name] = bool(self.grad.get(node) and t.dtype.is_floating_point)
-            del src
+                f"name: {name}", "op: aten", "fn: getitem", f"block: {op.block}", f"inputs: [{node}]",
+                f"shape: {_shape(t)}", f"dtype: {_dtype(t, op.retype.get(k))}", f"view: {k}"]
+                + (["grad: true"] if grad else [])) + "}")
+            self.grad[name] = grad
         return name
-
-    def _extra_tensor(self, node: str, k: int) -> torch.Tensor:
-        for key, ref in self.where.items():
-            if ref == (node, k):
-                return self._tensors[key]
-        raise TraceError(f"no output {k} of {node}")
-
-    @property
-    def _tensors(self) -> dict:
-        if not hasattr(self, "_tensor_cache"):
-            cache = {}
-            for op in self.rec.ops:
-                for t in op.outs:
-                    cache[_key(t)] = t
-            self._tensor_cache = cache
-        return self._tensor_cache
 
     def _name(self, op: _Op, short: str) -> str:
         scope = op.scope
@@ -653,12 +626,8 @@ class _Graph:
             out.append(f"    - {{name: {name}, shape: {_shape(t)}, dtype: {_dtype(t)}}}")
         out.append("  nodes:")
         out.extend(self.lines)
-        node, k = self.output
-        out.append(f"  output: {self._output_node_name(node, k)}")
+        out.append(f"  output: {self.output}")
         return "\n".join(out) + "\n"
-
-    def _output_node_name(self, node: str, k: int) -> str:
-        return node if k == 0 else f"{node}.out{k}"
 
 
 def _flops(short: str, op: _Op, grads: list, trains: bool, rec: _Recorder) -> tuple[int, int]:
