@@ -32,7 +32,8 @@ func (s Static) Total() int64 {
 // weights of linears and embeddings over tp ranks (norms are replicated);
 // ZeRO stage 1 splits the optimizer state over dp ranks, stage 2 also the
 // gradients, stage 3 (FSDP's full sharding) also the weights. LoRA
-// adapters kept in fp32 over 16-bit weights need no master copy.
+// adapters kept in fp32 over 16-bit weights need no master copy; nor do a
+// traced op's parameters in a dtype of their own that is 32 bits wide.
 func staticMemory(g *ir.Graph) (Static, error) {
 	s := g.Setup
 	e := g.DType.Size()
@@ -40,20 +41,7 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		return Static{}, fmt.Errorf("graph %s has no dtype", g.Name)
 	}
 	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
-	var params, trainable, rankParams, rankTrainable int64
-	var approx float64 // params, in float64: it cannot wrap
-	for i := range g.Nodes {
-		p, tr := g.Params(i), g.TrainableParams(i)
-		approx += float64(p)
-		params += p
-		trainable += tr
-		if op := g.Nodes[i].Op; op == ir.Linear || op == ir.Embedding {
-			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
-		}
-		rankParams += p
-		rankTrainable += tr
-	}
-	var perParam int64 // optimizer bytes per trainable parameter
+	var perParam int64 // optimizer bytes per trainable parameter, master copy aside
 	switch s.Optimizer {
 	case "adamw", "":
 		perParam = 8
@@ -62,23 +50,46 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: adamw, sgd, none)", s.Optimizer)
 	}
 	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
-	if e < 4 && s.Optimizer != "none" && !fp32Adapters {
-		perParam += 4 // the fp32 master copy
+	var params, trainable, rankTrainable, weights, grads, masters int64
+	var approx float64 // bytes, in float64: it cannot wrap
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		p, tr := g.Params(i), g.TrainableParams(i)
+		params += p
+		trainable += tr
+		if n.Op == ir.Linear || n.Op == ir.Embedding {
+			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
+		}
+		// A traced op's parameters may be in a dtype of their own.
+		size := e
+		if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
+			size = n.Attrs.ParamDType.Size()
+		}
+		approx += float64(p) * float64(2*size+perParam+4)
+		rankTrainable += tr
+		weights += p * size
+		grads += tr * size
+		if size < 4 {
+			masters += tr
+		}
 	}
 	// Each count fits (ir checks every weight's size); their sums and
 	// products with bytes per parameter must too.
-	if approx*float64(2*e+perParam) > 1<<62 {
+	if approx > 1<<62 {
 		return Static{}, fmt.Errorf("graph %s: its weights, gradients and optimizer state pass 2^62 bytes: too large to count", g.Name)
 	}
 	st := Static{
 		Parameters: params, TrainableParameters: trainable,
-		WeightsBytes:   rankParams * e,
-		GradientsBytes: rankTrainable * e,
+		WeightsBytes:   weights,
+		GradientsBytes: grads,
 		OptimizerBytes: rankTrainable * perParam,
+	}
+	if s.Optimizer != "none" && !fp32Adapters {
+		st.OptimizerBytes += masters * 4 // the fp32 master copy of 16-bit trained weights
 	}
 	if fp32Adapters {
 		// PEFT's adapters over 16-bit weights: fp32 weights and gradients.
-		st.WeightsBytes = (rankParams-rankTrainable)*e + rankTrainable*4
+		st.WeightsBytes = weights - rankTrainable*e + rankTrainable*4
 		st.GradientsBytes = rankTrainable * 4
 	}
 	if s.Parallel.Zero >= 1 {

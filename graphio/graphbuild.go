@@ -243,6 +243,16 @@ func (s *GraphSpec) tracedAttrs(n *flatNode, a *ir.Attrs) error {
 		return d.errField(path+".trainable_params", "%s.trainable_params: %d, more than its %d params", path, e.TrainableParams, e.Params)
 	}
 	a.FLOPs, a.BackwardFLOPs, a.Params, a.TrainParams = e.FLOPs, e.BackwardFLOPs, e.Params, e.TrainableParams
+	if e.ParamDType != "" {
+		dt, err := ir.ParseDType(e.ParamDType)
+		if err != nil || !dt.IsFloat() {
+			return d.errField(path+".param_dtype", "%s.param_dtype: %q is not a floating-point dtype (fp32, bf16, fp16)", path, e.ParamDType)
+		}
+		if e.Params == 0 {
+			return d.errField(path+".param_dtype", "%s.param_dtype: the node has no params", path)
+		}
+		a.ParamDType = dt
+	}
 	for k, ref := range e.Saves {
 		r, ok := parseSaveRef(ref)
 		if !ok || !r.Output && r.In >= len(e.Inputs) || r.Output && r.In > len(e.Outputs) {

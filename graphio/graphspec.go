@@ -136,6 +136,7 @@ type entrySpec struct {
 	Outputs         []outputSpec `yaml:"outputs"`
 	Params          int64        `yaml:"params"`
 	TrainableParams int64        `yaml:"trainable_params"`
+	ParamDType      string       `yaml:"param_dtype"`
 }
 
 // outputSpec is one extra output of a traced op.
@@ -199,6 +200,7 @@ var opKeys = map[string][]ir.Op{
 	"outputs":          {ir.Aten},
 	"params":           {ir.Aten},
 	"trainable_params": {ir.Aten},
+	"param_dtype":      {ir.Aten},
 }
 
 // decodeGraphSpec decodes a graph document; root is the document's

@@ -194,6 +194,7 @@ type Attrs struct {
 	BackwardFLOPs int64     // Aten: backward FLOPs
 	Params        int64     // Aten: parameters it is the first op to read
 	TrainParams   int64     // Aten: of those, the ones that train
+	ParamDType    DType     // Aten: the dtype those parameters are in, when not the graph's (PEFT's fp32 adapters over 16-bit weights)
 }
 
 // MaxExtras is the most extra outputs a traced op may have (PyTorch's

@@ -162,6 +162,9 @@ func validateTraced(g *Graph, n *Node) error {
 	if a.FLOPs < 0 || a.BackwardFLOPs < 0 || a.Params < 0 || a.TrainParams < 0 || a.TrainParams > a.Params {
 		return fmt.Errorf("negative FLOPs or parameters, or more trained parameters than parameters")
 	}
+	if a.ParamDType != Invalid && (!a.ParamDType.IsFloat() || a.Params == 0) {
+		return fmt.Errorf("parameters in %v: a floating-point dtype for parameters it has", a.ParamDType)
+	}
 	for _, r := range a.Saves {
 		if r.In < 0 || !r.Output && r.In >= len(n.Inputs) || r.Output && r.In > len(a.Extras) {
 			return fmt.Errorf("saves %v, which it does not have", r)

@@ -211,7 +211,7 @@ class _Recorder(TorchDispatchMode):
         self.side_tensors: dict[str, torch.Tensor] = {}
         self.hidden: list[torch.Tensor] = []  # each layer's hidden-state input
         self.keep: list = []  # every tensor seen, so that storages stay distinct
-        self.params: dict[int, tuple[int, bool]] = {}  # storage → (elements, trains)
+        self.params: dict[int, tuple[int, bool, torch.dtype]] = {}  # storage → (elements, trains, dtype)
         self.buffers: set[int] = set()
 
     def name_input(self, t: torch.Tensor, name: str) -> None:
@@ -226,8 +226,8 @@ class _Recorder(TorchDispatchMode):
         # fake mode below converts them.
         for p in self.model.parameters():
             self.keep.append(p)
-            n, tr = self.params.get(_sid(p), (0, False))
-            self.params[_sid(p)] = (n + p.numel(), tr or p.requires_grad)
+            n, tr, _ = self.params.get(_sid(p), (0, False, p.dtype))
+            self.params[_sid(p)] = (n + p.numel(), tr or p.requires_grad, p.dtype)
         for b in self.model.buffers():
             self.keep.append(b)
             self.buffers.add(_sid(b))
@@ -397,7 +397,9 @@ class _Graph:
         self.dtype = None
         self.loss = loss
         self.made: dict[str, _Op] = {}  # node → the op it records
+        self.param_dtypes: list[set] = []  # per line: the dtypes of the parameters its op reads
         self._build()
+        self._place_params()
 
     def _input(self, label: str, t: torch.Tensor) -> tuple[str, int]:
         name = label
@@ -507,12 +509,6 @@ class _Graph:
                 view = 0
         node = self._name(op, short)
         trains = any(rec.params.get(_sid(t), (0, t.requires_grad))[1] for t in param_reads)
-        params = train = 0
-        if not self.made:
-            # The model's parameters, each once, on the first node: what
-            # static memory needs.
-            params = sum(n for n, _ in rec.params.values())
-            train = sum(n for n, tr in rec.params.values() if tr)
         grad_in = any(self.grad.get(n, False) for n in names) or trains
         is_float = out.dtype.is_floating_point
         grad = bool(op.saves) or (grad_in and is_float and not _FACTORIES.match(short))
@@ -558,11 +554,8 @@ class _Graph:
             fields.append(f"flops: {fl}")
         if bfl and grad:
             fields.append(f"backward_flops: {bfl}")
-        if params:
-            fields.append(f"params: {params}")
-        if train:
-            fields.append(f"trainable_params: {train}")
         self.lines.append("    - {" + ", ".join(fields) + "}")
+        self.param_dtypes.append({t.dtype for t in param_reads})
         self.made[node] = op
         self.grad[node] = grad
         for k2, t in enumerate(op.outs):
@@ -607,6 +600,35 @@ class _Graph:
             name = f"{base}.{n}"
         self.names.add(name)
         return name
+
+    def _place_params(self) -> None:
+        """Count the model's parameters, each once, for static memory:
+        those in the graph's dtype on the first node, those in another
+        (PEFT's fp32 adapters over 16-bit weights) on the first node that
+        reads one, with their dtype."""
+        groups: dict[torch.dtype, list[int]] = {}
+        for n, tr, dt in self.rec.params.values():
+            g = groups.setdefault(dt, [0, 0])
+            g[0] += n
+            g[1] += n if tr else 0
+        graph = self.dtype or torch.float32
+        taken: set[int] = set()
+        for dt in sorted(groups, key=lambda d: d != graph):
+            n, tr = groups[dt]
+            if n == 0:
+                continue
+            if dt == graph:
+                i = 0
+            else:
+                free = [i for i in range(len(self.lines)) if i not in taken]
+                i = next((i for i in free if dt in self.param_dtypes[i]), free[0] if free else None)
+                if i is None:
+                    raise TraceError(f"{self.name}: parameters in {dt} have no node to be counted at")
+            taken.add(i)
+            fields = [f"params: {n}"] + ([f"trainable_params: {tr}"] if tr else [])
+            if dt != graph:
+                fields.append(f"param_dtype: {DTYPES[dt]}")
+            self.lines[i] = self.lines[i][:-1] + ", " + ", ".join(fields) + "}"
 
     def yaml(self) -> str:
         import transformers

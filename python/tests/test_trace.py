@@ -61,6 +61,10 @@ def test_traced_layers_agree_with_the_builder(ckptplan_binary, tmp_path, family,
             assert t[key] == b[key], f"{b['name']} {key}: traced {t[key]}, built {b[key]}"
     assert traced["static"]["parameters"] == built["static"]["parameters"] == model.num_parameters()
     assert traced["static"]["trainable_parameters"] == built["static"]["trainable_parameters"]
+    # PEFT's fp32 adapters over 16-bit weights are counted in fp32.
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert traced["static"][key] == built["static"][key], key
+    assert traced["static"]["weights_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def test_routing_cannot_be_traced():
