@@ -26,6 +26,9 @@ func (s *GraphSpec) Build() (*ir.Graph, error) {
 		// PyTorch 2's.
 		g.Setup.Batch, g.Setup.Seq = t.Batch, t.Seq
 		g.Setup.Profile = "transformers"
+		if t.Attention != "" {
+			g.Setup.Attention = t.Attention
+		}
 	}
 	for _, in := range s.inputs {
 		shape, err := s.shape(in.Shape, in.path+".shape", false)

@@ -32,6 +32,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 	"go.yaml.in/yaml/v3"
@@ -73,6 +74,9 @@ type Traced struct {
 	Batch int64  `yaml:"batch"`
 	Seq   int64  `yaml:"seq"`
 	By    string `yaml:"by"` // what recorded it: the libraries and device
+	// Attention is the attention the model ran (eager, sdpa, flash), when
+	// the tracer knows it: a label, the traced ops being what they are.
+	Attention string `yaml:"attention"`
 }
 
 type graphBody struct {
@@ -258,6 +262,9 @@ func (s *GraphSpec) checkHeader(b *graphBody) error {
 	}
 	if t := s.Traced; t != nil && (t.Batch <= 0 || t.Seq <= 0) {
 		return d.errField("graph.traced", "graph.traced: batch and seq must be positive, got %d and %d", t.Batch, t.Seq)
+	}
+	if t := s.Traced; t != nil && t.Attention != "" && !slices.Contains(ir.Attentions, t.Attention) {
+		return d.errField("graph.traced.attention", "graph.traced.attention: unknown value %q (valid: %s)", t.Attention, strings.Join(ir.Attentions, ", "))
 	}
 	return nil
 }

@@ -47,6 +47,10 @@ var hfModelTypes = map[string]string{
 	"starcoder2": "starcoder2",
 }
 
+// HFModelTypes returns the values of a config.json's model_type that
+// ckptplan builds, sorted.
+func HFModelTypes() []string { return slices.Sorted(maps.Keys(hfModelTypes)) }
+
 // hfMaxTrainSeq caps the default training length taken from
 // max_position_embeddings: long-context models (Qwen2's 131072) are
 // rarely trained at full length, and s² attention tensors would dwarf
@@ -167,7 +171,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	if err := r.d.decode(root, reflect.ValueOf(&c).Elem(), ""); err != nil {
 		return nil, err
 	}
-	supported := strings.Join(slices.Sorted(maps.Keys(hfModelTypes)), ", ")
+	supported := strings.Join(HFModelTypes(), ", ")
 	if c.ModelType == nil {
 		return nil, r.d.errAt(root, "missing model_type (supported: %s)", supported)
 	}

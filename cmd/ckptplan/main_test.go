@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -279,5 +280,31 @@ func TestHelp(t *testing.T) {
 	}
 	if _, errOut, err := runCmd("inspect", "-h"); err != nil || !strings.Contains(errOut, "--seq") && !strings.Contains(errOut, "-seq") {
 		t.Errorf("inspect -h: %v\n%s", err, errOut)
+	}
+}
+
+// TestModelTypes checks that 'models --model-types' lists exactly the
+// model types whose config.json the reader builds: each listed one gets
+// past the model_type check, and one not listed is refused.
+func TestModelTypes(t *testing.T) {
+	out, _, err := runCmd("models", "--model-types")
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := strings.Fields(out)
+	if len(types) < 13 || !slices.IsSorted(types) {
+		t.Fatalf("model types %q: want the sorted list of builders", types)
+	}
+	dir := t.TempDir()
+	for _, mt := range append(types, "olmo") {
+		path := filepath.Join(dir, mt+".json")
+		if err := os.WriteFile(path, []byte(`{"model_type": "`+mt+`"}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := runCmd("cost", path)
+		refused := err != nil && strings.Contains(err.Error(), "no builder for model_type")
+		if want := mt == "olmo"; refused != want {
+			t.Errorf("model_type %s: refused as having no builder: %v, want %v (%v)", mt, refused, want, err)
+		}
 	}
 }

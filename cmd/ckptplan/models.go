@@ -11,6 +11,7 @@ import (
 
 func runModels(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("models", "", stderr)
+	types := fs.Bool("model-types", false, "list instead the config.json model_type values ckptplan builds, one a line (others are traced)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -18,6 +19,12 @@ func runModels(stdout, stderr io.Writer, args []string) error {
 	if len(pos) > 0 {
 		fs.Usage()
 		return usagef("models: takes no arguments")
+	}
+	if *types {
+		for _, t := range graphio.HFModelTypes() {
+			fmt.Fprintln(stdout, t)
+		}
+		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "name\tfamily\tlayers\thidden\theads\tkv\tffn\tvocab\tparameters\n")

@@ -16,7 +16,8 @@ kept_bytes
     alive when the forward (loss included) is done, its output included:
     what the layer holds across the step under whatever plan runs it (the
     tensors autograd keeps, a checkpoint's cache). Found by a dispatch mode
-    that takes a weak reference to each new storage.
+    that takes a weak reference to each new storage (a constant made
+    with ``torch.tensor`` too, which reaches it through ``lift_fresh``).
 
 and for the step: the FLOPs of forward and backward as PyTorch's
 ``FlopCounterMode`` counts them (matrix products and attention; CPU's fused
@@ -238,6 +239,10 @@ class _Allocations(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.layer is not None:
             inputs = {_storage_ptr(t) for t in _tensors((args, kwargs)) if t.layout == torch.strided}
+            if func is aten.lift_fresh.default:
+                # A constant the forward made outside any op
+                # (torch.tensor([-2]) for an index): new memory all the same.
+                inputs = set()
             for t in _tensors(out):
                 if t.layout != torch.strided or t.device.type == "meta":
                     continue

@@ -135,7 +135,8 @@ def _size(n: int) -> str:
 def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
          solver: str = "selective", device: Optional[str] = None,
          reserve: Union[str, int, None] = None, logits_dtype: Optional[str] = None,
-         autocast: Optional[str] = None, extra_args: Sequence[str] = ()) -> Plan:
+         autocast: Optional[str] = None, extra_args: Sequence[str] = (),
+         traced: Optional[bool] = None) -> Plan:
     """Plan model's activations for one training step of batch sequences of
     seq tokens within budget (bytes, or a string such as "24GiB"; default:
     the device's memory).
@@ -146,12 +147,17 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     transformers' loss does, the default) or model; autocast: "bf16" when
     the step runs under torch.autocast with fp32 weights.
 
-    Raises ``ckptplan.CkptplanError`` with the binary's message when the
-    model cannot be planned or the plan does not fit.
-    """
-    from .introspect import describe  # needs torch; the rest of this module does not
+    traced: whether to plan a trace of the model (``ckptplan.trace``)
+    rather than the graph ckptplan builds from its config. By default a
+    model is traced when ckptplan has no builder for its model_type
+    (``ckptplan models --model-types`` lists those it has); a traced plan
+    is applied and measured like any other. Its logits are what the
+    model's loss computes: logits_dtype does not apply.
 
-    setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
+    Raises ``ckptplan.CkptplanError`` with the binary's message when the
+    model cannot be planned or the plan does not fit, and ValueError (a
+    ``ckptplan.TraceError`` when tracing) for a model it cannot describe.
+    """
     args = ["export", "--to", "json", "--solver", solver]
     if budget is not None:
         args += ["--budget", str(budget)]
@@ -159,18 +165,60 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--device", device]
     if reserve is not None:
         args += ["--reserve", str(reserve)]
+    from .layers import unwrap  # needs torch, as a model does
+
+    config = getattr(unwrap(model), "config", None)
+    if traced is None:
+        model_type = getattr(config, "model_type", None)
+        traced = model_type is not None and model_type not in _binary.call(["models", "--model-types"]).split()
+    if traced:
+        if logits_dtype is not None:
+            raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
+        name = getattr(config, "_name_or_path", "") or type(unwrap(model)).__name__
+        return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
+    from .introspect import describe  # needs torch; the rest of this module does not
+
+    setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
     # Named after the model (its name or path, or its class), not the
     # temporary file the binary reads, in the plan and in its errors.
     name = setup.config.get("_name_or_path") or type(model).__name__
+    return _ask(name, "config.json", json.dumps(setup.config), [*args, *setup.flags(), *extra_args])
+
+
+def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast: Optional[str]) -> Plan:
+    """Trace model as it is set up and plan the traced graph."""
+    import contextlib
+
+    import torch
+
+    from .trace import trace
+
+    if autocast not in (None, "bf16", "fp16"):
+        raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
+    devices = {p.device.type for p in model.parameters()} or {"cpu"}
+    if len(devices) != 1:
+        raise ValueError(f"the model's parameters are on {sorted(devices)}: ckptplan traces a model on one device")
+    dev = devices.pop()
+    cast = (torch.autocast(dev, dtype=torch.bfloat16 if autocast == "bf16" else torch.float16)
+            if autocast else contextlib.nullcontext())
+    with cast:
+        text = trace(model, batch=batch, seq=seq, device=dev, name=name)
+    return _ask(name, "traced.yaml", text, args)
+
+
+def _ask(name: str, file: str, text: str, args: list) -> Plan:
+    """Write text to a temporary file, ask the binary for its plan with
+    args, and name the plan and its errors after name."""
     with tempfile.TemporaryDirectory(prefix="ckptplan-") as tmp:
-        path = os.path.join(tmp, "config.json")
+        path = os.path.join(tmp, file)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(setup.config, f)
+            f.write(text)
         try:
-            out = _binary.call([*args, *setup.flags(), *extra_args, path])
+            out = _binary.call([*args, path])
         except _binary.CkptplanError as err:
             message = err.message.replace(path, name)
             if err.code == 2:  # a bad argument: the reason, not the command's usage
                 message = message.split("\nusage:")[0]
             raise _binary.CkptplanError(message, err.code) from None
     return dataclasses.replace(Plan.from_json(out), model=name)
+

@@ -59,6 +59,8 @@ DTYPES = {
     torch.uint8: "uint8", torch.bool: "bool",
 }
 TRAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# transformers' attention implementations, as ckptplan names them.
+_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 
 # Ops whose output never needs a gradient, whatever they read.
 _FACTORIES = re.compile(
@@ -636,12 +638,15 @@ class _Graph:
         dtype = DTYPES.get(self.dtype or torch.float32, "fp32")
         by = f"transformers {transformers.__version__}, torch {torch.__version__}"
         device = next((t.device.type for t in self.rec.keep if isinstance(t, torch.Tensor)), "cpu")
+        config = getattr(unwrap(self.rec.model), "config", None)
+        attention = _ATTENTION.get(getattr(config, "_attn_implementation", None) or "eager")
+        attention = f", attention: {attention}" if attention else ""
         out = [
             "# A traced graph: ckptplan plan this file (ckptplan trace wrote it).",
             "graph:",
             f"  name: {_quote(self.name)}",
             f"  dtype: {dtype}",
-            f"  traced: {{batch: {self.batch}, seq: {self.seq}, by: {_quote(by + ', ' + device)}}}",
+            f"  traced: {{batch: {self.batch}, seq: {self.seq}, by: {_quote(by + ', ' + device)}{attention}}}",
             "  inputs:",
         ]
         for name, t in self.inputs:

@@ -129,6 +129,100 @@ def test_traced_dropout_keeps_its_masks(ckptplan_binary, tmp_path):
         assert layer.saved_bytes > next(b for b in plain["blocks"] if b["name"] == layer.name)["saved_bytes"]
 
 
+def with_lora(model, targets):
+    """model with PEFT LoRA adapters of rank 4 on targets, PEFT's defaults
+    otherwise (fp32 adapters over 16-bit weights), dropout 0.1."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets)
+    torch.manual_seed(3)
+    model = peft.get_peft_model(model, config)
+    model.train()
+    return model
+
+
+TRACED_PLANS = [
+    ("gpt_neox", "sdpa", "fp32", 0.0, ""), ("gpt_neox", "sdpa", "bf16", 0.0, ""),
+    ("gpt_neox", "eager", "fp32", 0.1, "query_key_value,dense"), ("gpt_neox", "sdpa", "bf16", 0.1, "query_key_value,dense"),
+    ("olmo", "sdpa", "bf16", 0.0, ""), ("phi", "eager", "fp32", 0.0, ""), ("falcon", "sdpa", "bf16", 0.0, ""),
+    ("cohere", "sdpa", "fp32", 0.0, ""), ("stablelm", "eager", "bf16", 0.0, ""),
+    # A family ckptplan builds, traced when asked.
+    ("llama", "sdpa", "bf16", 0.1, "q_proj,v_proj"),
+]
+
+
+def build_any(model_type, attention, dtype, dropout, lora):
+    if model_type in UNBUILT:
+        model = build_unbuilt(model_type, attention, dtype, dropout)
+    else:
+        model = build(model_type, attention, dtype, dropout)
+    return with_lora(model, lora.split(",")) if lora else model
+
+
+@pytest.mark.parametrize("solver", ["selective", "optimal"])
+@pytest.mark.parametrize("model_type,attention,dtype,dropout,lora", TRACED_PLANS)
+def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropout, lora, solver):
+    """ckptplan.plan traces a model it has no builder for (or any, asked),
+    and the plan applies: at three budgets between checkpointing and
+    storing every layer, each layer holds what the plan says, the gradients
+    are those of the run without a plan, and the FLOPs recomputed in
+    backward are the plan's."""
+    import copy
+
+    import ckptplan
+    from ckptplan.apply import apply
+
+    ref = build_any(model_type, attention, dtype, dropout, lora)
+    traced = True if model_type not in UNBUILT else None  # by default for those
+    base = measure(copy.deepcopy(ref), batch())
+    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", traced=traced)
+    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", traced=traced)
+    low, high = every.peak_bytes, store.peak_bytes
+    assert low < high
+    modes = set()
+    for budget in [low + (high - low) * f // 4 for f in (1, 2, 3)]:
+        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver, traced=traced)
+        assert plan.peak_bytes <= budget
+        model = copy.deepcopy(ref)
+        apply(model, plan)
+        torch.manual_seed(2)  # the same dropout masks in both runs
+        m = measure(model, batch())
+        base_model = copy.deepcopy(ref)
+        torch.manual_seed(2)
+        measure(base_model, batch())
+        for p, q in zip(model.parameters(), base_model.parameters()):
+            assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), (
+                f"{solver} at {budget}: gradients differ")
+        for layer, got in zip(plan.layers, m.layers):
+            modes.add(layer.mode)
+            assert got.kept_bytes == layer.kept_bytes, (
+                f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, "
+                f"plan {layer.kept_bytes}")
+        assert m.recomputed_flops == plan.recompute_flops, (
+            f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}")
+        assert m.backward_flops - base.backward_flops == plan.recompute_flops
+    assert ("selective" if solver == "selective" else "checkpoint") in modes
+
+
+def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
+    """A model type with a builder is planned from its config (the
+    builder's op names in its keep sets), one without is traced (aten op
+    names); logits_dtype does not apply to a traced model."""
+    import ckptplan
+
+    budget = lambda m: (ckptplan.plan(m, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes  # noqa: E731
+                        + ckptplan.plan(m, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes) // 2
+    llama = build("llama", "sdpa", "fp32")
+    built = ckptplan.plan(llama, budget(llama), batch=BATCH, seq=SEQ)
+    neox = build_unbuilt("gpt_neox", "sdpa", "fp32")
+    traced = ckptplan.plan(neox, budget(neox), batch=BATCH, seq=SEQ)
+    policies = lambda p: " ".join(l.policy for l in p.layers)  # noqa: E731
+    assert "addmm" not in policies(built) and "mm" not in policies(built).replace("mlp", "")
+    assert ".addmm" in policies(traced)
+    assert traced.attention == "sdpa" and traced.model == "GPTNeoXForCausalLM"
+    with pytest.raises(ValueError, match="logits_dtype does not apply to a traced model"):
+        ckptplan.plan(neox, "1GiB", batch=BATCH, seq=SEQ, logits_dtype="fp32")
+
+
 def run_trace(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     return subprocess.run([sys.executable, "-m", "ckptplan", "trace", *args], capture_output=True, text=True,
