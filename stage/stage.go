@@ -91,7 +91,11 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 	}
 	out := make([]*Stage, len(spans))
 	for k, sp := range spans {
-		st := newStage(c, k, sp, stageInput(c, stageOf, k, sp), inputs)
+		in, err := stageInput(c, stageOf, spans, k)
+		if err != nil {
+			return nil, err
+		}
+		st := newStage(c, k, sp, in, inputs)
 		st.KeepSets = []KeepSet{st.keepAll()}
 		out[k] = st
 	}
@@ -153,17 +157,33 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 }
 
 // stageInput returns the storage of the activation entering stage k from
-// an earlier stage, or -1 when only graph inputs enter it.
-func stageInput(c *costmodel.Costs, stageOf []int, k int, sp span) int {
+// an earlier stage, or -1 when only graph inputs enter it. A chain has
+// one: the previous stage's output. Any other is an error, for the stage
+// would need a tensor the chain does not carry.
+func stageInput(c *costmodel.Costs, stageOf []int, spans []span, k int) (int, error) {
 	g := c.Graph
+	sp := spans[k]
+	in := -1
+	if k > 0 {
+		prev := spans[k-1].nodes
+		in = c.OutputStorage(prev[len(prev)-1])
+	}
+	found := -1
 	for _, id := range sp.nodes {
-		for _, in := range g.Nodes[id].Inputs {
-			if s := stageOf[in]; s >= 0 && s < k {
-				return c.OutputStorage(in)
+		for _, x := range g.Nodes[id].Inputs {
+			s := stageOf[x]
+			if s < 0 || s >= k {
+				continue
 			}
+			got := c.OutputStorage(x)
+			if got != in {
+				return 0, fmt.Errorf("%s reads %s, made in %s: a block may read only the previous block's output and the graph's inputs",
+					g.Nodes[id].Name, g.Nodes[x].Name, spans[s].name)
+			}
+			found = got
 		}
 	}
-	return -1
+	return found, nil
 }
 
 // commonPrefix returns the longest dotted prefix ("layers.3.") all the

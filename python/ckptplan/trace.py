@@ -562,7 +562,12 @@ class _Graph:
         self.grad[node] = grad
         for k2, t in enumerate(op.outs):
             ref = (node, k2)
-            self.where[_key(t)] = ref
+            if not (k2 == 0 and view is not None and _is_view_op(op) and _key(t) == _key(op.args[0])
+                    and _key(t) in self.where):
+                # A view that changes nothing (a mask sliced to its full
+                # length) is the tensor it views: a later reader reads
+                # that, not this layer's view of it.
+                self.where[_key(t)] = ref
             if k2 == 0 and view is not None:
                 continue  # lives in its input's storage
             self.storage_of.setdefault(_sid(t), ref)
