@@ -28,6 +28,11 @@ func TestPublishedParameterCounts(t *testing.T) {
 		"qwen3-8b":       8.19e9,      // Qwen3 model card: 8.2B, 6.95B non-embedding
 		"mixtral-8x7b":   46.7e9,      // Jiang et al. 2024, Mixtral of Experts: 46.7B
 		"qwen3-30b-a3b":  30.5e9,      // Qwen3 model card: 30.5B, 3.3B activated
+		"llama-3.1-8b":   8.03e9,      // Meta model card
+		"llama-3.2-1b":   1.23e9,      // Meta model card
+		"llama-3.2-3b":   3.21e9,      // Meta model card
+		"qwen2.5-7b":     7.61e9,      // Qwen2.5 model card: 7.61B, 6.53B non-embedding
+		"phi-4":          14659507200, // Phi-4 report: "14B"; transformers counts 14,659,507,200 (python/tests)
 	}
 	for name, want := range published {
 		t.Run(name, func(t *testing.T) {
@@ -119,6 +124,12 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 		// Qwen1.5-MoE: biased q, k, v; 60 experts of 1408, a shared
 		// expert of 5632 and its gate of one output.
 		{"qwen1.5-moe-a2.7b", 2*151936*2048 + 24*(2048*(16+2*16)*128+3*16*128+16*128*2048+2048*60+60*3*2048*1408+3*2048*5632+2048+2*2048) + 2048},
+		// Llama 3.2 1B: heads of 64, tied embeddings.
+		{"llama-3.2-1b", 128256*2048 + 16*(2048*(32+2*8)*64+32*64*2048+3*2048*8192+2*2048) + 2048},
+		// Qwen2.5-7B: biased q, k, v; untied.
+		{"qwen2.5-7b", 2*152064*3584 + 28*(3584*(28+2*4)*128+(28+2*4)*128+28*128*3584+3*3584*18944+2*3584) + 3584},
+		// Phi-4: Phi-3's fused projections hold Llama's weights; 10 kv heads.
+		{"phi-4", 2*100352*5120 + 40*(5120*(40+2*10)*128+40*128*5120+3*5120*17920+2*5120) + 5120},
 		// Qwen3-30B-A3B: Qwen 3's attention, 128 experts of 768.
 		{"qwen3-30b-a3b", 2*151936*2048 + 48*(2048*(32+2*4)*128+32*128*2048+2*128+2048*128+128*3*2048*768+2*2048) + 2048},
 	} {
@@ -132,6 +143,31 @@ func TestNewFamilyParameterCounts(t *testing.T) {
 		}
 		if got := g.NumParams(); got != c.want {
 			t.Errorf("%s: %d parameters, want %d", c.file, got, c.want)
+		}
+	}
+}
+
+// TestBundledMatchConfigs checks bundled models against the config.json
+// they cite: the same parameters, to the one.
+func TestBundledMatchConfigs(t *testing.T) {
+	for bundled, config := range map[string]string{
+		"llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b", "llama-3.2-1b": "llama-3.2-1b",
+		"qwen2.5-7b": "qwen2.5-7b", "phi-4": "phi-4", "phi-3-mini": "phi-3-mini-4k", "gemma-2-9b": "gemma-2-9b",
+	} {
+		var counts [2]int64
+		for k, arg := range []string{bundled, "testdata/hf/" + config + ".json"} {
+			src, err := Load(arg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := Build(src.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[k] = g.NumParams()
+		}
+		if counts[0] != counts[1] {
+			t.Errorf("%s has %d parameters, its config.json %d", bundled, counts[0], counts[1])
 		}
 	}
 }

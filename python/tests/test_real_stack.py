@@ -392,7 +392,8 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
 
 
 @pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b",
-                                  "gemma-2-9b", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
+                                  "gemma-2-9b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "llama-3.2-1b", "qwen2.5-7b",
+                                  "phi-4",
                                   pytest.param("qwen3-0.6b", marks=NEWER),
                                   pytest.param("qwen3-30b-a3b", marks=NEWER_MOE)])
 def test_parameters_of_a_full_size_config(ckptplan_binary, name):
