@@ -1,8 +1,9 @@
 """ckptplan: which activations to keep and which to recompute so a training
 step fits a memory budget with the least extra compute.
 
-Plan, apply and measure on a live transformers or PEFT model (and trace
-one ckptplan does not build into a graph it plans, ``ckptplan.trace``):
+Plan, apply and measure on a live transformers or PEFT model (one whose
+model_type ckptplan does not build is traced into a graph it plans,
+``ckptplan.trace``):
 
     >>> import torch, transformers, ckptplan
     >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
