@@ -42,7 +42,7 @@ func (e *Export) Megatron(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", comment(e.Model))
 	for _, note := range e.Notes {
-		if !(uniform && note == e.nothingNote) {
+		if !(uniform && (note == e.nothingNote || note == e.runtimeNote)) {
 			fmt.Fprintf(&b, "# Note: %s.\n", comment(note))
 		}
 	}

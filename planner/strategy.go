@@ -2,6 +2,8 @@ package planner
 
 import (
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -22,8 +24,8 @@ type Strategy struct {
 var (
 	StoreAll = Strategy{"none", "store every tape: no recomputation, the most memory",
 		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.StoreAll(p.Chain) })}
-	EveryK = Strategy{"every-k", "checkpoint the input of every k-th stage (k = 1: Hugging Face's gradient checkpointing)",
-		fixed(func(p *Problem, o *Options) solver.Schedule { return solver.EveryK(p.Chain, o.K) })}
+	EveryK = Strategy{"every-k", "checkpoint groups of k layers from each group's input (k = 1: Hugging Face's gradient checkpointing; Megatron-LM's uniform method)",
+		fixed(func(p *Problem, o *Options) solver.Schedule { return everyK(p, o.K) })}
 	Sqrt = Strategy{"sqrt", "Chen et al.'s √N segments",
 		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.Sqrt(p.Chain) })}
 	ChenGreedy = Strategy{"chen-greedy", "Chen et al.'s greedy segments, the cheapest threshold that fits", solveChenGreedy}
@@ -56,6 +58,36 @@ func ParseStrategy(name string) (Strategy, error) {
 	}
 	return Strategy{}, fmt.Errorf("unknown strategy %q (valid: %s)", name, strings.Join(names, ", "))
 }
+
+// everyK checkpoints groups of k decoder layers, each from its input, as
+// Megatron-LM's uniform method does (and Hugging Face's per-layer
+// checkpointing, k = 1): a group starts at every k-th layer, counted from
+// the first, and a stage that is not a layer (the embedding, the head) is
+// a group of its own. Stages not named as layers (a graph cut at its
+// dominators, a profiled chain) are grouped k at a time from the first.
+func everyK(p *Problem, k int) solver.Schedule {
+	k = max(k, 1)
+	names := p.names
+	if !slices.ContainsFunc(names, isLayer) {
+		return solver.EveryK(p.Chain, k)
+	}
+	var starts []int
+	j := 0 // layers since the last group started
+	for i, name := range names {
+		if !isLayer(name) || i == 0 || !isLayer(names[i-1]) || j%k == 0 {
+			starts = append(starts, i)
+			j = 0
+		}
+		if isLayer(name) {
+			j++
+		}
+	}
+	return solver.Segments(p.Chain, starts)
+}
+
+var layerName = regexp.MustCompile(`^layers\.\d+$`)
+
+func isLayer(name string) bool { return layerName.MatchString(name) }
 
 // fixed is a strategy that replays one schedule.
 func fixed(make func(p *Problem, o *Options) solver.Schedule) func(*Problem, mem.Bytes, *Options) (*solver.Solution, error) {

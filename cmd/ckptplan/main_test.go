@@ -100,6 +100,9 @@ func TestPlanGolden(t *testing.T) {
 		{"export-hf", []string{"export", "tiny-llama", "--budget", "5MiB", "--solver", "optimal", "--to", "hf"}},
 		{"export-megatron", []string{"export", "gpt3-175b", "--tp", "8", "--seq", "2048", "--zero", "1", "--dp", "64", "--budget", "120GiB", "--solver", "megatron-selective", "--to", "megatron"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
+		// Groups of k layers are Megatron's uniform method.
+		{"export-megatron-every-2", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "2", "--to", "megatron"}},
+		{"export-megatron-every-3", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "3", "--to", "megatron"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
