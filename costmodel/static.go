@@ -2,6 +2,7 @@ package costmodel
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -17,11 +18,20 @@ type Static struct {
 	// BuffersBytes are the model's non-trained tensors that live for the
 	// whole step: the rotary embedding's cos and sin tables.
 	BuffersBytes int64
+	// DequantBytes is the largest quantized weight dequantized to the
+	// training dtype, which a layer makes for each product in forward and
+	// backward and frees after it: counted for the whole step, it bounds
+	// that transient.
+	DequantBytes int64
+	// Paged: the optimizer state is in CUDA unified memory (bitsandbytes'
+	// paged optimizers), which the driver moves to the host when the GPU
+	// runs short; counted on the GPU.
+	Paged bool
 }
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes
 }
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
@@ -42,22 +52,26 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	}
 	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
 	var perParam int64 // optimizer bytes per trainable parameter, master copy aside
+	eightBit := false
 	switch s.Optimizer {
-	case "adamw", "":
+	case "adamw", "", "paged-adamw":
 		perParam = 8
+	case "adamw8bit", "paged-adamw8bit":
+		eightBit = true
 	case "sgd", "none":
 	default:
-		return Static{}, fmt.Errorf("unknown optimizer %q (valid: adamw, sgd, none)", s.Optimizer)
+		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
 	}
 	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
-	var params, trainable, rankTrainable, weights, grads, masters int64
+	var params, trainable, rankTrainable, weights, grads, masters, states, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		p, tr := g.Params(i), g.TrainableParams(i)
 		params += p
 		trainable += tr
-		if n.Op == ir.Linear || n.Op == ir.Embedding {
+		split := n.Op == ir.Linear || n.Op == ir.Embedding
+		if split {
 			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
 		}
 		// A traced op's parameters may be in a dtype of their own.
@@ -72,6 +86,23 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		if size < 4 {
 			masters += tr
 		}
+		if eightBit {
+			for _, t := range trainableTensors(g, i) {
+				if split {
+					t = ceilDiv(t, tp)
+				}
+				states += adam8bitBytes(t)
+			}
+		}
+		if s.Quant != "" {
+			for _, q := range quantizedWeights(g, i) {
+				if split {
+					q.elems, q.rows = ceilDiv(q.elems, tp), ceilDiv(q.rows, tp)
+				}
+				weights += quantBytes(q, s.Quant, s.DoubleQuant) - q.elems*e
+				dequant = max(dequant, q.elems*e)
+			}
+		}
 	}
 	// Each count fits (ir checks every weight's size); their sums and
 	// products with bytes per parameter must too.
@@ -83,8 +114,17 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		WeightsBytes:   weights,
 		GradientsBytes: grads,
 		OptimizerBytes: rankTrainable * perParam,
+		DequantBytes:   dequant,
+		Paged:          strings.HasPrefix(s.Optimizer, "paged-"),
 	}
-	if s.Optimizer != "none" && !fp32Adapters {
+	switch {
+	case eightBit:
+		// bitsandbytes' 8-bit optimizers update the weights in their own
+		// dtype: no master copy.
+		st.OptimizerBytes = states
+	case s.Optimizer == "paged-adamw":
+		// bitsandbytes' paged AdamW: fp32 moments, no master copy.
+	case s.Optimizer != "none" && !fp32Adapters:
 		st.OptimizerBytes += masters * 4 // the fp32 master copy of 16-bit trained weights
 	}
 	if fp32Adapters {
@@ -106,6 +146,99 @@ func staticMemory(g *ir.Graph) (Static, error) {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// adam8bitBytes is what bitsandbytes' 8-bit AdamW keeps for a trained
+// tensor of n elements (Dettmers et al. 2022, 8-bit Optimizers via
+// Block-wise Quantization): its two moments a byte each, quantized in
+// blocks of 256 with an fp32 absolute maximum a block; a tensor under
+// 4,096 elements (min_8bit_size) keeps them in fp32.
+func adam8bitBytes(n int64) int64 {
+	if n < 4096 {
+		return 8 * n
+	}
+	return 2 * (n + 4*ceilDiv(n, 256))
+}
+
+// quantWeight is one quantized weight: its elements and output rows.
+type quantWeight struct{ elems, rows int64 }
+
+// quantizedWeights returns the weights of node i that bitsandbytes
+// quantizes when a model is loaded in 4 or 8 bits: the frozen weights of
+// the decoder layers' linears and experts (each expert's its own; the
+// embeddings, the head, the norms and the biases stay in the training
+// dtype, as transformers leaves them).
+func quantizedWeights(g *ir.Graph, i int) []quantWeight {
+	n := &g.Nodes[i]
+	if !n.Attrs.Frozen || n.Attrs.Tied != "" || !strings.HasPrefix(n.Block, "layers.") {
+		return nil
+	}
+	in := g.Nodes[n.Inputs[0]].Shape.Last()
+	switch n.Op {
+	case ir.Linear:
+		return []quantWeight{{in * n.Attrs.Out, n.Attrs.Out}}
+	case ir.ExpertLinear:
+		w := make([]quantWeight, n.Attrs.Experts)
+		for e := range w {
+			w[e] = quantWeight{in * n.Attrs.Out, n.Attrs.Out}
+		}
+		return w
+	}
+	return nil
+}
+
+// quantBytes is the memory of a weight stored as quant says
+// (bitsandbytes): nf4 and fp4 pack two values a byte and keep an fp32
+// absolute maximum for each block of 64 (Dettmers et al. 2023, QLoRA,
+// §3); double quantization stores those maxima as a byte each, in blocks
+// of 256 with an fp32 maximum a block, and one fp32 offset (0.127 bits a
+// parameter instead of 0.5). int8 keeps a byte a value and an fp32 scale a
+// row (Dettmers et al. 2022, LLM.int8()). The quantization maps (16 or
+// 256 fp32 values a weight, or shared) are left out.
+func quantBytes(q quantWeight, quant string, double bool) int64 {
+	if quant == "int8" {
+		return q.elems + 4*q.rows
+	}
+	blocks := ceilDiv(q.elems, 64)
+	if double {
+		return ceilDiv(q.elems, 2) + blocks + 4*ceilDiv(blocks, 256) + 4
+	}
+	return ceilDiv(q.elems, 2) + 4*blocks
+}
+
+// trainableTensors returns the element counts of the tensors node i
+// trains, one by one, as an optimizer sees them: a linear's weight and
+// bias, or its LoRA adapter's two matrices; an embedding's table; each
+// expert's weight; a norm's scale and shift. A traced op's are one.
+func trainableTensors(g *ir.Graph, i int) []int64 {
+	n := &g.Nodes[i]
+	if g.TrainableParams(i) == 0 {
+		return nil
+	}
+	switch n.Op {
+	case ir.Linear:
+		in := g.Nodes[n.Inputs[0]].Shape.Last()
+		if n.Attrs.Frozen {
+			return []int64{n.Attrs.LoRARank * in, n.Attrs.Out * n.Attrs.LoRARank}
+		}
+		t := []int64{in * n.Attrs.Out}
+		if n.Attrs.Bias {
+			t = append(t, n.Attrs.Out)
+		}
+		if n.Attrs.LoRARank > 0 {
+			t = append(t, n.Attrs.LoRARank*in, n.Attrs.Out*n.Attrs.LoRARank)
+		}
+		return t
+	case ir.ExpertLinear:
+		t := make([]int64, n.Attrs.Experts)
+		for e := range t {
+			t[e] = g.TrainableParams(i) / n.Attrs.Experts
+		}
+		return t
+	case ir.LayerNorm:
+		return []int64{n.Shape.Last(), n.Shape.Last()}
+	}
+	return []int64{g.TrainableParams(i)}
+}
 
 // ropeTables returns the bytes of the cos and sin tables the model holds
 // through the step: one pair per distinct (sequence, head size) among the

@@ -38,13 +38,13 @@ func TestStaticZeRO(t *testing.T) {
 		opt   string
 		want  Static
 	}{
-		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0}},
-		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0}},
-		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0}},
-		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0}},
-		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0}},
-		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0}},
-		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0}},
+		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0, 0, false}},
+		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0, 0, false}},
+		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0, 0, false}},
+		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0, 0, false}},
+		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0, 0, false}},
+		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0, 0, false}},
+		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0, 0, false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,8 +68,78 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2}
+	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2, 0, false}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
+	}
+}
+
+// TestStaticQLoRA counts QLoRA's static memory for Llama 3 8B by the
+// published formulas: the decoder layers' linear weights in NF4, two to a
+// byte, each block of 64 with an absolute maximum that double
+// quantization stores as a byte, in blocks of 256 with an fp32 maximum
+// and one fp32 offset a weight (Dettmers et al. 2023, §3: 0.127 bits a
+// parameter for the constants); embeddings, head and norms in bf16;
+// rank-16 adapters on every linear in fp32 with fp32 gradients;
+// bitsandbytes' paged 8-bit AdamW, two moments a byte each with an fp32
+// maximum a block of 256 (Dettmers et al. 2022); and the largest weight
+// dequantized to bf16 while it runs.
+func TestStaticQLoRA(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := src.Model
+	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []string{"q", "k", "v", "o", "gate", "up", "down"}, FP32: true}
+	m.Training.Quant, m.Training.DoubleQuant, m.Training.Optimizer = "nf4", true, "paged-adamw8bit"
+	c := analyzeModel(t, m)
+	const h, kv, f, v, l, r = 4096, 1024, 14336, 128256, 32, 16
+	ceil := func(a, b int64) int64 { return (a + b - 1) / b }
+	nf4 := func(in, out int64) int64 {
+		n := in * out
+		return n/2 + n/64 + 4*ceil(n/64, 256) + 4
+	}
+	linears := [][2]int64{{h, h}, {h, kv}, {h, kv}, {h, h}, {h, f}, {h, f}, {f, h}}
+	var base, adapters, moments int64
+	for _, w := range linears {
+		base += nf4(w[0], w[1])
+		adapters += r * (w[0] + w[1])
+		for _, n := range []int64{r * w[0], w[1] * r} {
+			moments += 2 * (n + 4*ceil(n, 256))
+		}
+	}
+	want := Static{
+		Parameters: c.Static.Parameters, TrainableParameters: l * adapters,
+		WeightsBytes:   l*base + 2*(2*v*h+2*h*l+h) + 4*l*adapters,
+		GradientsBytes: 4 * l * adapters,
+		OptimizerBytes: l * moments,
+		BuffersBytes:   c.Static.BuffersBytes,
+		DequantBytes:   2 * h * f,
+		Paged:          true,
+	}
+	if diff := cmp.Diff(want, c.Static); diff != "" {
+		t.Errorf("(-want +got)\n%s", diff)
+	}
+}
+
+// TestQuantConstants checks the bits a parameter the quantization
+// constants take: QLoRA's 0.5 (an fp32 maximum a block of 64) and, with
+// double quantization, 8/64 + 32/(64·256) = 0.127 (Dettmers et al. 2023,
+// §3); LLM.int8()'s fp32 scale a row.
+func TestQuantConstants(t *testing.T) {
+	const n, rows = 4096 * 4096, 4096
+	for _, tt := range []struct {
+		quant  string
+		double bool
+		bits   float64
+	}{{"nf4", false, 0.5}, {"nf4", true, 0.127}, {"fp4", true, 0.127}, {"int8", false, 32.0 / 4096}} {
+		payload := int64(n / 2)
+		if tt.quant == "int8" {
+			payload = n
+		}
+		got := float64(quantBytes(quantWeight{n, rows}, tt.quant, tt.double)-payload) * 8 / n
+		if d := got - tt.bits; d > 0.0005 || d < -0.0005 {
+			t.Errorf("%s double %v: constants %.4f bits a parameter, want %.3f", tt.quant, tt.double, got, tt.bits)
+		}
 	}
 }

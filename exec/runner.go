@@ -54,6 +54,9 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	if par := g.Setup.Parallel; par.TP > 1 || par.DP > 1 {
 		return nil, fmt.Errorf("the executor runs one device: %s is set up for tp %d, dp %d", p.Name, par.TP, par.DP)
 	}
+	if q := g.Setup.Quant; q != "" {
+		return nil, fmt.Errorf("%s: the executor runs its weights in float32, not in %s: run the plan without --quant (the activations are the same)", p.Name, q)
+	}
 	for i := range g.Nodes {
 		if n := &g.Nodes[i]; n.Op == ir.Aten {
 			return nil, fmt.Errorf("%s is a traced graph: its ops are PyTorch's (%s is %s), which the executor does not run; measure the plan on the model with the Python package (ckptplan.measure)", p.Name, n.Name, n.Attrs.Fn)

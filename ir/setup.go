@@ -20,8 +20,18 @@ type Setup struct {
 	// over fp32 weights (DType fp32), "" without autocast.
 	Autocast  string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
 	Numerics  Numerics `yaml:"numerics" json:"numerics"`
-	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | sgd | none
+	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | adamw8bit | paged-adamw8bit | paged-adamw | sgd | none
 	LoRA      LoRA     `yaml:"lora" json:"lora"`
+	// Quant is how the decoder layers' frozen linear weights are stored
+	// (bitsandbytes, as QLoRA trains): nf4 or fp4 (4 bits, blocks of 64
+	// with an fp32 absolute maximum each), int8 (LLM.int8(): a byte and
+	// an fp32 scale a row); "" for the training dtype. Adapters train
+	// over them (LoRA rank > 0).
+	Quant string `yaml:"quant,omitempty" json:"quant,omitempty"`
+	// DoubleQuant quantizes the 4-bit blocks' absolute maxima again, to a
+	// byte each in blocks of 256 with an fp32 maximum (QLoRA's double
+	// quantization).
+	DoubleQuant bool `yaml:"double_quant,omitempty" json:"double_quant,omitempty"`
 	Parallel  Parallel `yaml:"parallel" json:"parallel"`
 }
 
@@ -73,7 +83,8 @@ type Parallel struct {
 var (
 	Attentions  = []string{"eager", "sdpa", "sdpa-math", "flash"}
 	Profiles    = []string{"transformers", "torch-eager", "megatron"}
-	Optimizers  = []string{"adamw", "sgd", "none"}
+	Optimizers  = []string{"adamw", "adamw8bit", "paged-adamw8bit", "paged-adamw", "sgd", "none"}
+	Quants      = []string{"nf4", "fp4", "int8"}
 	GQAs        = []string{"repeat", "grouped"}
 	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}
 )
@@ -135,6 +146,17 @@ func (s *Setup) Validate(prefix string) error {
 		if s.DType != "fp32" {
 			return &FieldError{f("autocast"), fmt.Sprintf("autocast runs over fp32 weights, but dtype is %s", s.DType)}
 		}
+	}
+	if s.Quant != "" {
+		if err := oneOf(f("quant"), s.Quant, Quants); err != nil {
+			return err
+		}
+		if s.LoRA.Rank <= 0 {
+			return &FieldError{f("quant"), fmt.Sprintf("%s base weights are frozen: they train through LoRA adapters (QLoRA), so lora.rank must be positive", s.Quant)}
+		}
+	}
+	if s.DoubleQuant && s.Quant != "nf4" && s.Quant != "fp4" {
+		return &FieldError{f("double_quant"), "double quantization is of 4-bit weights' constants: it needs quant nf4 or fp4"}
 	}
 	if s.Dropout < 0 || s.Dropout >= 1 || s.Dropout != s.Dropout {
 		return &FieldError{f("dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.Dropout)}

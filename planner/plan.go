@@ -95,6 +95,8 @@ type Plan struct {
 	Feasible            bool      `json:"feasible" yaml:"feasible"`
 	MinBudgetBytes      mem.Bytes `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
 	StaticBytes         mem.Bytes `json:"static_bytes" yaml:"static_bytes"`
+	// Static is what StaticBytes is made of, for a model or graph.
+	Static *costmodel.Static `json:"-" yaml:"-"`
 	PeakBytes           mem.Bytes `json:"peak_bytes" yaml:"peak_bytes"`
 	ActivationPeakBytes mem.Bytes `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
 	Cost                float64   `json:"cost" yaml:"cost"`
@@ -264,6 +266,10 @@ func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s
+	}
+	if p.Costs != nil {
+		st := p.Costs.Static
+		plan.Static = &st
 	}
 	for i, name := range p.names {
 		st := Stage{Index: i, Name: name, Forward: p.forward[i], Backward: p.Chain.Backward[i],

@@ -34,6 +34,9 @@ type staticReport struct {
 	WeightsBytes        int64 `json:"weights_bytes"`
 	GradientsBytes      int64 `json:"gradients_bytes"`
 	OptimizerBytes      int64 `json:"optimizer_bytes"`
+	BuffersBytes        int64 `json:"buffers_bytes,omitempty"`
+	DequantBytes        int64 `json:"dequant_bytes,omitempty"`
+	Paged               bool  `json:"paged,omitempty"`
 	TotalBytes          int64 `json:"total_bytes"`
 }
 
@@ -108,6 +111,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
 			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
 			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
+			BuffersBytes: c.Static.BuffersBytes, DequantBytes: c.Static.DequantBytes, Paged: c.Static.Paged,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
 	}
@@ -158,8 +162,14 @@ func writeCostText(w io.Writer, r *costReport) error {
 	}
 	s := r.Static
 	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", mem.Bytes(t.SavedBytes), mem.Bytes(t.SavedBytesCheckpointEveryLayer))
-	fmt.Fprintf(w, "static memory: %v (weights %v, gradients %v, optimizer %v); %s parameters, %s trainable\n",
-		mem.Bytes(s.TotalBytes), mem.Bytes(s.WeightsBytes), mem.Bytes(s.GradientsBytes), mem.Bytes(s.OptimizerBytes), human(s.Parameters), human(s.TrainableParameters))
+	fmt.Fprintf(w, "static memory: %v (weights %v, gradients %v, optimizer %v", mem.Bytes(s.TotalBytes), mem.Bytes(s.WeightsBytes), mem.Bytes(s.GradientsBytes), mem.Bytes(s.OptimizerBytes))
+	if s.Paged {
+		fmt.Fprintf(w, " paged")
+	}
+	if s.DequantBytes > 0 {
+		fmt.Fprintf(w, ", dequantized weight %v", mem.Bytes(s.DequantBytes))
+	}
+	fmt.Fprintf(w, "); %s parameters, %s trainable\n", human(s.Parameters), human(s.TrainableParameters))
 	return nil
 }
 

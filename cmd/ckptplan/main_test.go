@@ -91,6 +91,12 @@ func TestPlanGolden(t *testing.T) {
 		{"tiny-gpt2-json", []string{"plan", "tiny-gpt2", "--budget", "4MiB", "--format", "json"}},
 		{"tiny-gpt2-every-k-yaml", []string{"plan", "tiny-gpt2", "--budget", "8MiB", "--solver", "every-k", "--format", "yaml"}},
 		{"llama-3-8b-device-reserve", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--reserve", "3GiB", "--lora-rank", "16", "--seq", "2048", "--solver", "optimal"}},
+		// QLoRA on a 24 GB GPU: NF4 weights with double quantization,
+		// fp32 adapters on every linear, paged 8-bit AdamW.
+		{"llama-3-8b-qlora-4090", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--seq", "4096", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--lora-dtype", "fp32",
+			"--quant", "nf4", "--double-quant", "--optimizer", "paged-adamw8bit"}},
+		{"llama-3-8b-qlora-cost-json", []string{"cost", "llama-3-8b", "--seq", "4096", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--lora-dtype", "fp32",
+			"--quant", "nf4", "--double-quant", "--optimizer", "paged-adamw8bit", "--format", "json"}},
 		{"chain", []string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}},
 		{"compare-llama-3-8b", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "40GiB"}},
 		{"compare-llama-3-8b-200", []string{"compare", "llama-3-8b", "--seq", "8192", "--budget", "200GiB"}},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/planner/figure"
@@ -194,6 +195,9 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, s.Profile)
+		if st := p.Static; st != nil && (s.Quant != "" || bitsandbytes(s.Optimizer)) {
+			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
+		}
 	}
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
 	selective := false
@@ -273,4 +277,39 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%\n", p.Solver, p.PeakBytes, 100*p.Overhead)
 	}
 	return tw.Flush()
+}
+
+// bitsandbytes reports whether optimizer is one of bitsandbytes' (8-bit
+// or paged).
+func bitsandbytes(optimizer string) bool {
+	return strings.HasPrefix(optimizer, "paged-") || strings.HasSuffix(optimizer, "8bit")
+}
+
+// staticParts spells out static memory under quantized weights or
+// bitsandbytes' optimizers (docs/costmodel.md, "QLoRA"): "weights 5.47 GiB
+// (nf4, double quantization), gradients 160 MiB, optimizer 81.25 MiB
+// (paged-adamw8bit, paged), dequantized weight 112 MiB, buffers 1 MiB".
+func staticParts(s *ir.Setup, st *costmodel.Static) string {
+	weights := ""
+	if s.Quant != "" {
+		weights = " (" + s.Quant + " linears"
+		if s.DoubleQuant {
+			weights += ", double quantization"
+		}
+		weights += ")"
+	}
+	opt := " (" + s.Optimizer
+	if st.Paged {
+		opt += ", paged: the driver moves it to the host when the GPU runs short"
+	}
+	opt += ")"
+	out := fmt.Sprintf("weights %v%s, gradients %v, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
+		mem.Bytes(st.GradientsBytes), mem.Bytes(st.OptimizerBytes), opt)
+	if st.DequantBytes > 0 {
+		out += fmt.Sprintf(", dequantized weight %v", mem.Bytes(st.DequantBytes))
+	}
+	if st.BuffersBytes > 0 {
+		out += fmt.Sprintf(", buffers %v", mem.Bytes(st.BuffersBytes))
+	}
+	return out
 }

@@ -30,6 +30,8 @@ type setupFlags struct {
 	dropoutMask        string
 	sdpaLayout         string
 	autocast           string
+	optimizer, quant   string
+	doubleQuant        bool
 	set                map[string]bool // flags given on the command line
 }
 
@@ -55,6 +57,9 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are; before 4.48) | contiguous (contiguous copies, 4.48 and later) (default: the model's)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
+	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (8-bit and paged: bitsandbytes') (default: the model's)")
+	fs.StringVar(&s.quant, "quant", "", "the decoder layers' frozen linear weights stored in nf4 | fp4 | int8 (bitsandbytes, under LoRA: QLoRA) | none (default: the model's)")
+	fs.BoolVar(&s.doubleQuant, "double-quant", false, "quantize the 4-bit weights' block maxima again (QLoRA's double quantization)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
@@ -95,6 +100,15 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.LoRA.FP32 = s.loraDType == "fp32"
 		case "lora-rank":
 			t.LoRA.Rank = s.loraRank
+		case "optimizer":
+			t.Optimizer = s.optimizer
+		case "quant":
+			t.Quant = s.quant
+			if s.quant == "none" {
+				t.Quant, t.DoubleQuant = "", false
+			}
+		case "double-quant":
+			t.DoubleQuant = s.doubleQuant
 		case "tp":
 			t.Parallel.TP = s.tp
 		case "sp":
@@ -126,6 +140,12 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
 		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)
+	}
+	if s.optimizer != "" && !slices.Contains(ir.Optimizers, s.optimizer) {
+		return nil, usagef("--optimizer: unknown value %q (valid: %s)", s.optimizer, strings.Join(ir.Optimizers, ", "))
+	}
+	if s.quant != "" && s.quant != "none" && !slices.Contains(ir.Quants, s.quant) {
+		return nil, usagef("--quant: unknown value %q (valid: %s, none)", s.quant, strings.Join(ir.Quants, ", "))
 	}
 	if s.loraDType != "" && s.loraDType != "fp32" && s.loraDType != "model" {
 		return nil, usagef("--lora-dtype: unknown value %q (valid: fp32, model)", s.loraDType)
