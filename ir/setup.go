@@ -31,8 +31,8 @@ type Setup struct {
 	// DoubleQuant quantizes the 4-bit blocks' absolute maxima again, to a
 	// byte each in blocks of 256 with an fp32 maximum (QLoRA's double
 	// quantization).
-	DoubleQuant bool `yaml:"double_quant,omitempty" json:"double_quant,omitempty"`
-	Parallel  Parallel `yaml:"parallel" json:"parallel"`
+	DoubleQuant bool     `yaml:"double_quant,omitempty" json:"double_quant,omitempty"`
+	Parallel    Parallel `yaml:"parallel" json:"parallel"`
 }
 
 // Numerics are the upcasts and the grouped-query implementation, which

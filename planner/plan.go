@@ -91,20 +91,20 @@ type Plan struct {
 	BudgetBytes mem.Bytes `json:"budget_bytes" yaml:"budget_bytes"`
 	// ReserveBytes is the part of the budget left for what is not a
 	// tensor: PeakBytes + ReserveBytes <= BudgetBytes.
-	ReserveBytes        mem.Bytes `json:"reserve_bytes,omitempty" yaml:"reserve_bytes,omitempty"`
-	Feasible            bool      `json:"feasible" yaml:"feasible"`
-	MinBudgetBytes      mem.Bytes `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
-	StaticBytes         mem.Bytes `json:"static_bytes" yaml:"static_bytes"`
+	ReserveBytes   mem.Bytes `json:"reserve_bytes,omitempty" yaml:"reserve_bytes,omitempty"`
+	Feasible       bool      `json:"feasible" yaml:"feasible"`
+	MinBudgetBytes mem.Bytes `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"` // when infeasible: the least the strategy needs
+	StaticBytes    mem.Bytes `json:"static_bytes" yaml:"static_bytes"`
 	// Static is what StaticBytes is made of, for a model or graph.
-	Static *costmodel.Static `json:"-" yaml:"-"`
-	PeakBytes           mem.Bytes `json:"peak_bytes" yaml:"peak_bytes"`
-	ActivationPeakBytes mem.Bytes `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
-	Cost                float64   `json:"cost" yaml:"cost"`
-	BaselineCost        float64   `json:"baseline_cost" yaml:"baseline_cost"`
-	Overhead            float64   `json:"overhead" yaml:"overhead"`
-	Stages              []Stage   `json:"stages" yaml:"stages"`
-	Schedule            []Step    `json:"schedule" yaml:"schedule"`
-	Notes               []string  `json:"notes,omitempty" yaml:"notes,omitempty"`
+	Static              *costmodel.Static `json:"-" yaml:"-"`
+	PeakBytes           mem.Bytes         `json:"peak_bytes" yaml:"peak_bytes"`
+	ActivationPeakBytes mem.Bytes         `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
+	Cost                float64           `json:"cost" yaml:"cost"`
+	BaselineCost        float64           `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead            float64           `json:"overhead" yaml:"overhead"`
+	Stages              []Stage           `json:"stages" yaml:"stages"`
+	Schedule            []Step            `json:"schedule" yaml:"schedule"`
+	Notes               []string          `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
 
 // Stage is one stage of the chain and what the plan does with it.
