@@ -228,6 +228,29 @@ def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropou
     assert ("selective" if solver == "selective" else "checkpoint") in modes
 
 
+def test_traced_plan_under_autocast(ckptplan_binary):
+    """fp32 weights under bf16 autocast (the Trainer's bf16=True): the
+    trace runs under autocast, and its plan holds as measured under it."""
+    import copy
+
+    import ckptplan
+    from ckptplan.apply import apply
+
+    ref = build_unbuilt("gpt_neox", "sdpa", "fp32")
+    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast="bf16")
+    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", autocast="bf16")
+    stored = measure(copy.deepcopy(ref), batch(), autocast=torch.bfloat16)
+    assert [l.saved_bytes for l in stored.layers] == [l.kept_bytes for l in store.layers]
+    assert store.layers[0].kept_bytes != ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none").layers[0].kept_bytes
+    plan = ckptplan.plan(ref, (store.peak_bytes + every.peak_bytes) // 2, batch=BATCH, seq=SEQ, autocast="bf16")
+    model = copy.deepcopy(ref)
+    apply(model, plan)
+    m = measure(model, batch(), autocast=torch.bfloat16)
+    assert "selective" in {l.mode for l in plan.layers}
+    assert [l.kept_bytes for l in m.layers] == [l.kept_bytes for l in plan.layers]
+    assert m.recomputed_flops == plan.recompute_flops
+
+
 def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
     """A model type with a builder is planned from its config (the
     builder's op names in its keep sets), one without is traced (aten op
