@@ -119,15 +119,7 @@ func oracleModel(r *oracleRecord) *graphio.Model {
 
 func analyzeOracle(t *testing.T, r *oracleRecord) *Costs {
 	t.Helper()
-	g, err := graphio.Build(oracleModel(r))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := Analyze(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return analyzeModel(t, oracleModel(r))
 }
 
 func blockByName(c *Costs, name string) *Block {
