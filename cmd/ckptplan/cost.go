@@ -81,11 +81,8 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 	if src.Kind == graphio.KindChain {
 		return fmt.Errorf("%s is a profiled chain: its costs are given, there is nothing to compute", arg)
 	}
-	if src.Kind == graphio.KindModel {
-		setup.applyTraining(fs, &src.Model.Training)
-		if err := src.Model.Validate(); err != nil {
-			return fmt.Errorf("%s: %w", arg, err)
-		}
+	if err := setup.applyTrainingTo(fs, src, arg); err != nil {
+		return err
 	}
 	g, err := buildGraph(src)
 	if err != nil {

@@ -228,6 +228,11 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
 		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
+		// Training flags change a model's setup; a graph or chain has none.
+		{[]string{"cost", "../../graphio/testdata/graphs/traced.yaml", "--optimizer", "paged-adamw8bit", "--zero", "3"}, true,
+			"traced.yaml is a traced graph: its ops are what the model ran; trace it again set up that way; training flags (--optimizer, --zero) apply to models and config.json files only"},
+		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--lora-rank", "4"}, true, "is a profiled chain: its costs are given; training flags (--lora-rank) apply to"},
+		{[]string{"sweep", "../../graphio/testdata/graphs/resmlp.yaml", "--quant", "nf4"}, true, "is an explicit graph"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -111,11 +111,8 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if err != nil {
 		return nil, nil, err
 	}
-	if src.Kind == graphio.KindModel {
-		p.setup.applyTraining(fs, &src.Model.Training)
-		if err := src.Model.Validate(); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", arg, err)
-		}
+	if err := p.setup.applyTrainingTo(fs, src, arg); err != nil {
+		return nil, nil, err
 	}
 	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value()}, nil
 }

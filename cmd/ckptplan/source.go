@@ -32,6 +32,7 @@ type setupFlags struct {
 	autocast           string
 	optimizer, quant   string
 	doubleQuant        bool
+	training           map[string]bool // the flags addTrainingFlags registers
 	set                map[string]bool // flags given on the command line
 }
 
@@ -45,6 +46,16 @@ func addSetupFlags(fs *flag.FlagSet) *setupFlags {
 
 // addTrainingFlags registers the flags that change how a model trains.
 func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
+	before := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { before[f.Name] = true })
+	defer func() {
+		s.training = map[string]bool{}
+		fs.VisitAll(func(f *flag.Flag) {
+			if !before[f.Name] {
+				s.training[f.Name] = true
+			}
+		})
+	}()
 	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+strings.Join(ir.Profiles, " | ")+" (default: the model's)")
 	fs.StringVar(&s.autocast, "autocast", "", "16-bit dtype torch.autocast computes products in over fp32 weights: bf16 | fp16 | none (default: the model's)")
 	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+strings.Join(ir.Attentions, " | ")+" (default: the model's)")
@@ -64,6 +75,36 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
 	fs.Int64Var(&s.zero, "zero", -1, "ZeRO stage 0-3 (default: the model's)")
+}
+
+// applyTrainingTo applies the training flags that were given to a model
+// and validates it. A graph or a chain has no training setup to change:
+// a training flag given for one is a usage error, not ignored.
+func (s *setupFlags) applyTrainingTo(fs *flag.FlagSet, src *graphio.Source, arg string) error {
+	if src.Kind == graphio.KindModel {
+		s.applyTraining(fs, &src.Model.Training)
+		if err := src.Model.Validate(); err != nil {
+			return fmt.Errorf("%s: %w", arg, err)
+		}
+		return nil
+	}
+	var given []string
+	fs.Visit(func(f *flag.Flag) {
+		if s.training[f.Name] {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	if len(given) == 0 {
+		return nil
+	}
+	what := "an explicit graph: its ops and setup are as written"
+	switch {
+	case src.Kind == graphio.KindChain:
+		what = "a profiled chain: its costs are given"
+	case src.Graph.Traced != nil:
+		what = "a traced graph: its ops are what the model ran; trace it again set up that way"
+	}
+	return usagef("%s is %s; training flags (%s) apply to models and config.json files only", arg, what, strings.Join(given, ", "))
 }
 
 // applyTraining copies the training flags that were given into t.

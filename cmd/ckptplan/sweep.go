@@ -32,11 +32,8 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if src.Model != nil {
-		setup.applyTraining(fs, &src.Model.Training)
-		if err := src.Model.Validate(); err != nil {
-			return fmt.Errorf("%s: %w", arg, err)
-		}
+	if err := setup.applyTrainingTo(fs, src, arg); err != nil {
+		return err
 	}
 	p, err := planner.New(src)
 	if err != nil {

@@ -1,0 +1,279 @@
+"""What a training step really keeps and recomputes, measured on the live model.
+
+``measure(model, batch)`` runs one forward and backward of ``model`` on
+``batch`` and reports, per decoder layer:
+
+saved_bytes
+    the activations the layer's forward saves for backward, as autograd's
+    saved-tensor hooks see them, each storage counted once: what the layer
+    keeps when it is stored. The layer's input counts when it is saved; the
+    parameters, buffers and the other arguments the model passes every layer
+    (attention mask, rotary cos/sin) do not. A checkpointed layer saves
+    through PyTorch's own hooks, which hide from these: its saved_bytes is
+    what the checkpoint itself saves (its input).
+kept_bytes
+    the bytes of every storage the layer's forward allocated that is still
+    alive when the forward (loss included) is done, its output included:
+    what the layer holds across the step under whatever plan runs it (the
+    tensors autograd keeps, a checkpoint's cache). Found by a dispatch mode
+    that takes a weak reference to each new storage (a constant made
+    with ``torch.tensor`` too, which reaches it through ``lift_fresh``).
+
+and for the step: the FLOPs of forward and backward as PyTorch's
+``FlopCounterMode`` counts them (matrix products and attention; CPU's fused
+attention counted as CUDA's is), the FLOPs recomputed in backward (the
+backward's FLOPs less those of the same backward with the plan suspended),
+and on CUDA the peak allocated bytes over the step above what was allocated
+before it.
+
+Example:
+    >>> import torch, transformers
+    >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+    ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    >>> model = transformers.LlamaForCausalLM(config)
+    >>> m = measure(model, {"input_ids": torch.zeros(1, 8, dtype=torch.long)})
+    >>> len(m.layers)
+    2
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .layers import decoder_layers
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass
+class LayerMeasurement:
+    """One decoder layer's bytes, as measure describes them."""
+
+    name: str
+    saved_bytes: int
+    kept_bytes: int
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One training step of a model, measured."""
+
+    layers: list[LayerMeasurement]
+    forward_flops: int
+    backward_flops: int
+    recomputed_flops: Optional[int]  # None when no plan is applied
+    peak_bytes: Optional[int]  # CUDA only
+    loss: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The measurement as plain data (for JSON)."""
+        return dataclasses.asdict(self)
+
+
+def measure(model: nn.Module, batch: Mapping[str, Any], *,
+            loss_fn: Optional[Callable[[Any], torch.Tensor]] = None,
+            layers: Optional[nn.ModuleList] = None,
+            autocast: Optional[torch.dtype] = None) -> Measurement:
+    """Run one forward and backward of model on batch and measure it.
+
+    batch is passed as keyword arguments (``input_ids``, ``labels``, ...);
+    without ``labels`` the input ids are used as labels. loss_fn maps the
+    model's output to the loss (default: ``output.loss``). autocast runs
+    the forward under ``torch.autocast`` in that dtype, as a trainer with
+    mixed precision does. Gradients are accumulated into the parameters as
+    a training step would.
+    """
+    layers = decoder_layers(model) if layers is None else layers
+    batch = dict(batch)
+    if "labels" not in batch and "input_ids" in batch:
+        batch["labels"] = batch["input_ids"]
+    loss_fn = loss_fn or _loss
+    names = [f"layers.{i}" for i in range(len(layers))]
+    cuda = any(p.is_cuda for p in model.parameters())
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    device = next(model.parameters()).device.type
+
+    def run_forward():
+        if autocast is None:
+            return loss_fn(model(**batch))
+        with torch.autocast(device, dtype=autocast):
+            return loss_fn(model(**batch))
+
+    saved = _SavedBytes(model, layers)
+    alloc = _Allocations(len(layers))
+    counter = _flop_counter()
+    with contextlib.ExitStack() as stack:
+        for i, layer in enumerate(layers):
+            stack.enter_context(_in_layer(layer, i, (saved, alloc)))
+        with counter, saved.hooks(), alloc:
+            loss = run_forward()
+    forward = counter.get_total_flops()
+    kept = alloc.alive()
+    counter = _flop_counter()
+    with counter:
+        loss.backward()
+    backward = counter.get_total_flops()
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    recomputed = None
+    from ._apply import applied, suspended  # a plan's runtime, if any
+    if applied(model) is not None:
+        with suspended(model):
+            out = run_forward()
+            counter = _flop_counter()
+            with counter:
+                # The parameters' gradients must not change: backward into
+                # a copy of the graph's leaves' gradients is not possible,
+                # so save and restore them.
+                grads = [(p, None if p.grad is None else p.grad.clone()) for p in model.parameters()]
+                out.backward()
+                for p, g in grads:
+                    p.grad = g
+            recomputed = backward - counter.get_total_flops()
+    return Measurement(
+        layers=[LayerMeasurement(n, s, k) for n, s, k in zip(names, saved.bytes(), kept)],
+        forward_flops=forward, backward_flops=backward, recomputed_flops=recomputed,
+        peak_bytes=peak, loss=float(loss.detach()))
+
+
+def _loss(output: Any) -> torch.Tensor:
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError("the model returned no loss: pass labels in the batch, or a loss_fn")
+    return loss
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    return (t for t in tree_leaves(obj) if isinstance(t, torch.Tensor))
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@contextlib.contextmanager
+def _in_layer(layer: nn.Module, i: int, meters: tuple) -> Iterator[None]:
+    """Tell meters when layer i's forward starts and ends."""
+    def pre(module, args, kwargs):
+        for m in meters:
+            m.enter(i, args, kwargs)
+
+    def post(module, args, kwargs, out):
+        for m in meters:
+            m.leave(i)
+
+    hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True),
+             layer.register_forward_hook(post, with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+class _SavedBytes:
+    """Distinct storages each layer's forward saves for backward."""
+
+    def __init__(self, model: nn.Module, layers: nn.ModuleList):
+        self.fixed = {_storage_ptr(t) for t in (*model.parameters(), *model.buffers())}
+        self.per = [dict() for _ in layers]
+        self.layer: Optional[int] = None
+        self.exempt: set[int] = set()
+
+    def enter(self, i: int, args: tuple, kwargs: dict) -> None:
+        self.layer = i
+        # The hidden state is the layer's own input; everything else the
+        # model hands every layer (masks, rotary cos/sin, positions) is not.
+        rest = (args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"})
+        if not args:
+            rest = ({k: v for k, v in kwargs.items() if k != "hidden_states"},)
+        self.exempt = {_storage_ptr(t) for t in _tensors(rest)}
+
+    def leave(self, i: int) -> None:
+        self.layer = None
+
+    def hooks(self):
+        def pack(t: torch.Tensor):
+            if self.layer is not None:
+                st = t.untyped_storage()
+                p = st.data_ptr()
+                if st.nbytes() > 0 and p not in self.fixed and p not in self.exempt:
+                    self.per[self.layer].setdefault(p, st.nbytes())
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def bytes(self) -> list[int]:
+        return [sum(d.values()) for d in self.per]
+
+
+class _Allocations(TorchDispatchMode):
+    """Weak references to the storages each layer's forward creates."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.refs: list[list[tuple[StorageWeakRef, int]]] = [[] for _ in range(n)]
+        self.layer: Optional[int] = None
+
+    def enter(self, i: int, args: tuple, kwargs: dict) -> None:
+        self.layer = i
+
+    def leave(self, i: int) -> None:
+        self.layer = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.layer is not None:
+            inputs = {_storage_ptr(t) for t in _tensors((args, kwargs)) if t.layout == torch.strided}
+            if func is aten.lift_fresh.default:
+                # A constant the forward made outside any op
+                # (torch.tensor([-2]) for an index): new memory all the same.
+                inputs = set()
+            for t in _tensors(out):
+                if t.layout != torch.strided or t.device.type == "meta":
+                    continue
+                st = t.untyped_storage()
+                if st.nbytes() == 0 or st.data_ptr() in inputs:
+                    continue  # a view or an in-place result: not new memory
+                self.refs[self.layer].append((StorageWeakRef(st), st.nbytes()))
+        return out
+
+    def alive(self) -> list[int]:
+        out = []
+        for refs in self.refs:
+            live = {r.cdata: n for r, n in refs if not r.expired()}
+            out.append(sum(live.values()))
+        return out
+
+
+def _flop_counter():
+    """FlopCounterMode that also counts CPU's fused attention, with the
+    formula PyTorch uses for the CUDA kernels."""
+    from torch.utils import flop_counter as fc
+
+    custom = {}
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is not None and hasattr(fc, "sdpa_flop_count"):
+        def forward(q, k, v, *args, out_shape=None, **kwargs):
+            return fc.sdpa_flop_count(q, k, v)
+        custom[fwd] = forward
+    if bwd is not None and hasattr(fc, "sdpa_backward_flop_count"):
+        def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+            return fc.sdpa_backward_flop_count(grad_out, q, k, v)
+        custom[bwd] = backward
+    return fc.FlopCounterMode(display=False, custom_mapping=custom)
