@@ -28,14 +28,14 @@ __all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "Saved", "ap
 
 
 def __getattr__(name):
-    # apply and measure import torch; planning alone does not need it. The
-    # submodules share their functions' names: import them, then put the
-    # functions in their place.
+    # apply, measure and trace import torch; planning alone does not need
+    # it. Their modules are private: a module named like its function
+    # would replace the function on the package when first imported.
     import importlib
 
-    for module, names in (("apply", ("apply", "applied", "suspended", "sac_available")),
-                          ("measure", ("measure", "Measurement", "LayerMeasurement")),
-                          ("trace", ("trace", "TraceError"))):
+    for module, names in (("_apply", ("apply", "applied", "suspended", "sac_available")),
+                          ("_measure", ("measure", "Measurement", "LayerMeasurement")),
+                          ("_trace", ("trace", "TraceError"))):
         if name in names:
             mod = importlib.import_module(f".{module}", __name__)
             for n in names:

@@ -36,7 +36,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "trace":
         # Tracing builds the model with transformers: it runs here.
-        from .trace import main as trace_main
+        try:
+            from ._trace import main as trace_main
+        except ImportError as err:
+            print(f"ckptplan trace needs torch and transformers ({err}): pip install torch transformers",
+                  file=sys.stderr)
+            return 1
 
         return trace_main(args[1:])
     try:

@@ -191,7 +191,7 @@ def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast
 
     import torch
 
-    from .trace import trace
+    from ._trace import trace
 
     if autocast not in (None, "bf16", "fp16"):
         raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from ckptplan import _binary  # noqa: E402
 from ckptplan.introspect import describe  # noqa: E402
-from ckptplan.measure import measure  # noqa: E402
+from ckptplan import measure  # noqa: E402
 
 from test_real_stack import BATCH, SEQ, batch, build  # noqa: E402
 

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import ckptplan  # noqa: E402
-from ckptplan.apply import apply  # noqa: E402
-from ckptplan.measure import measure  # noqa: E402
+from ckptplan import apply  # noqa: E402
+from ckptplan import measure  # noqa: E402
 
 BATCH, SEQ, VOCAB = 2, 16, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 from ckptplan import _binary  # noqa: E402
 from ckptplan.introspect import describe  # noqa: E402
-from ckptplan.measure import measure  # noqa: E402
-from ckptplan.trace import trace  # noqa: E402
+from ckptplan import measure  # noqa: E402
+from ckptplan import trace  # noqa: E402
 from test_real_stack import BATCH, SEQ, VOCAB, DTYPES, batch, build  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def test_traced_layers_agree_with_the_builder(ckptplan_binary, tmp_path, family,
 def test_routing_cannot_be_traced():
     """A mixture of experts' shapes depend on its routing: the tracer says
     so rather than guess."""
-    from ckptplan.trace import TraceError
+    from ckptplan import TraceError
 
     with pytest.raises(TraceError, match="depends on the data.*mixture of experts"):
         trace(build("mixtral", "sdpa", "fp32"), batch=BATCH, seq=SEQ)
@@ -194,7 +194,7 @@ def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropou
     import copy
 
     import ckptplan
-    from ckptplan.apply import apply
+    from ckptplan import apply
 
     ref = build_any(model_type, attention, dtype, dropout, lora)
     traced = True if model_type not in UNBUILT else None  # by default for those
@@ -234,7 +234,7 @@ def test_traced_plan_under_autocast(ckptplan_binary):
     import copy
 
     import ckptplan
-    from ckptplan.apply import apply
+    from ckptplan import apply
 
     ref = build_unbuilt("gpt_neox", "sdpa", "fp32")
     store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast="bf16")
@@ -249,6 +249,24 @@ def test_traced_plan_under_autocast(ckptplan_binary):
     assert "selective" in {l.mode for l in plan.layers}
     assert [l.kept_bytes for l in m.layers] == [l.kept_bytes for l in plan.layers]
     assert m.recomputed_flops == plan.recompute_flops
+
+
+def test_public_functions_stay_functions(ckptplan_binary):
+    """In a fresh interpreter, measuring (which imports the apply runtime)
+    and planning a traced model (which imports the tracer) leave
+    ckptplan.apply and ckptplan.trace the functions."""
+    code = (
+        "import torch, transformers, ckptplan\n"
+        "c = transformers.AutoConfig.for_model('gpt_neox', num_hidden_layers=2, hidden_size=32, "
+        "num_attention_heads=2, intermediate_size=64, vocab_size=64)\n"
+        "m = transformers.AutoModelForCausalLM.from_config(c)\n"
+        "ckptplan.measure(m, {'input_ids': torch.zeros(1, 8, dtype=torch.long)})\n"
+        "ckptplan.plan(m, '1GiB', batch=1, seq=8)\n"
+        "print(callable(ckptplan.apply), callable(ckptplan.trace), callable(ckptplan.measure))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True", "True", "True"]
 
 
 def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
