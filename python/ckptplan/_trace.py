@@ -17,8 +17,10 @@ What the graph holds:
   and sin, the attention mask, positions) as graph inputs: they are not
   any layer's activations, and those a layer saves count once, as static
   buffers;
-- each node's parameters (counted at the first op that reads them) and
-  whether its output needs a gradient;
+- the model's parameters, each counted once: those in the training dtype
+  (the one most of them are in) on the first node, those in another
+  (PEFT's fp32 adapters over 16-bit weights) with that dtype on the first
+  node that reads one; and whether each node's output needs a gradient;
 - FLOPs of matrix products and fused attention (2·m·n·k; 4·b·h·s·s'·d,
   its backward 2.5× when fused), the counting ``ckptplan``'s builders use.
 
@@ -49,6 +51,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .introspect import _ATTENTION, _TORCH
 from .layers import decoder_layers, unwrap
 
 __all__ = ["trace", "TraceError", "load_config"]
@@ -58,9 +61,7 @@ DTYPES = {
     torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
     torch.uint8: "uint8", torch.bool: "bool",
 }
-TRAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# transformers' attention implementations, as ckptplan names them.
-_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
+TRAIN_DTYPES = _TORCH  # ckptplan's name → the training dtype
 
 # Ops whose output never needs a gradient, whatever they read.
 _FACTORIES = re.compile(
@@ -117,8 +118,8 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
     ``AutoModelForCausalLM`` in dtype with the attention implementation
     given, in training mode. batch and seq size the step.
     """
-    if batch <= 0 or seq <= 0:
-        raise TraceError(f"batch and seq must be positive, got {batch} and {seq}")
+    if not (isinstance(batch, int) and isinstance(seq, int)) or batch <= 0 or seq <= 0:
+        raise TraceError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
     if dtype not in TRAIN_DTYPES:
         raise TraceError(f"unknown dtype {dtype!r} (valid: {', '.join(TRAIN_DTYPES)})")
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -148,8 +149,8 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
         loss = rec.run({"input_ids": ids, "labels": labels})
     except dynamic as err:
         raise TraceError(
-            f"{name}: a shape depends on the data ({err}), as a mixture of experts' routing does: the "
-            "tracer follows shapes, not values, and cannot trace it (ckptplan builds mixtral, qwen2_moe and "
+            f"{name}: a shape depends on the data ({err}): the tracer follows shapes, not values, and cannot "
+            "trace it (a mixture of experts' routing is such a shape: ckptplan builds mixtral, qwen2_moe and "
             "qwen3_moe itself)") from None
     return _Graph(rec, loss, name, batch, seq).yaml()
 
@@ -163,8 +164,11 @@ def _stem(path: Union[str, os.PathLike]) -> str:
 
 
 def _build(config, fake, dtype: torch.dtype, attention: str, device: str) -> nn.Module:
+    import copy
+
     import transformers
 
+    config = copy.deepcopy(config)  # the caller's stays as it was
     config._attn_implementation = attention
     try:
         with fake, torch.device(device):
@@ -396,10 +400,10 @@ class _Graph:
         self.param_views: set[int] = set()
         self.names: set[str] = set()
         self.grad: dict[str, bool] = {}
-        self.dtype = None
+        self.dtype = _weights_dtype(rec)  # None: then the first float output that needs a gradient
         self.loss = loss
         self.made: dict[str, _Op] = {}  # node → the op it records
-        self.param_dtypes: list[set] = []  # per line: the dtypes of the parameters its op reads
+        self.param_dtypes: dict[int, set] = {}  # line → the dtypes of the parameters its op reads
         self._build()
         self._place_params()
 
@@ -556,8 +560,8 @@ class _Graph:
             fields.append(f"flops: {fl}")
         if bfl and grad:
             fields.append(f"backward_flops: {bfl}")
+        self.param_dtypes[len(self.lines)] = {t.dtype for t in param_reads}
         self.lines.append("    - {" + ", ".join(fields) + "}")
-        self.param_dtypes.append({t.dtype for t in param_reads})
         self.made[node] = op
         self.grad[node] = grad
         for k2, t in enumerate(op.outs):
@@ -628,12 +632,15 @@ class _Graph:
                 i = 0
             else:
                 free = [i for i in range(len(self.lines)) if i not in taken]
-                i = next((i for i in free if dt in self.param_dtypes[i]), free[0] if free else None)
+                i = next((i for i in free if dt in self.param_dtypes.get(i, ())), free[0] if free else None)
                 if i is None:
                     raise TraceError(f"{self.name}: parameters in {dt} have no node to be counted at")
             taken.add(i)
             fields = [f"params: {n}"] + ([f"trainable_params: {tr}"] if tr else [])
             if dt != graph:
+                if not dt.is_floating_point or dt not in DTYPES:
+                    raise TraceError(f"{self.name}: parameters in {dt}, which ckptplan does not count "
+                                     "(a model loaded in 4 or 8 bits is not traced yet)")
                 fields.append(f"param_dtype: {DTYPES[dt]}")
             self.lines[i] = self.lines[i][:-1] + ", " + ", ".join(fields) + "}"
 
@@ -660,6 +667,16 @@ class _Graph:
         out.extend(self.lines)
         out.append(f"  output: {self.output}")
         return "\n".join(out) + "\n"
+
+
+def _weights_dtype(rec: "_Recorder") -> Optional[torch.dtype]:
+    """The training dtype: the one most of the model's floating-point
+    parameters are in (bf16 under PEFT's fp32 adapters)."""
+    counts: dict[torch.dtype, int] = {}
+    for n, _, dt in rec.params.values():
+        if dt in TRAIN_DTYPES.values():
+            counts[dt] = counts.get(dt, 0) + n
+    return max(counts, key=counts.get) if counts else None
 
 
 def _flops(short: str, op: _Op, grads: list, trains: bool, rec: _Recorder) -> tuple[int, int]:

@@ -158,6 +158,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     model cannot be planned or the plan does not fit, and ValueError (a
     ``ckptplan.TraceError`` when tracing) for a model it cannot describe.
     """
+    if autocast not in (None, "bf16", "fp16"):
+        raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     args = ["export", "--to", "json", "--solver", solver]
     if budget is not None:
         args += ["--budget", str(budget)]
@@ -167,14 +169,15 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--reserve", str(reserve)]
     from .layers import unwrap  # needs torch, as a model does
 
-    config = getattr(unwrap(model), "config", None)
+    base = unwrap(model)
+    config = getattr(base, "config", None)
     if traced is None:
         model_type = getattr(config, "model_type", None)
         traced = model_type is not None and model_type not in _binary.call(["models", "--model-types"]).split()
     if traced:
         if logits_dtype is not None:
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
-        name = getattr(config, "_name_or_path", "") or type(unwrap(model)).__name__
+        name = getattr(config, "_name_or_path", "") or type(base).__name__
         return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
     from .introspect import describe  # needs torch; the rest of this module does not
 
@@ -193,8 +196,6 @@ def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast
 
     from ._trace import trace
 
-    if autocast not in (None, "bf16", "fp16"):
-        raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     devices = {p.device.type for p in model.parameters()} or {"cpu"}
     if len(devices) != 1:
         raise ValueError(f"the model's parameters are on {sorted(devices)}: ckptplan traces a model on one device")
@@ -221,4 +222,3 @@ def _ask(name: str, file: str, text: str, args: list) -> Plan:
                 message = message.split("\nusage:")[0]
             raise _binary.CkptplanError(message, err.code) from None
     return dataclasses.replace(Plan.from_json(out), model=name)
-

@@ -203,6 +203,7 @@ def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropou
     every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", traced=traced)
     low, high = every.peak_bytes, store.peak_bytes
     assert low < high
+    assert store.dtype == dtype, "the training dtype is the weights', not the fp32 adapters'"
     modes = set()
     for budget in [low + (high - low) * f // 4 for f in (1, 2, 3)]:
         plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver, traced=traced)
