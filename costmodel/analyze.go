@@ -2,7 +2,6 @@ package costmodel
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -29,7 +28,10 @@ type Block struct {
 }
 
 // IsLayer reports whether the block is one of the repeated layers.
-func (b *Block) IsLayer() bool { return strings.HasPrefix(b.Name, "layers.") }
+func (b *Block) IsLayer() bool {
+	_, ok := ir.LayerIndex(b.Name)
+	return ok
+}
 
 // Costs is the analysis of one graph under its training setup.
 type Costs struct {
@@ -77,6 +79,16 @@ func (c *Costs) OwnedAs(id int, role Role) int {
 		}
 	}
 	return -1
+}
+
+// OperandCopy returns the storage of the contiguous copy node id's kernel
+// makes of its strided operand i, or -1 when it makes none (no op but a
+// product copies, and none has more than three operands).
+func (c *Costs) OperandCopy(id, i int) int {
+	if i < 0 || i > int(Copy2-Copy0) {
+		return -1
+	}
+	return c.OwnedAs(id, CopyRole(i))
 }
 
 // StorageName names a storage: the node that allocates it, and ":role"

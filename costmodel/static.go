@@ -51,19 +51,14 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		return Static{}, fmt.Errorf("graph %s has no dtype", g.Name)
 	}
 	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
-	var perParam int64 // optimizer bytes per trainable parameter, master copy aside
-	eightBit := false
-	switch s.Optimizer {
-	case "adamw", "", "paged-adamw":
-		perParam = 8
-	case "adamw8bit", "paged-adamw8bit":
-		eightBit = true
-	case "sgd", "none":
-	default:
+	opt, ok := optimizers[s.Optimizer]
+	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
 	}
+	// PEFT's adapters over 16-bit weights are fp32, as are their
+	// gradients (the adapters are all that trains under LoRA).
 	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
-	var params, trainable, rankTrainable, weights, grads, masters, states, dequant int64
+	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
@@ -79,20 +74,25 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
 			size = n.Attrs.ParamDType.Size()
 		}
-		approx += float64(p) * float64(2*size+perParam+4)
-		rankTrainable += tr
-		weights += p * size
-		grads += tr * size
-		if size < 4 {
+		trainSize := size
+		if fp32Adapters {
+			trainSize = 4
+		}
+		approx += float64(p) * float64(2*max(size, trainSize)+16)
+		weights += (p-tr)*size + tr*trainSize
+		grads += tr * trainSize
+		if trainSize < 4 {
 			masters += tr
 		}
-		if eightBit {
+		if opt.eightBit {
 			for _, t := range trainableTensors(g, i) {
 				if split {
 					t = ceilDiv(t, tp)
 				}
-				states += adam8bitBytes(t)
+				moments += adam8bitBytes(t)
 			}
+		} else {
+			moments += tr * opt.moments
 		}
 		if s.Quant != "" {
 			for _, q := range quantizedWeights(g, i) {
@@ -113,24 +113,12 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		Parameters: params, TrainableParameters: trainable,
 		WeightsBytes:   weights,
 		GradientsBytes: grads,
-		OptimizerBytes: rankTrainable * perParam,
+		OptimizerBytes: moments,
 		DequantBytes:   dequant,
-		Paged:          strings.HasPrefix(s.Optimizer, "paged-"),
+		Paged:          opt.paged,
 	}
-	switch {
-	case eightBit:
-		// bitsandbytes' 8-bit optimizers update the weights in their own
-		// dtype: no master copy.
-		st.OptimizerBytes = states
-	case s.Optimizer == "paged-adamw":
-		// bitsandbytes' paged AdamW: fp32 moments, no master copy.
-	case s.Optimizer != "none" && !fp32Adapters:
+	if opt.master {
 		st.OptimizerBytes += masters * 4 // the fp32 master copy of 16-bit trained weights
-	}
-	if fp32Adapters {
-		// PEFT's adapters over 16-bit weights: fp32 weights and gradients.
-		st.WeightsBytes = weights - rankTrainable*e + rankTrainable*4
-		st.GradientsBytes = rankTrainable * 4
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
@@ -146,6 +134,34 @@ func staticMemory(g *ir.Graph) (Static, error) {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// An optimizer is what an optimizer keeps for the weights it trains.
+type optimizer struct {
+	moments  int64 // bytes a trained parameter, in fp32 (two moments: 8)
+	eightBit bool  // two moments a byte each, blockwise (adam8bitBytes), instead
+	master   bool  // an fp32 master copy of weights trained in 16 bits (mixed precision)
+	paged    bool  // its state in CUDA unified memory (bitsandbytes' paged optimizers)
+}
+
+// optimizers are the optimizers ckptplan knows (ir.Optimizers), "" being
+// AdamW. PyTorch's keep a master copy under mixed precision;
+// bitsandbytes' update the weights in their own dtype.
+var optimizers = map[string]optimizer{
+	"":                {moments: 8, master: true},
+	"adamw":           {moments: 8, master: true},
+	"sgd":             {master: true},
+	"none":            {},
+	"adamw8bit":       {eightBit: true},
+	"paged-adamw8bit": {eightBit: true, paged: true},
+	"paged-adamw":     {moments: 8, paged: true},
+}
+
+// Bitsandbytes reports whether the named optimizer is one of
+// bitsandbytes' (8-bit or paged).
+func Bitsandbytes(name string) bool {
+	o := optimizers[name]
+	return o.eightBit || o.paged
+}
 
 // adam8bitBytes is what bitsandbytes' 8-bit AdamW keeps for a trained
 // tensor of n elements (Dettmers et al. 2022, 8-bit Optimizers via
@@ -169,7 +185,7 @@ type quantWeight struct{ elems, rows int64 }
 // dtype, as transformers leaves them).
 func quantizedWeights(g *ir.Graph, i int) []quantWeight {
 	n := &g.Nodes[i]
-	if !n.Attrs.Frozen || n.Attrs.Tied != "" || !strings.HasPrefix(n.Block, "layers.") {
+	if _, layer := ir.LayerIndex(n.Block); !n.Attrs.Frozen || n.Attrs.Tied != "" || !layer {
 		return nil
 	}
 	in := g.Nodes[n.Inputs[0]].Shape.Last()

@@ -143,3 +143,13 @@ func TestQuantConstants(t *testing.T) {
 		}
 	}
 }
+
+// TestOptimizersKnown checks that every optimizer a setup may name has
+// its accounting.
+func TestOptimizersKnown(t *testing.T) {
+	for _, name := range ir.Optimizers {
+		if _, ok := optimizers[name]; !ok {
+			t.Errorf("optimizer %q has no accounting", name)
+		}
+	}
+}

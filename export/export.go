@@ -2,10 +2,10 @@ package export
 
 import (
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 )
@@ -64,7 +64,10 @@ type Export struct {
 	nested      bool      // the plan recomputes a layer more than once
 }
 
-var layerName = regexp.MustCompile(`^layers\.(\d+)$`)
+func isLayer(name string) bool {
+	_, ok := ir.LayerIndex(name)
+	return ok
+}
 
 // FromPlan reduces a feasible plan of a model to its layers' decisions.
 func FromPlan(plan *planner.Plan) (*Export, error) {
@@ -91,8 +94,8 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	var nested, keptNothing []string
 	var nothingBytes mem.Bytes
 	for i, st := range plan.Stages {
-		m := layerName.FindStringSubmatch(st.Name)
-		if m == nil {
+		n, layer := ir.LayerIndex(st.Name)
+		if !layer {
 			switch st.Decision {
 			case "selective":
 				if o := st.KeepSet(); o != nil {
@@ -103,7 +106,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			}
 			continue
 		}
-		if n, _ := strconv.Atoi(m[1]); n != len(e.Layers) {
+		if n != len(e.Layers) {
 			return nil, fmt.Errorf("the plan's layers are not layers.0, layers.1, … in order: %s is stage %d", comment(st.Name), i)
 		}
 		out := st.SavedBytes
@@ -115,7 +118,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		// checkpoint, which keeps its input. A stage that is not a layer
 		// runs plainly, storing.
 		outFreed := st.OutputUnsaved && i+1 < len(plan.Stages) &&
-			(plan.Stages[i+1].Decision == "store" || !layerName.MatchString(plan.Stages[i+1].Name))
+			(plan.Stages[i+1].Decision == "store" || !isLayer(plan.Stages[i+1].Name))
 		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
 		rerun := st.Forward
 		if st.Rerun > 0 {

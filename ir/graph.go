@@ -1,6 +1,21 @@
 package ir
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// LayerIndex returns N for a block named "layers.N", the name the model
+// builders and the tracer give the N-th decoder layer.
+func LayerIndex(block string) (int, bool) {
+	s, ok := strings.CutPrefix(block, "layers.")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0 && strconv.Itoa(n) == s
+}
 
 // Node is one op application. Its ID is its index in Graph.Nodes.
 type Node struct {

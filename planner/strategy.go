@@ -2,10 +2,10 @@ package planner
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -74,7 +74,7 @@ func everyK(p *Problem, k int) solver.Schedule {
 	var starts []int
 	j := 0 // layers since the last group started
 	for i, name := range names {
-		if !isLayer(name) || i == 0 || !isLayer(names[i-1]) || j%k == 0 {
+		if !isLayer(name) || i == 0 || !isLayer(names[i-1]) || j == k {
 			starts = append(starts, i)
 			j = 0
 		}
@@ -85,9 +85,10 @@ func everyK(p *Problem, k int) solver.Schedule {
 	return solver.Segments(p.Chain, starts)
 }
 
-var layerName = regexp.MustCompile(`^layers\.\d+$`)
-
-func isLayer(name string) bool { return layerName.MatchString(name) }
+func isLayer(name string) bool {
+	_, ok := ir.LayerIndex(name)
+	return ok
+}
 
 // fixed is a strategy that replays one schedule.
 func fixed(make func(p *Problem, o *Options) solver.Schedule) func(*Problem, mem.Bytes, *Options) (*solver.Solution, error) {

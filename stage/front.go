@@ -115,18 +115,14 @@ func (k *search) available(s int, kept func(int) bool) bool {
 // reruns: all but the operands it keeps a contiguous copy of.
 func (k *search) needs(p int, kept func(int) bool) []int {
 	id := k.st.Nodes[p]
-	n := &k.c.Graph.Nodes[id]
-	copies := n.Op == ir.MatMul || n.Op == ir.Linear || n.Op == ir.Attention // the ops that copy strided operands
 	var out []int
-	for i, src := range n.Inputs {
+	for i, src := range k.c.Graph.Nodes[id].Inputs {
 		q, ok := k.pos[src]
 		if !ok {
 			continue
 		}
-		if copies {
-			if cp := k.c.OwnedAs(id, costmodel.CopyRole(i)); cp >= 0 && kept(cp) {
-				continue
-			}
+		if cp := k.c.OperandCopy(id, i); cp >= 0 && kept(cp) {
+			continue
 		}
 		out = append(out, q)
 	}

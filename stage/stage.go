@@ -168,7 +168,7 @@ func stageInput(c *costmodel.Costs, stageOf []int, spans []span, k int) (int, er
 		prev := spans[k-1].nodes
 		in = c.OutputStorage(prev[len(prev)-1])
 	}
-	found := -1
+	found := false
 	for _, id := range sp.nodes {
 		for _, x := range g.Nodes[id].Inputs {
 			s := stageOf[x]
@@ -180,10 +180,13 @@ func stageInput(c *costmodel.Costs, stageOf []int, spans []span, k int) (int, er
 				return 0, fmt.Errorf("%s reads %s, made in %s: a block may read only the previous block's output and the graph's inputs",
 					g.Nodes[id].Name, g.Nodes[x].Name, spans[s].name)
 			}
-			found = got
+			found = true
 		}
 	}
-	return found, nil
+	if !found {
+		return -1, nil
+	}
+	return in, nil
 }
 
 // commonPrefix returns the longest dotted prefix ("layers.3.") all the

@@ -26,6 +26,9 @@ type costReport struct {
 	Static    staticReport  `json:"static"`
 	Blocks    []blockReport `json:"blocks"`
 	Totals    totalsReport  `json:"totals"`
+
+	setup  *ir.Setup        // for the text's static line
+	static costmodel.Static // likewise
 }
 
 type staticReport struct {
@@ -111,6 +114,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			BuffersBytes: c.Static.BuffersBytes, DequantBytes: c.Static.DequantBytes, Paged: c.Static.Paged,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
+		setup:  &g.Setup, static: c.Static,
 	}
 	for _, b := range c.Blocks {
 		br := blockReport{Name: b.Name, InputBytes: b.InputBytes, SavedBytes: b.SavedBytes, ForwardFLOPs: b.ForwardFLOPs, BackwardFLOPs: b.BackwardFLOPs, Ops: []opReport{}}
@@ -159,14 +163,7 @@ func writeCostText(w io.Writer, r *costReport) error {
 	}
 	s := r.Static
 	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", mem.Bytes(t.SavedBytes), mem.Bytes(t.SavedBytesCheckpointEveryLayer))
-	fmt.Fprintf(w, "static memory: %v (weights %v, gradients %v, optimizer %v", mem.Bytes(s.TotalBytes), mem.Bytes(s.WeightsBytes), mem.Bytes(s.GradientsBytes), mem.Bytes(s.OptimizerBytes))
-	if s.Paged {
-		fmt.Fprintf(w, " paged")
-	}
-	if s.DequantBytes > 0 {
-		fmt.Fprintf(w, ", dequantized weight %v", mem.Bytes(s.DequantBytes))
-	}
-	fmt.Fprintf(w, "); %s parameters, %s trainable\n", human(s.Parameters), human(s.TrainableParameters))
+	fmt.Fprintf(w, "static memory: %v (%s); %s parameters, %s trainable\n", mem.Bytes(s.TotalBytes), staticParts(r.setup, &r.static), human(s.Parameters), human(s.TrainableParameters))
 	return nil
 }
 

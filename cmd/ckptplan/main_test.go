@@ -233,6 +233,7 @@ func TestErrors(t *testing.T) {
 			"traced.yaml is a traced graph: its ops are what the model ran; trace it again set up that way; training flags (--optimizer, --zero) apply to models and config.json files only"},
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--lora-rank", "4"}, true, "is a profiled chain: its costs are given; training flags (--lora-rank) apply to"},
 		{[]string{"sweep", "../../graphio/testdata/graphs/resmlp.yaml", "--quant", "nf4"}, true, "is an explicit graph"},
+		{[]string{"cost", "tiny-llama", "--lora-rank", "4", "--quant", "none", "--double-quant"}, true, "--double-quant quantizes 4-bit weights' constants"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

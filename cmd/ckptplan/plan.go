@@ -192,7 +192,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, s.Profile)
-		if st := p.Static; st != nil && (s.Quant != "" || bitsandbytes(s.Optimizer)) {
+		if st := p.Static; st != nil && (s.Quant != "" || costmodel.Bitsandbytes(s.Optimizer)) {
 			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
 		}
 	}
@@ -276,16 +276,10 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 	return tw.Flush()
 }
 
-// bitsandbytes reports whether optimizer is one of bitsandbytes' (8-bit
-// or paged).
-func bitsandbytes(optimizer string) bool {
-	return strings.HasPrefix(optimizer, "paged-") || strings.HasSuffix(optimizer, "8bit")
-}
-
-// staticParts spells out static memory under quantized weights or
-// bitsandbytes' optimizers (docs/costmodel.md, "QLoRA"): "weights 5.47 GiB
-// (nf4, double quantization), gradients 160 MiB, optimizer 81.25 MiB
-// (paged-adamw8bit, paged), dequantized weight 112 MiB, buffers 1 MiB".
+// staticParts spells out static memory (docs/costmodel.md), naming the
+// quantization and a bitsandbytes optimizer: "weights 5.47 GiB (nf4
+// linears, double quantization), gradients 160 MiB, optimizer 81.25 MiB
+// (paged-adamw8bit, paged: …), dequantized weight 112 MiB, buffers 2 MiB".
 func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	weights := ""
 	if s.Quant != "" {
@@ -295,11 +289,14 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 		}
 		weights += ")"
 	}
-	opt := " (" + s.Optimizer
-	if st.Paged {
-		opt += ", paged: the driver moves it to the host when the GPU runs short"
+	opt := ""
+	if costmodel.Bitsandbytes(s.Optimizer) {
+		opt = " (" + s.Optimizer
+		if st.Paged {
+			opt += ", paged: the driver moves it to the host when the GPU runs short"
+		}
+		opt += ")"
 	}
-	opt += ")"
 	out := fmt.Sprintf("weights %v%s, gradients %v, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
 		mem.Bytes(st.GradientsBytes), mem.Bytes(st.OptimizerBytes), opt)
 	if st.DequantBytes > 0 {

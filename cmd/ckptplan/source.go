@@ -188,6 +188,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.quant != "" && s.quant != "none" && !slices.Contains(ir.Quants, s.quant) {
 		return nil, usagef("--quant: unknown value %q (valid: %s, none)", s.quant, strings.Join(ir.Quants, ", "))
 	}
+	if s.quant == "none" && s.doubleQuant {
+		return nil, usagef("--double-quant quantizes 4-bit weights' constants: it needs --quant nf4 or fp4, not none")
+	}
 	if s.loraDType != "" && s.loraDType != "fp32" && s.loraDType != "model" {
 		return nil, usagef("--lora-dtype: unknown value %q (valid: fp32, model)", s.loraDType)
 	}
