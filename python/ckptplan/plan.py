@@ -196,10 +196,11 @@ def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast
 
     from ._trace import trace
 
-    devices = {p.device.type for p in model.parameters()} or {"cpu"}
+    devices = {p.device for p in model.parameters()} or {torch.device("cpu")}
     if len(devices) != 1:
-        raise ValueError(f"the model's parameters are on {sorted(devices)}: ckptplan traces a model on one device")
-    dev = devices.pop()
+        raise ValueError(f"the model's parameters are on {sorted(map(str, devices))}: ckptplan traces a model "
+                         "on one device")
+    dev = devices.pop().type
     cast = (torch.autocast(dev, dtype=torch.bfloat16 if autocast == "bf16" else torch.float16)
             if autocast else contextlib.nullcontext())
     with cast:
