@@ -282,9 +282,12 @@ def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
     built = ckptplan.plan(llama, budget(llama), batch=BATCH, seq=SEQ)
     neox = build_unbuilt("gpt_neox", "sdpa", "fp32")
     traced = ckptplan.plan(neox, budget(neox), batch=BATCH, seq=SEQ)
-    policies = lambda p: " ".join(l.policy for l in p.layers)  # noqa: E731
-    assert "addmm" not in policies(built) and "mm" not in policies(built).replace("mlp", "")
-    assert ".addmm" in policies(traced)
+    saved = lambda p: [s.name.split(".", 2)[2] for l in p.layers for s in l.saved]  # noqa: E731
+    assert saved(built) and saved(traced), "both plans have selective layers"
+    # The builder names a layer's tensors by module (mlp.up_proj), the
+    # trace by module and ATen op (mlp.dense_h_to_4h.addmm).
+    assert "mlp.up_proj" in saved(built) and not any(n.endswith((".mm", ".addmm")) for n in saved(built))
+    assert "mlp.dense_h_to_4h.addmm" in saved(traced)
     assert traced.attention == "sdpa" and traced.model == "GPTNeoXForCausalLM"
     with pytest.raises(ValueError, match="logits_dtype does not apply to a traced model"):
         ckptplan.plan(neox, "1GiB", batch=BATCH, seq=SEQ, logits_dtype="fp32")
