@@ -44,7 +44,43 @@ func (s Static) Total() int64 {
 // gradients, stage 3 (FSDP's full sharding) also the weights. LoRA
 // adapters kept in fp32 over 16-bit weights need no master copy; nor do a
 // traced op's parameters in a dtype of their own that is 32 bits wide.
+// Under the megatron profile 16-bit gradients are fp32, as Megatron-LM
+// keeps them.
 func staticMemory(g *ir.Graph) (Static, error) {
+	return staticOf(g, func(int) bool { return true })
+}
+
+// StaticOf is the static memory of a device that holds the given nodes'
+// weights, as a pipeline stage does: theirs, and, for a node whose weight
+// is tied to a node the device does not hold (the head of the last stage,
+// tied to the first stage's embedding), a copy of that weight with its
+// own gradient and optimizer state, as Megatron-LM keeps; the rotary
+// tables when it holds a node that reads them. Parameters and
+// TrainableParameters count the device's weights.
+func StaticOf(g *ir.Graph, nodes []int) (Static, error) {
+	held := make([]bool, len(g.Nodes))
+	byName := map[string]int{}
+	for i := range g.Nodes {
+		byName[g.Nodes[i].Name] = i
+	}
+	for _, i := range nodes {
+		if i < 0 || i >= len(g.Nodes) {
+			return Static{}, fmt.Errorf("graph %s has no node %d", g.Name, i)
+		}
+		held[i] = true
+	}
+	for _, i := range nodes {
+		if t := g.Nodes[i].Attrs.Tied; t != "" {
+			if j, ok := byName[t]; ok {
+				held[j] = true
+			}
+		}
+	}
+	return staticOf(g, func(i int) bool { return held[i] })
+}
+
+// staticOf is staticMemory over the nodes held says.
+func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	s := g.Setup
 	e := g.DType.Size()
 	if e == 0 {
@@ -58,9 +94,16 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	// PEFT's adapters over 16-bit weights are fp32, as are their
 	// gradients (the adapters are all that trains under LoRA).
 	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
+	// Megatron-LM accumulates and reduces 16-bit training's gradients in
+	// fp32 buffers (its default for bf16, the main_grad of every
+	// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
+	fp32Grads := s.Profile == "megatron" && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
 	for i := range g.Nodes {
+		if !held(i) {
+			continue
+		}
 		n := &g.Nodes[i]
 		p, tr := g.Params(i), g.TrainableParams(i)
 		params += p
@@ -78,9 +121,13 @@ func staticMemory(g *ir.Graph) (Static, error) {
 		if fp32Adapters {
 			trainSize = 4
 		}
+		gradSize := trainSize
+		if fp32Grads {
+			gradSize = 4
+		}
 		approx += float64(p) * float64(2*max(size, trainSize)+16)
 		weights += (p-tr)*size + tr*trainSize
-		grads += tr * trainSize
+		grads += tr * gradSize
 		if trainSize < 4 {
 			masters += tr
 		}
@@ -129,7 +176,7 @@ func staticMemory(g *ir.Graph) (Static, error) {
 	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 	}
-	st.BuffersBytes = ropeTables(g)
+	st.BuffersBytes = ropeTables(g, held)
 	return st, nil
 }
 
@@ -261,14 +308,14 @@ func trainableTensors(g *ir.Graph, i int) []int64 {
 // graph's RoPE nodes when the model makes them once, none when its layers
 // make their own (their copies are the layers' activations), and a pair
 // for every position in each layer whose RoPE indexes a cache of its own.
-func ropeTables(g *ir.Graph) int64 {
+func ropeTables(g *ir.Graph, held func(int) bool) int64 {
 	seen := map[[2]int64]bool{}
 	cached := map[string]bool{}
 	inLayer := false
 	var model, b int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
-		if n.Op != ir.RoPE {
+		if n.Op != ir.RoPE || !held(i) {
 			continue
 		}
 		inLayer = inLayer || n.Attrs.Tables

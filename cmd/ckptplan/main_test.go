@@ -104,7 +104,10 @@ func TestPlanGolden(t *testing.T) {
 		{"compare-tiny-llama-json", []string{"compare", "tiny-llama", "--budget", "5MiB", "--format", "json"}},
 		{"export-hf-selective", []string{"export", "../../graphio/testdata/hf/llama-3-8b.json", "--lora-rank", "16", "--seq", "8192", "--budget", "50GiB", "--to", "hf"}},
 		{"export-hf", []string{"export", "tiny-llama", "--budget", "5MiB", "--solver", "optimal", "--to", "hf"}},
-		{"export-megatron", []string{"export", "gpt3-175b", "--tp", "8", "--seq", "2048", "--zero", "1", "--dp", "64", "--budget", "120GiB", "--solver", "megatron-selective", "--to", "megatron"}},
+		{"export-megatron", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb", "--profile", "megatron", "--attention", "eager", "--solver", "megatron-selective", "--to", "megatron"}},
+		{"gpt3-175b-pp8", []string{"plan", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb"}},
+		{"gpt3-175b-pp8-interleaved", []string{"plan", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--pp-schedule", "interleaved", "--virtual-stages", "2", "--device", "h100-80gb", "--solver", "megatron-selective"}},
+		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 		// Groups of k layers are Megatron's uniform method.
 		{"export-megatron-every-2", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "2", "--to", "megatron"}},

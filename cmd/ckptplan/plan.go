@@ -121,14 +121,25 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("plan", "MODEL|CHAIN.yaml", stderr)
 	pf := addPlanFlags(fs, true)
 	timeline := fs.String("timeline", "", "also draw memory over the schedule to this .svg or .png file")
+	pipe := addPipelineFlags(fs)
 	format := addFormat(fs, "text", "json", "yaml")
 	src, opt, err := pf.parse(fs, args)
 	if err != nil {
 		return err
 	}
+	pp, err := pipe.pipeline(fs)
+	if err != nil {
+		return err
+	}
+	if pp != nil && *timeline != "" {
+		return usagef("--timeline draws one device's schedule: it does not apply with --pp")
+	}
 	p, err := planner.New(src)
 	if err != nil {
 		return err
+	}
+	if pp != nil {
+		return runPipeline(stdout, stderr, p, opt, pp, format.value)
 	}
 	plan, err := p.Plan(opt)
 	if err != nil {

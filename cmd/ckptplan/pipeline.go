@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/ckptplan/ckptplan/planner"
+	"go.yaml.in/yaml/v3"
+)
+
+// pipelineFlags are plan's pipeline parallel flags.
+type pipelineFlags struct {
+	stages, microbatches, virtual int
+	schedule, layers              string
+	given                         []string
+}
+
+func addPipelineFlags(fs *flag.FlagSet) *pipelineFlags {
+	p := &pipelineFlags{}
+	fs.IntVar(&p.stages, "pp", 0, "pipeline parallel stages: plan every device of the pipeline")
+	fs.IntVar(&p.microbatches, "microbatches", 0, "microbatches a step under --pp, each of --batch (default: --pp)")
+	fs.StringVar(&p.schedule, "pp-schedule", "1f1b", "pipeline schedule: "+strings.Join(planner.PipelineSchedules, " | "))
+	fs.IntVar(&p.virtual, "virtual-stages", 0, "model chunks a device under --pp-schedule interleaved")
+	fs.StringVar(&p.layers, "pp-layers", "", "decoder layers of each pipeline chunk, comma-separated (default: as even as can be)")
+	return p
+}
+
+// pipeline returns the pipeline the flags ask for, or nil without --pp.
+func (p *pipelineFlags) pipeline(fs *flag.FlagSet) (*planner.Pipeline, error) {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["pp"] {
+		for _, name := range []string{"microbatches", "pp-schedule", "virtual-stages", "pp-layers"} {
+			if given[name] {
+				return nil, usagef("--%s needs --pp", name)
+			}
+		}
+		return nil, nil
+	}
+	if p.stages < 1 {
+		return nil, usagef("--pp must be positive, got %d", p.stages)
+	}
+	pp := &planner.Pipeline{Stages: p.stages, Microbatches: p.microbatches, Schedule: p.schedule, Virtual: p.virtual}
+	if !given["microbatches"] {
+		pp.Microbatches = p.stages
+	} else if p.microbatches < 1 {
+		return nil, usagef("--microbatches must be positive, got %d", p.microbatches)
+	}
+	if given["virtual-stages"] && p.virtual < 1 {
+		return nil, usagef("--virtual-stages must be positive, got %d", p.virtual)
+	}
+	if p.layers != "" {
+		for _, f := range strings.Split(p.layers, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return nil, usagef("--pp-layers: %q is not a positive layer count", f)
+			}
+			pp.Layers = append(pp.Layers, n)
+		}
+	}
+	return pp, nil
+}
+
+// runPipeline plans every device of a pipeline and writes the plan.
+func runPipeline(stdout, stderr io.Writer, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline, format string) error {
+	plan, err := p.PlanPipeline(opt, *pp)
+	if err != nil {
+		return err
+	}
+	for _, n := range plan.Notes {
+		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
+	}
+	switch format {
+	case "json":
+		if err := writeJSON(stdout, plan); err != nil {
+			return err
+		}
+	case "yaml":
+		enc := yaml.NewEncoder(stdout)
+		enc.SetIndent(2)
+		if err := enc.Encode(plan); err != nil {
+			return err
+		}
+	default:
+		if err := writePipelineText(stdout, plan); err != nil {
+			return err
+		}
+	}
+	if !plan.Feasible {
+		return pipelineInfeasible(plan)
+	}
+	return nil
+}
+
+func pipelineInfeasible(p *planner.PipelinePlan) error {
+	var too []string
+	for _, d := range p.Devices {
+		if d.Feasible {
+			continue
+		}
+		need := fmt.Sprintf("static memory alone is %v", d.StaticBytes)
+		if d.MinBudgetBytes > 0 {
+			need = fmt.Sprintf("it needs at least %v", d.MinBudgetBytes)
+		}
+		too = append(too, fmt.Sprintf("stage %d (%s)", d.Rank, need))
+	}
+	reserve := ""
+	if p.ReserveBytes > 0 {
+		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
+	}
+	return fmt.Errorf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "))
+}
+
+func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
+	pp := p.Pipeline
+	sched := "1F1B"
+	if pp.Schedule == "interleaved" {
+		sched = fmt.Sprintf("interleaved, %d chunks a device", pp.Virtual)
+	}
+	batch := ""
+	if s := p.Setup; s != nil {
+		batch = fmt.Sprintf(" of batch %d", s.Batch)
+	}
+	fmt.Fprintf(w, "%s on %d pipeline stages (%s, %d microbatches%s) with the %s solver in %v a device",
+		p.Model, pp.Stages, sched, pp.Microbatches, batch, p.Solver, p.BudgetBytes)
+	if p.Feasible {
+		fmt.Fprintf(w, ": largest peak %v", p.PeakBytes)
+	}
+	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
+	if s := p.Setup; s != nil {
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, s.Profile)
+	}
+	if p.Feasible {
+		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+	}
+	fmt.Fprintln(w)
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "stage\truns\tin flight\theld a microbatch\tstatic\tactivations\tpeak\textra\tdecisions")
+	for _, d := range p.Devices {
+		var runs, flight, held []string
+		for _, c := range d.Chunks {
+			runs = append(runs, stageRange(c.Stages))
+			flight = append(flight, strconv.Itoa(c.InFlight))
+			held = append(held, c.HeldBytes.String())
+		}
+		if !d.Feasible {
+			need := "does not fit"
+			if d.MinBudgetBytes > 0 {
+				need = "needs " + d.MinBudgetBytes.String()
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t\t%v\t\t%s\t\t\n", d.Rank, strings.Join(runs, " + "), strings.Join(flight, " + "), d.StaticBytes, need)
+			continue
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%v\t%v\t%v\t%.1f%%\t%s\n", d.Rank, strings.Join(runs, " + "), strings.Join(flight, " + "),
+			strings.Join(held, " + "), d.StaticBytes, d.ActivationPeakBytes, d.PeakBytes, 100*d.Overhead, decisions(d.Chunks))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, trimCells(table.String())); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nin flight: the most microbatches a stage holds at once; held: what each keeps from its forward to its backward\n")
+	if p.Feasible && len(p.Devices) > 0 {
+		if st := p.Devices[0].Static; st != nil && p.Setup != nil {
+			fmt.Fprintf(w, "static of stage 0: %s\n", staticParts(p.Setup, st))
+		}
+	}
+	return nil
+}
+
+// stageRange names a run of stages by its first and last: "embed …
+// layers.11".
+func stageRange(stages []planner.Stage) string {
+	if len(stages) == 1 {
+		return stages[0].Name
+	}
+	return stages[0].Name + " … " + stages[len(stages)-1].Name
+}
+
+// decisions counts a device's stages by what their first forward does:
+// "store 1, megatron-selective 12, checkpoint 2".
+func decisions(chunks []planner.Chunk) string {
+	var order []string
+	count := map[string]int{}
+	for _, c := range chunks {
+		for _, s := range c.Stages {
+			d := s.Decision
+			if s.Option != "" {
+				d = s.Option
+			}
+			if count[d] == 0 {
+				order = append(order, d)
+			}
+			count[d]++
+		}
+	}
+	var out []string
+	for _, d := range order {
+		out = append(out, fmt.Sprintf("%s %d", d, count[d]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// trimCells drops the spaces tabwriter leaves after a row's last cell.
+func trimCells(s string) string {
+	var out strings.Builder
+	for _, line := range strings.SplitAfter(s, "\n") {
+		out.WriteString(strings.TrimRight(line, " \n") + strings.Repeat("\n", strings.Count(line, "\n")))
+	}
+	return out.String()
+}

@@ -1,0 +1,467 @@
+package planner
+
+// Pipeline parallelism spreads a model's decoder layers over p devices,
+// the embedding on the first and the head on the last, and runs a step as
+// m microbatches (Narayanan et al. 2021, Megatron-LM). Under the 1F1B
+// schedule (PipeDream-Flush) device k runs min(p − k − 1, m) forwards
+// before its first backward, then alternates one forward and one
+// backward: it holds what min(p − k, m) microbatches keep between their
+// forward and their backward, the first device most. The interleaved
+// schedule gives each device v model chunks of L/(p·v) layers; device k
+// runs (p − k − 1)·2 + (v − 1)·p forwards first, cycling through its
+// chunks p microbatches at a time, which holds on the first device
+// 1 + (p − 1)/(p·v) times the layers' worth of 1F1B (Megatron-LM's
+// interleaved memory factor) for a smaller bubble.
+//
+// Each device is planned on its own, under its own budget less its own
+// static memory (its layers' weights, the embedding or the head, a tied
+// head's copy of the embedding): what a microbatch keeps is paid once per
+// microbatch in flight, so a device's plan is solver.SolveInFlight's over
+// its chunks, each stage stored (with a keep set) or checkpointed, and
+// its peak is replayed over the device's order of forwards and
+// backwards. A device's input (the activation received, or the token ids
+// on the first) is held until the microbatch's backward; its output is
+// held too, unless the megatron profile frees it once sent (Megatron-LM's
+// deallocate_output_tensor) and no op of the device saves it.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// Pipeline is how a step is spread over pipeline stages.
+type Pipeline struct {
+	Stages       int    `json:"stages" yaml:"stages"`             // p: devices in the pipeline
+	Microbatches int    `json:"microbatches" yaml:"microbatches"` // m: microbatches a step, each of the setup's batch
+	Schedule     string `json:"schedule" yaml:"schedule"`         // 1f1b | interleaved
+	// Virtual is the model chunks of each device under the interleaved
+	// schedule (v ≥ 2); 1 under 1F1B.
+	Virtual int `json:"virtual_stages" yaml:"virtual_stages"`
+	// Layers are the decoder layers of each model chunk in model order
+	// (p·v of them); nil: as even as can be, the later chunks taking one
+	// more.
+	Layers []int `json:"layers" yaml:"layers"`
+}
+
+// PipelineSchedules are the schedules Pipeline.Schedule names.
+var PipelineSchedules = []string{"1f1b", "interleaved"}
+
+// PipelinePlan is the plan of every device of a pipeline.
+type PipelinePlan struct {
+	Schema       int       `json:"schema" yaml:"schema"`
+	Model        string    `json:"model" yaml:"model"`
+	Solver       string    `json:"solver" yaml:"solver"`
+	Unit         string    `json:"unit" yaml:"unit"`
+	Device       string    `json:"device,omitempty" yaml:"device,omitempty"`
+	Setup        *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
+	Pipeline     Pipeline  `json:"pipeline" yaml:"pipeline"`
+	BudgetBytes  mem.Bytes `json:"budget_bytes" yaml:"budget_bytes"` // of each device
+	ReserveBytes mem.Bytes `json:"reserve_bytes,omitempty" yaml:"reserve_bytes,omitempty"`
+	// Feasible: every device fits.
+	Feasible bool `json:"feasible" yaml:"feasible"`
+	// PeakBytes is the largest device's peak.
+	PeakBytes mem.Bytes `json:"peak_bytes" yaml:"peak_bytes"`
+	// Cost and BaselineCost are the whole step's, every microbatch on
+	// every device.
+	Cost         float64      `json:"cost" yaml:"cost"`
+	BaselineCost float64      `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead     float64      `json:"overhead" yaml:"overhead"`
+	Devices      []DevicePlan `json:"devices" yaml:"devices"`
+	Notes        []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
+	segments     [][]solver.Segment
+	choices      [][][]int
+}
+
+// DevicePlan is what one pipeline device runs and holds.
+type DevicePlan struct {
+	Rank int `json:"rank" yaml:"rank"`
+	// Chunks are the device's model chunks: the chain stages each runs
+	// (one chunk under 1F1B), with what a microbatch of it keeps and how
+	// many the device holds at most at once.
+	Chunks []Chunk `json:"chunks" yaml:"chunks"`
+	// Feasible: the device fits; else MinBudgetBytes, when known, is the
+	// least budget the strategy needs on it.
+	Feasible            bool              `json:"feasible" yaml:"feasible"`
+	MinBudgetBytes      mem.Bytes         `json:"min_budget_bytes,omitempty" yaml:"min_budget_bytes,omitempty"`
+	StaticBytes         mem.Bytes         `json:"static_bytes" yaml:"static_bytes"`
+	Static              *costmodel.Static `json:"-" yaml:"-"`
+	ActivationPeakBytes mem.Bytes         `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
+	PeakBytes           mem.Bytes         `json:"peak_bytes" yaml:"peak_bytes"`
+	// Cost and BaselineCost are the device's, for every microbatch.
+	Cost         float64 `json:"cost" yaml:"cost"`
+	BaselineCost float64 `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead     float64 `json:"overhead" yaml:"overhead"`
+}
+
+// Chunk is a run of chain stages a pipeline device runs for each
+// microbatch.
+type Chunk struct {
+	Stages []Stage `json:"stages" yaml:"stages"`
+	// InputBytes is what a microbatch holds on the device before its first
+	// stage runs: the activation received, and the graph inputs its
+	// stages read.
+	InputBytes mem.Bytes `json:"input_bytes" yaml:"input_bytes"`
+	// OutputFreed: the output is freed once sent (the megatron profile).
+	OutputFreed bool `json:"output_freed,omitempty" yaml:"output_freed,omitempty"`
+	// HeldBytes is what a microbatch keeps from its forward to its
+	// backward; InFlight the most microbatches of the chunk held at once.
+	HeldBytes mem.Bytes `json:"held_bytes" yaml:"held_bytes"`
+	InFlight  int       `json:"in_flight" yaml:"in_flight"`
+	// ForwardPeakBytes and BackwardPeakBytes are the most one microbatch
+	// takes while its forward, and its loss and backward, run.
+	ForwardPeakBytes  mem.Bytes `json:"forward_peak_bytes" yaml:"forward_peak_bytes"`
+	BackwardPeakBytes mem.Bytes `json:"backward_peak_bytes" yaml:"backward_peak_bytes"`
+}
+
+// withDefaults checks a pipeline against a model of the given decoder
+// layers and fills in the schedule, the chunks and the split.
+func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
+	if pp.Schedule == "" {
+		pp.Schedule = "1f1b"
+	}
+	if !slices.Contains(PipelineSchedules, pp.Schedule) {
+		return pp, fmt.Errorf("unknown pipeline schedule %q (valid: %s)", pp.Schedule, strings.Join(PipelineSchedules, ", "))
+	}
+	if pp.Stages < 1 || pp.Microbatches < 1 {
+		return pp, fmt.Errorf("a pipeline needs at least one stage and one microbatch, got %d stages and %d microbatches", pp.Stages, pp.Microbatches)
+	}
+	switch {
+	case pp.Schedule == "1f1b" && pp.Virtual > 1:
+		return pp, fmt.Errorf("%d virtual stages need the interleaved schedule", pp.Virtual)
+	case pp.Schedule == "1f1b":
+		pp.Virtual = 1
+	case pp.Virtual < 2:
+		return pp, fmt.Errorf("the interleaved schedule needs at least 2 virtual stages a device, got %d", pp.Virtual)
+	case pp.Microbatches%pp.Stages != 0:
+		// Megatron-LM's interleaved schedule runs microbatches in groups
+		// of p.
+		return pp, fmt.Errorf("the interleaved schedule runs microbatches in groups of the %d pipeline stages: %d microbatches is not a multiple", pp.Stages, pp.Microbatches)
+	}
+	chunks := pp.Stages * pp.Virtual
+	if pp.Layers == nil {
+		if layers < chunks {
+			return pp, fmt.Errorf("%d decoder layers cannot fill %d pipeline chunks (%d stages × %d virtual)", layers, chunks, pp.Stages, pp.Virtual)
+		}
+		pp.Layers = make([]int, chunks)
+		for c := range pp.Layers {
+			pp.Layers[c] = layers / chunks
+			if c >= chunks-layers%chunks {
+				pp.Layers[c]++
+			}
+		}
+		return pp, nil
+	}
+	if len(pp.Layers) != chunks {
+		return pp, fmt.Errorf("%d layer counts given for %d pipeline chunks (%d stages × %d virtual)", len(pp.Layers), chunks, pp.Stages, pp.Virtual)
+	}
+	sum := 0
+	for c, n := range pp.Layers {
+		if n < 1 {
+			return pp, fmt.Errorf("pipeline chunk %d has %d layers: each needs at least one", c, n)
+		}
+		sum += n
+	}
+	if sum != layers {
+		return pp, fmt.Errorf("the layer counts add up to %d, but the model has %d decoder layers", sum, layers)
+	}
+	return pp, nil
+}
+
+// pipeOp is one forward or backward of a device's model chunk for one
+// microbatch.
+type pipeOp struct {
+	forward bool
+	chunk   int // the device's chunk, 0 … v−1
+	micro   int
+}
+
+// pipelineOrder is the order device rank runs its forwards and backwards
+// in: Megatron-LM's 1F1B (v = 1) and interleaved schedules.
+func pipelineOrder(pp Pipeline, rank int) []pipeOp {
+	p, m, v := pp.Stages, pp.Microbatches, pp.Virtual
+	total := m * v
+	warmup := min(p-rank-1, m)
+	if v > 1 {
+		warmup = min((p-rank-1)*2+(v-1)*p, total)
+		if m == p {
+			warmup = total
+		}
+	}
+	// The k-th forward and backward of the device: chunks in groups of p
+	// microbatches, the backwards through the chunks in reverse.
+	fwd := func(k int) pipeOp {
+		g := k % (p * v)
+		return pipeOp{true, g / p, k/(p*v)*p + g%p}
+	}
+	bwd := func(k int) pipeOp {
+		g := k % (p * v)
+		return pipeOp{false, v - 1 - g/p, k/(p*v)*p + g%p}
+	}
+	if v == 1 {
+		fwd = func(k int) pipeOp { return pipeOp{true, 0, k} }
+		bwd = func(k int) pipeOp { return pipeOp{false, 0, k} }
+	}
+	var order []pipeOp
+	for k := 0; k < warmup; k++ {
+		order = append(order, fwd(k))
+	}
+	for k := 0; k < total-warmup; k++ {
+		order = append(order, fwd(warmup+k), bwd(k))
+	}
+	for k := total - warmup; k < total; k++ {
+		order = append(order, bwd(k))
+	}
+	return order
+}
+
+// inFlight returns, for each of the device's chunks, the most microbatches
+// it holds at once over the order, the one running included.
+func inFlight(order []pipeOp, chunks int) []int {
+	n, most := make([]int, chunks), make([]int, chunks)
+	for _, op := range order {
+		if op.forward {
+			n[op.chunk]++
+			most[op.chunk] = max(most[op.chunk], n[op.chunk])
+		} else {
+			n[op.chunk]--
+		}
+	}
+	return most
+}
+
+// replayPeak is a device's activation peak over its order: while a chunk's
+// forward or backward runs, what the other microbatches in flight hold
+// and what it takes.
+func replayPeak(order []pipeOp, m []solver.SegmentMemory) mem.Bytes {
+	var held, peak mem.Bytes
+	for _, op := range order {
+		c := m[op.chunk]
+		if op.forward {
+			peak = max(peak, held+c.Forward)
+			held += c.Held
+		} else {
+			held -= c.Held
+			peak = max(peak, held+c.Backward)
+		}
+	}
+	return peak
+}
+
+// PlanPipeline plans every device of a pipeline: the model's decoder
+// layers split into chunks, each device's chunks planned under its budget
+// less its static memory with the strategy's choices per stage (selective:
+// every keep set and checkpointing; optimal: storing or checkpointing;
+// megatron-selective, every-k with k 1 and none as they are). A device
+// that does not fit is not an error: its plan says Feasible false.
+func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
+	opt, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if p.Costs == nil {
+		return nil, fmt.Errorf("%s is a profiled chain: pipeline parallelism needs a model's layers", p.Name)
+	}
+	var layers []int // chain stages that are decoder layers
+	for i, name := range p.names {
+		if isLayer(name) {
+			layers = append(layers, i)
+		}
+	}
+	if len(layers) == 0 {
+		return nil, fmt.Errorf("%s has no decoder layers to spread over pipeline stages", p.Name)
+	}
+	for k := 1; k < len(layers); k++ {
+		if layers[k] != layers[k-1]+1 {
+			return nil, fmt.Errorf("%s: %s lies between decoder layers: the layers must be one run to be split into pipeline stages", p.Name, p.names[layers[k-1]+1])
+		}
+	}
+	if pp, err = pp.withDefaults(len(layers)); err != nil {
+		return nil, err
+	}
+	choose, err := p.pipelineChoices(opt)
+	if err != nil {
+		return nil, err
+	}
+	// Model chunk c runs chain stages [bounds[c], bounds[c+1]): the first
+	// takes what comes before the layers, the last what comes after.
+	bounds := []int{0}
+	next := layers[0]
+	for _, n := range pp.Layers {
+		next += n
+		bounds = append(bounds, next)
+	}
+	bounds[len(bounds)-1] = p.Chain.Len()
+
+	plan := &PipelinePlan{Schema: SchemaVersion, Model: p.Name, Solver: opt.Strategy.Name, Unit: p.Unit, Device: opt.Device,
+		Pipeline: pp, BudgetBytes: opt.Budget, ReserveBytes: opt.Reserve, Feasible: true, Notes: p.Notes}
+	g := p.Costs.Graph
+	if g.Setup.Batch > 0 {
+		s := g.Setup
+		plan.Setup = &s
+	}
+	proto := p.newPlan(opt.Strategy.Name, opt.Budget) // the stages' records
+	megatron := p.Costs.Profile == costmodel.Megatron
+	for rank := 0; rank < pp.Stages; rank++ {
+		order := pipelineOrder(pp, rank)
+		counts := inFlight(order, pp.Virtual)
+		var segs []solver.Segment
+		var nodes []int
+		for c := 0; c < pp.Virtual; c++ {
+			from, to := bounds[c*pp.Stages+rank], bounds[c*pp.Stages+rank+1]
+			s := solver.Segment{From: from, To: to, InputBytes: p.inputsRead(from, to), Loss: to == p.Chain.Len(), InFlight: counts[c]}
+			if from > 0 {
+				s.InputBytes += p.Chain.ActBytes[from]
+			}
+			if last := p.Stages[to-1]; to < p.Chain.Len() && megatron && !last.Saves(last.Output) {
+				s.DropOutput = true
+			}
+			for i := from; i < to; i++ {
+				s.Choices = append(s.Choices, choose(i))
+				nodes = append(nodes, p.Stages[i].Nodes...)
+			}
+			segs = append(segs, s)
+		}
+		st, err := costmodel.StaticOf(g, nodes)
+		if err != nil {
+			return nil, err
+		}
+		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(st.Total()), Static: &st}
+		for _, s := range segs {
+			for i := s.From; i < s.To; i++ {
+				d.BaselineCost += p.forward[i] + p.Chain.Backward[i]
+			}
+			if s.Loss {
+				d.BaselineCost += p.Chain.LossBackward
+			}
+		}
+		d.BaselineCost *= float64(pp.Microbatches)
+		act := max(opt.Budget-opt.Reserve-d.StaticBytes, 1)
+		choices, err := solver.SolveInFlight(p.Chain, segs, act)
+		var inf *solver.ErrInfeasible
+		if errors.As(err, &inf) {
+			if inf.MinBudget > 0 {
+				d.MinBudgetBytes = inf.MinBudget + d.StaticBytes + opt.Reserve
+			}
+			plan.Feasible = false
+			for _, s := range segs {
+				d.Chunks = append(d.Chunks, Chunk{Stages: slices.Clone(proto.Stages[s.From:s.To]), InputBytes: s.InputBytes, OutputFreed: s.DropOutput, InFlight: s.InFlight})
+			}
+			plan.Devices = append(plan.Devices, d)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pipeline stage %d: %w", rank, err)
+		}
+		memory := make([]solver.SegmentMemory, len(segs))
+		extra := 0.0
+		for k, s := range segs {
+			memory[k] = p.Chain.SegmentMemory(s, choices[k])
+			extra += p.Chain.SegmentExtra(s, choices[k])
+			ch := Chunk{InputBytes: s.InputBytes, OutputFreed: s.DropOutput, HeldBytes: memory[k].Held, InFlight: s.InFlight,
+				ForwardPeakBytes: memory[k].Forward, BackwardPeakBytes: memory[k].Backward}
+			for j, c := range choices[k] {
+				ch.Stages = append(ch.Stages, p.decided(proto.Stages[s.From+j], c))
+			}
+			d.Chunks = append(d.Chunks, ch)
+		}
+		d.Feasible = true
+		d.ActivationPeakBytes = replayPeak(order, memory)
+		d.PeakBytes = d.ActivationPeakBytes + d.StaticBytes
+		d.Cost = d.BaselineCost + extra*float64(pp.Microbatches)
+		if d.BaselineCost > 0 {
+			d.Overhead = d.Cost/d.BaselineCost - 1
+		}
+		plan.PeakBytes = max(plan.PeakBytes, d.PeakBytes)
+		plan.segments = append(plan.segments, segs)
+		plan.choices = append(plan.choices, choices)
+		plan.Devices = append(plan.Devices, d)
+	}
+	for _, d := range plan.Devices {
+		plan.BaselineCost += d.BaselineCost
+		plan.Cost += d.Cost
+	}
+	if plan.Feasible && plan.BaselineCost > 0 {
+		plan.Overhead = plan.Cost/plan.BaselineCost - 1
+	}
+	return plan, nil
+}
+
+// pipelineChoices returns, for the strategy, the ways each stage's first
+// forward may run on a pipeline device.
+func (p *Problem) pipelineChoices(opt Options) (func(i int) []int, error) {
+	all := func(i int) []int {
+		cs := []int{0}
+		for k := 1; k < p.Chain.NumOptions(i); k++ {
+			cs = append(cs, k)
+		}
+		return append(cs, solver.Checkpoint)
+	}
+	switch opt.Strategy.Name {
+	case Selective.Name:
+		p.SearchKeepSets()
+		return all, nil
+	case Optimal.Name:
+		return func(int) []int { return []int{0, solver.Checkpoint} }, nil
+	case StoreAll.Name:
+		return func(int) []int { return []int{0} }, nil
+	case EveryK.Name:
+		if opt.K > 1 {
+			return nil, fmt.Errorf("under pipeline parallelism every-k checkpoints every layer (k 1): groups of %d layers are not planned per device", opt.K)
+		}
+		return func(i int) []int {
+			if isLayer(p.names[i]) {
+				return []int{solver.Checkpoint}
+			}
+			return []int{0}
+		}, nil
+	case MegatronSelective.Name:
+		opts, ok := p.policyEverywhere("megatron-selective")
+		if !ok {
+			return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+		}
+		return func(i int) []int { return []int{opts[i]} }, nil
+	}
+	return nil, fmt.Errorf("the %s solver plans one schedule of the whole chain; under pipeline parallelism each device runs its stages for several microbatches: use selective, optimal, megatron-selective, every-k (k 1) or none", opt.Strategy.Name)
+}
+
+// decided is a stage's record with the decision a choice makes.
+func (p *Problem) decided(st Stage, choice int) Stage {
+	st.Options = nil
+	switch {
+	case choice == solver.Checkpoint:
+		st.Decision = "checkpoint"
+	case choice == 0:
+		st.Decision = "store"
+	default:
+		ks := &p.Stages[st.Index].KeepSets[choice]
+		st.Decision, st.Option = "selective", ks.Name
+		st.Options = []KeepSet{keepSetRecord(p.Stages[st.Index], ks)}
+	}
+	return st
+}
+
+// inputsRead returns the bytes of the graph inputs stages [from, to) read.
+func (p *Problem) inputsRead(from, to int) mem.Bytes {
+	c := p.Costs
+	g := c.Graph
+	seen := map[int]bool{}
+	var b mem.Bytes
+	for i := from; i < to; i++ {
+		for _, id := range p.Stages[i].Nodes {
+			for _, in := range g.Nodes[id].Inputs {
+				if in >= 0 && g.Nodes[in].Op == ir.Input && !seen[in] {
+					seen[in] = true
+					b += mem.Bytes(c.Storages[c.OutputStorage(in)].Bytes)
+				}
+			}
+		}
+	}
+	return b
+}
