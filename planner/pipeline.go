@@ -428,7 +428,7 @@ func (p *Problem) pipelineChoices(opt Options) (func(i int) []int, error) {
 		}
 		return func(i int) []int { return []int{opts[i]} }, nil
 	}
-	return nil, fmt.Errorf("the %s solver plans one schedule of the whole chain; under pipeline parallelism each device runs its stages for several microbatches: use selective, optimal, megatron-selective, every-k (k 1) or none", opt.Strategy.Name)
+	return nil, fmt.Errorf("the %s solver plans one schedule of the whole chain; under pipeline parallelism each device runs its stages for several microbatches: it does not apply: use selective, optimal, megatron-selective, every-k (k 1) or none", opt.Strategy.Name)
 }
 
 // decided is a stage's record with the decision a choice makes.
@@ -449,8 +449,7 @@ func (p *Problem) decided(st Stage, choice int) Stage {
 
 // inputsRead returns the bytes of the graph inputs stages [from, to) read.
 func (p *Problem) inputsRead(from, to int) mem.Bytes {
-	c := p.Costs
-	g := c.Graph
+	g := p.Costs.Graph
 	seen := map[int]bool{}
 	var b mem.Bytes
 	for i := from; i < to; i++ {
@@ -458,7 +457,7 @@ func (p *Problem) inputsRead(from, to int) mem.Bytes {
 			for _, in := range g.Nodes[id].Inputs {
 				if in >= 0 && g.Nodes[in].Op == ir.Input && !seen[in] {
 					seen[in] = true
-					b += mem.Bytes(c.Storages[c.OutputStorage(in)].Bytes)
+					b += mem.Bytes(g.Nodes[in].Bytes()) // whole on every tensor parallel rank, as in a_0
 				}
 			}
 		}
