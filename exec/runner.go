@@ -179,8 +179,13 @@ func (r *Runner) Step(s solver.Schedule) error {
 
 // inputs allocates the graph inputs (a_0): random token ids, positions
 // 0…s−1, random targets, from the runner's seed.
-func (r *Runner) inputs() {
-	rng := rand.New(rand.NewSource(int64(r.seed) + 1))
+func (r *Runner) inputs() { r.inputsOf(r.seed, func(int) bool { return true }) }
+
+// inputsOf allocates the graph inputs held says, drawn from seed as
+// inputs draws them all, and returns their storages.
+func (r *Runner) inputsOf(seed uint64, held func(node int) bool) []int {
+	var out []int
+	rng := rand.New(rand.NewSource(int64(seed) + 1))
 	vocab := int64(2)
 	for i := range r.g.Nodes {
 		if n := &r.g.Nodes[i]; n.Op == ir.Embedding && n.Attrs.Vocab > vocab {
@@ -194,23 +199,34 @@ func (r *Runner) inputs() {
 		}
 		s := r.c.OutputStorage(i)
 		if n.DType != ir.Int64 {
-			b := r.tr.Alloc(int(n.Shape.NumElements()), mem.Bytes(n.Bytes()), n.Name)
-			for k := range b.F {
-				b.F[k] = float32(rng.NormFloat64())
+			vals := make([]float32, n.Shape.NumElements())
+			for k := range vals {
+				vals[k] = float32(rng.NormFloat64())
 			}
-			r.store[s] = b
+			if held(i) {
+				b := r.tr.Alloc(len(vals), mem.Bytes(n.Bytes()), n.Name)
+				copy(b.F, vals)
+				r.store[s] = b
+				out = append(out, s)
+			}
 			continue
 		}
-		b := r.tr.AllocIDs(int(n.Shape.NumElements()), n.Name)
-		for k := range b.I {
+		ids := make([]int64, n.Shape.NumElements())
+		for k := range ids {
 			if n.Name == "positions" {
-				b.I[k] = int64(k)
+				ids[k] = int64(k)
 			} else {
-				b.I[k] = rng.Int63n(r.vocabOf(i, vocab))
+				ids[k] = rng.Int63n(r.vocabOf(i, vocab))
 			}
 		}
-		r.store[s] = b
+		if held(i) {
+			b := r.tr.AllocIDs(len(ids), n.Name)
+			copy(b.I, ids)
+			r.store[s] = b
+			out = append(out, s)
+		}
 	}
+	return out
 }
 
 // vocabOf is the range of ids an input may take: the table of the

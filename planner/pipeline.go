@@ -174,17 +174,18 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 	return pp, nil
 }
 
-// pipeOp is one forward or backward of a device's model chunk for one
+// PipeOp is one forward or backward of a device's model chunk for one
 // microbatch.
-type pipeOp struct {
-	forward bool
-	chunk   int // the device's chunk, 0 … v−1
-	micro   int
+type PipeOp struct {
+	Forward bool
+	Chunk   int // the device's chunk, 0 … v−1: model chunk Chunk·p + rank
+	Micro   int
 }
 
-// pipelineOrder is the order device rank runs its forwards and backwards
-// in: Megatron-LM's 1F1B (v = 1) and interleaved schedules.
-func pipelineOrder(pp Pipeline, rank int) []pipeOp {
+// Order is the order device rank runs its forwards and backwards in:
+// Megatron-LM's 1F1B (v = 1) and interleaved schedules. The pipeline is
+// one a plan records (its Virtual filled in).
+func (pp Pipeline) Order(rank int) []PipeOp {
 	p, m, v := pp.Stages, pp.Microbatches, pp.Virtual
 	total := m * v
 	warmup := min(p-rank-1, m)
@@ -196,19 +197,19 @@ func pipelineOrder(pp Pipeline, rank int) []pipeOp {
 	}
 	// The k-th forward and backward of the device: chunks in groups of p
 	// microbatches, the backwards through the chunks in reverse.
-	fwd := func(k int) pipeOp {
+	fwd := func(k int) PipeOp {
 		g := k % (p * v)
-		return pipeOp{true, g / p, k/(p*v)*p + g%p}
+		return PipeOp{true, g / p, k/(p*v)*p + g%p}
 	}
-	bwd := func(k int) pipeOp {
+	bwd := func(k int) PipeOp {
 		g := k % (p * v)
-		return pipeOp{false, v - 1 - g/p, k/(p*v)*p + g%p}
+		return PipeOp{false, v - 1 - g/p, k/(p*v)*p + g%p}
 	}
 	if v == 1 {
-		fwd = func(k int) pipeOp { return pipeOp{true, 0, k} }
-		bwd = func(k int) pipeOp { return pipeOp{false, 0, k} }
+		fwd = func(k int) PipeOp { return PipeOp{true, 0, k} }
+		bwd = func(k int) PipeOp { return PipeOp{false, 0, k} }
 	}
-	var order []pipeOp
+	var order []PipeOp
 	for k := 0; k < warmup; k++ {
 		order = append(order, fwd(k))
 	}
@@ -223,14 +224,14 @@ func pipelineOrder(pp Pipeline, rank int) []pipeOp {
 
 // inFlight returns, for each of the device's chunks, the most microbatches
 // it holds at once over the order, the one running included.
-func inFlight(order []pipeOp, chunks int) []int {
+func inFlight(order []PipeOp, chunks int) []int {
 	n, most := make([]int, chunks), make([]int, chunks)
 	for _, op := range order {
-		if op.forward {
-			n[op.chunk]++
-			most[op.chunk] = max(most[op.chunk], n[op.chunk])
+		if op.Forward {
+			n[op.Chunk]++
+			most[op.Chunk] = max(most[op.Chunk], n[op.Chunk])
 		} else {
-			n[op.chunk]--
+			n[op.Chunk]--
 		}
 	}
 	return most
@@ -239,11 +240,11 @@ func inFlight(order []pipeOp, chunks int) []int {
 // replayPeak is a device's activation peak over its order: while a chunk's
 // forward or backward runs, what the other microbatches in flight hold
 // and what it takes.
-func replayPeak(order []pipeOp, m []solver.SegmentMemory) mem.Bytes {
+func replayPeak(order []PipeOp, m []solver.SegmentMemory) mem.Bytes {
 	var held, peak mem.Bytes
 	for _, op := range order {
-		c := m[op.chunk]
-		if op.forward {
+		c := m[op.Chunk]
+		if op.Forward {
 			peak = max(peak, held+c.Forward)
 			held += c.Held
 		} else {
@@ -309,7 +310,7 @@ func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
 	proto := p.newPlan(opt.Strategy.Name, opt.Budget) // the stages' records
 	megatron := p.Costs.Profile == costmodel.Megatron
 	for rank := 0; rank < pp.Stages; rank++ {
-		order := pipelineOrder(pp, rank)
+		order := pp.Order(rank)
 		counts := inFlight(order, pp.Virtual)
 		var segs []solver.Segment
 		var nodes []int

@@ -102,8 +102,8 @@ func TestInterleavedFactor(t *testing.T) {
 	for _, tt := range []struct{ p, v, m int }{{8, 2, 64}, {4, 3, 8}, {2, 2, 4}, {8, 4, 16}} {
 		pp := Pipeline{Stages: tt.p, Virtual: tt.v, Microbatches: tt.m, Schedule: "interleaved"}
 		most, n := 0, 0
-		for _, op := range pipelineOrder(pp, 0) {
-			if op.forward {
+		for _, op := range pp.Order(0) {
+			if op.Forward {
 				n++
 				most = max(most, n)
 			} else {
@@ -124,11 +124,11 @@ func TestPipelineOrder(t *testing.T) {
 	for _, pp := range []Pipeline{{Stages: 4, Microbatches: 8, Virtual: 1}, {Stages: 4, Microbatches: 2, Virtual: 1},
 		{Stages: 4, Microbatches: 8, Virtual: 2, Schedule: "interleaved"}, {Stages: 3, Microbatches: 3, Virtual: 3, Schedule: "interleaved"}} {
 		for rank := 0; rank < pp.Stages; rank++ {
-			order := pipelineOrder(pp, rank)
+			order := pp.Order(rank)
 			done := map[[2]int]int{}
 			for _, op := range order {
-				k := [2]int{op.chunk, op.micro}
-				if op.forward != (done[k] == 0) {
+				k := [2]int{op.Chunk, op.Micro}
+				if op.Forward != (done[k] == 0) {
 					t.Fatalf("%+v rank %d: %+v out of order", pp, rank, op)
 				}
 				done[k]++

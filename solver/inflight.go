@@ -21,8 +21,9 @@ package solver
 //
 //	P = I + max(max_i K_{<i} + max(fwd_i, bwd_i), K + loss)
 //
-// and holds H = I + K (less an output sent and freed) between forward and
-// backward. A device whose segments s have n_s microbatches in flight at
+// and holds H = I + K between forward and backward. An output sent and
+// freed once the forward is done leaves H, and a stored last stage's tape
+// in its backward. A device whose segments s have n_s microbatches in flight at
 // most holds at most
 //
 //	Σ_s n_s·H_s + max_s (P_s − H_s),
@@ -119,6 +120,17 @@ func (c *Chain) localBackward(i, choice int) mem.Bytes {
 	return o.TapeBytes + c.ActBytes[i+1] + o.BackwardTempBytes
 }
 
+// segmentBackward is localBackward of stage i within segment s: when the
+// segment's output is freed once sent, a stored last stage's tape no
+// longer holds it (a checkpointed one reruns it).
+func (c *Chain) segmentBackward(s Segment, i, choice int) mem.Bytes {
+	b := c.localBackward(i, choice)
+	if s.DropOutput && i == s.To-1 && choice != Checkpoint {
+		b -= c.ActBytes[s.To]
+	}
+	return b
+}
+
 // extra is the work choice adds to storing stage i whole.
 func (c *Chain) extra(i, choice int) float64 {
 	if choice == Checkpoint {
@@ -134,7 +146,7 @@ func (c *Chain) SegmentMemory(s Segment, choices []int) SegmentMemory {
 	for j, ch := range choices {
 		i := s.From + j
 		fwd = max(fwd, k+c.localForward(i, ch))
-		bwd = max(bwd, k+c.localBackward(i, ch))
+		bwd = max(bwd, k+c.segmentBackward(s, i, ch))
 		k += c.kept(i, ch)
 	}
 	if s.Loss {
@@ -242,7 +254,7 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 			var next []point
 			for pi, st := range cur {
 				for _, ch := range cs {
-					loc := max(c.localForward(i, ch), c.localBackward(i, ch))
+					loc := max(c.localForward(i, ch), c.segmentBackward(s, i, ch))
 					ns := point{a: st.a + c.kept(i, ch), b: max(st.b, st.a+loc), cost: st.cost + c.extra(i, ch), parent: int32(pi), choice: int32(ch)}
 					if s.InputBytes+ns.b > budget {
 						continue // one microbatch alone does not fit
