@@ -237,6 +237,21 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--lora-rank", "4"}, true, "is a profiled chain: its costs are given; training flags (--lora-rank) apply to"},
 		{[]string{"sweep", "../../graphio/testdata/graphs/resmlp.yaml", "--quant", "nf4"}, true, "is an explicit graph"},
 		{[]string{"cost", "tiny-llama", "--lora-rank", "4", "--quant", "none", "--double-quant"}, true, "--double-quant quantizes 4-bit weights' constants"},
+		// Pipelines.
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "0"}, true, "--pp must be positive"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--microbatches", "4"}, true, "--microbatches needs --pp"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--microbatches", "-1"}, true, "--microbatches must be positive"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-layers", "2,x"}, true, `--pp-layers: "x" is not a positive layer count`},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--timeline", "t.svg"}, true, "--timeline draws one device's schedule"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "8"}, false, "4 decoder layers cannot fill 8 pipeline chunks"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-layers", "1,2"}, false, "the layer counts add up to 3, but the model has 4 decoder layers"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--virtual-stages", "2"}, false, "2 virtual stages need the interleaved schedule"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-schedule", "gpipe"}, false, `unknown pipeline schedule "gpipe"`},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--microbatches", "3", "--pp-schedule", "interleaved", "--virtual-stages", "2"}, false, "3 microbatches is not a multiple"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--solver", "revolve"}, false, "the revolve solver plans one schedule of the whole chain"},
+		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (it needs at least"},
+		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--pp", "2"}, false, "is a profiled chain: pipeline parallelism needs a model's layers"},
+		{[]string{"compare", "tiny-llama", "--budget", "5MiB", "--pp", "2"}, true, ""},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
