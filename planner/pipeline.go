@@ -262,6 +262,67 @@ func replayPeak(order []PipeOp, m []solver.SegmentMemory) mem.Bytes {
 // megatron-selective, every-k with k 1 and none as they are). A device
 // that does not fit is not an error: its plan says Feasible false.
 func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
+	return p.planPipeline(o, pp, "", nil)
+}
+
+// MegatronRecompute is one of Megatron-LM's activation recomputation
+// settings, as every pipeline stage runs it: none, the attention core of
+// every layer (Selective), or full recomputation of the first Block
+// layers of each stage's chunk (--recompute-method block).
+type MegatronRecompute struct {
+	Selective bool
+	Block     int
+}
+
+// Flags are the setting's Megatron-LM flags ("" for none).
+func (r MegatronRecompute) Flags() string {
+	switch {
+	case r.Selective:
+		return "--recompute-granularity selective"
+	case r.Block > 0:
+		return fmt.Sprintf("--recompute-granularity full --recompute-method block --recompute-num-layers %d", r.Block)
+	}
+	return ""
+}
+
+// PlanPipelineMegatron is the pipeline's plan when every device runs the
+// Megatron-LM setting r: its peaks and cost under the same accounting as
+// PlanPipeline's.
+func (p *Problem) PlanPipelineMegatron(o *Options, pp Pipeline, r MegatronRecompute) (*PipelinePlan, error) {
+	name := "megatron " + r.Flags()
+	if r.Flags() == "" {
+		name = "megatron, no recomputation"
+	}
+	var sel []int
+	if r.Selective {
+		opts, ok := p.policyEverywhere("megatron-selective")
+		if !ok {
+			return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+		}
+		sel = opts
+	}
+	return p.planPipeline(o, pp, name, func(from, i int) []int {
+		if !isLayer(p.names[i]) {
+			return []int{0}
+		}
+		first := from
+		for !isLayer(p.names[first]) {
+			first++
+		}
+		switch {
+		case r.Selective:
+			return []int{sel[i]}
+		case i-first < r.Block:
+			return []int{solver.Checkpoint}
+		}
+		return []int{0}
+	})
+}
+
+// planPipeline is PlanPipeline with the strategy's choices, or, when fixed
+// is given, its choices for stage i of a chunk starting at stage from,
+// named name.
+func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(from, i int) []int) (*PipelinePlan, error) {
 	opt, err := o.withDefaults()
 	if err != nil {
 		return nil, err
@@ -286,9 +347,16 @@ func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
 	if pp, err = pp.withDefaults(len(layers)); err != nil {
 		return nil, err
 	}
-	choose, err := p.pipelineChoices(opt)
-	if err != nil {
-		return nil, err
+	var choose func(from, i int) []int
+	if fixed != nil {
+		choose = fixed
+		opt.Strategy.Name = name
+	} else {
+		strategy, err := p.pipelineChoices(opt)
+		if err != nil {
+			return nil, err
+		}
+		choose = func(_, i int) []int { return strategy(i) }
 	}
 	// Model chunk c runs chain stages [bounds[c], bounds[c+1]): the first
 	// takes what comes before the layers, the last what comes after.
@@ -324,7 +392,7 @@ func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
 				s.DropOutput = true
 			}
 			for i := from; i < to; i++ {
-				s.Choices = append(s.Choices, choose(i))
+				s.Choices = append(s.Choices, choose(from, i))
 				nodes = append(nodes, p.Stages[i].Nodes...)
 			}
 			segs = append(segs, s)

@@ -40,9 +40,9 @@ package solver
 // dropped; between segments it is (Σ n_s·H_s, max_s P_s − H_s, cost).
 // Every schedule of the family is dominated by one the fronts keep, so
 // the result is optimal for the family — exactly, with no rounding, as
-// long as a front stays under maxFront states; past it, K and Z are
-// rounded up to a grain that doubles until the front fits, which keeps
-// every kept plan within budget. O(Σ_i F·C_i + F²) per stage for fronts
+// long as a front stays under maxFront states (maxEndFront at a chunk's
+// end); past it, the sizes are rounded up to a grain that doubles until
+// the front fits, which keeps every kept plan within budget. O(Σ_i F·C_i + F²) per stage for fronts
 // of F states and C_i choices of stage i.
 
 import (
@@ -181,8 +181,12 @@ func InFlightBound(segs []Segment, m []SegmentMemory) mem.Bytes {
 	return w + q
 }
 
-// maxFront is the most states a front keeps exactly.
-const maxFront = 1 << 12
+// maxFront is the most states a front keeps exactly; maxEndFront the most
+// a chunk's front keeps at its end, where chunks' fronts multiply.
+const (
+	maxFront    = 1 << 12
+	maxEndFront = 1 << 9
+)
 
 // point is a state of a front: two sizes, a cost, and how it was reached.
 type point struct {
@@ -282,7 +286,7 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 			}
 			f.end = append(f.end, point{a: held, b: peak - held, cost: st.cost, parent: int32(pi)})
 		}
-		f.end = prune(f.end)
+		f.end = pruneTo(f.end, maxEndFront)
 		fronts[k] = f
 	}
 	// Across segments: (Σ n·H, max P − H, cost).
@@ -338,15 +342,16 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 // prune keeps the states no other point dominates (no larger a, no larger
 // b, no larger cost; the first of equals), rounding a and b up to a
 // doubling grain while more than maxFront remain.
-func prune(states []point) []point {
-	grain := mem.Bytes(1)
-	for {
-		out := paretoFront(states, grain)
-		if len(out) <= maxFront {
-			return out
-		}
-		grain *= 2
+func prune(states []point) []point { return pruneTo(states, maxFront) }
+
+// pruneTo is prune keeping at most limit states. Rounding up keeps
+// dominance, so each coarser pass prunes the last one's front.
+func pruneTo(states []point, limit int) []point {
+	out := paretoFront(states, 1)
+	for grain := mem.Bytes(2); len(out) > limit; grain *= 2 {
+		out = paretoFront(out, grain)
 	}
+	return out
 }
 
 // paretoFront is prune at one grain.

@@ -19,6 +19,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	to := &formatFlag{valid: []string{"pytorch", "hf", "megatron", "json"}}
 	fs.Var(to, "to", "what to write: pytorch (a Python module) | hf (transformers calls) | megatron (flags) | json (the per-layer plan, for the Python package)")
 	out := fs.String("o", "", "write to this file instead of standard output")
+	pipe := addPipelineFlags(fs)
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
 	if err != nil {
 		return err
@@ -26,6 +27,35 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	if to.value == "" {
 		fs.Usage()
 		return usagef("export: need --to pytorch, hf, megatron or json")
+	}
+	pp, err := pipe.pipeline(fs)
+	if err != nil {
+		return err
+	}
+	if pp != nil {
+		if to.value != "megatron" {
+			return usagef("export --pp writes Megatron-LM's pipeline flags: use --to megatron")
+		}
+		if strings.HasSuffix(arg, ".json") {
+			return usagef("export --pp plans the pipeline from a model, not from a saved plan")
+		}
+		src, opt, err := pf.load(fs, arg)
+		if err != nil {
+			return err
+		}
+		p, err := planner.New(src)
+		if err != nil {
+			return err
+		}
+		var buf bytes.Buffer
+		if err := exportPipelineMegatron(&buf, stderr, p, opt, pp); err != nil {
+			return err
+		}
+		if *out == "" {
+			_, err := stdout.Write(buf.Bytes())
+			return err
+		}
+		return writeFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	}
 	plan, p, err := exportPlan(fs, pf, arg, stderr)
 	if err != nil {

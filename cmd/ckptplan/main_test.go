@@ -107,6 +107,11 @@ func TestPlanGolden(t *testing.T) {
 		{"export-megatron", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb", "--profile", "megatron", "--attention", "eager", "--solver", "megatron-selective", "--to", "megatron"}},
 		{"gpt3-175b-pp8", []string{"plan", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb"}},
 		{"gpt3-175b-pp8-interleaved", []string{"plan", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--pp-schedule", "interleaved", "--virtual-stages", "2", "--device", "h100-80gb", "--solver", "megatron-selective"}},
+		// A pipeline's own plan where Megatron can write it, else the
+		// cheapest setting it can that fits every stage.
+		{"export-megatron-pp8", []string{"export", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb", "--solver", "megatron-selective", "--to", "megatron"}},
+		{"export-megatron-pp8-closest", []string{"export", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--budget", "55GiB", "--to", "megatron"}},
+		{"export-megatron-pp4-interleaved", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4", "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2", "--device", "h100-80gb", "--to", "megatron"}},
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 		// Groups of k layers are Megatron's uniform method.
@@ -252,6 +257,8 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (it needs at least"},
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--pp", "2"}, false, "is a profiled chain: pipeline parallelism needs a model's layers"},
 		{[]string{"compare", "tiny-llama", "--budget", "5MiB", "--pp", "2"}, true, ""},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--to", "hf"}, true, "export --pp writes Megatron-LM's pipeline flags: use --to megatron"},
+		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--pp", "2", "--to", "megatron"}, false, "does not fit in 1 MiB a device"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
