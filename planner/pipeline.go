@@ -419,6 +419,8 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 				d.MinBudgetBytes = inf.MinBudget + d.StaticBytes + opt.Reserve
 			}
 			plan.Feasible = false
+			plan.segments = append(plan.segments, segs)
+			plan.choices = append(plan.choices, nil)
 			for _, s := range segs {
 				d.Chunks = append(d.Chunks, Chunk{Stages: slices.Clone(proto.Stages[s.From:s.To]), InputBytes: s.InputBytes, OutputFreed: s.DropOutput, InFlight: s.InFlight})
 			}
