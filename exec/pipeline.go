@@ -13,7 +13,6 @@ package exec
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/mem"
@@ -82,16 +81,7 @@ func VerifyPipeline(p *planner.Problem, plan *planner.PipelinePlan, seed int64) 
 	if err != nil {
 		return nil, err
 	}
-	rep.GradientsMatch = true
-	a, b := gradients(ref), gradients(r)
-	for i := range a {
-		for j := range a[i] {
-			if math.Float32bits(a[i][j]) != math.Float32bits(b[i][j]) {
-				rep.GradientsMatch = false
-			}
-			rep.MaxAbsGradDiff = max(rep.MaxAbsGradDiff, math.Abs(float64(a[i][j])-float64(b[i][j])))
-		}
-	}
+	rep.GradientsMatch, rep.MaxAbsGradDiff = compareGradients(gradients(ref), gradients(r))
 	return rep, nil
 }
 

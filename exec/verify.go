@@ -83,16 +83,23 @@ func Verify(p *planner.Problem, plan *planner.Plan, seed int64) (*Report, error)
 		rep.Predicted = append(rep.Predicted, sim.Timeline[k]+p.Static)
 		rep.TimelineMatches = rep.TimelineMatches && s.Peak == sim.Timeline[k]+p.Static
 	}
-	a, b := gradients(ref), gradients(r)
+	rep.GradientsMatch, rep.MaxAbsGradDiff = compareGradients(gradients(ref), gradients(r))
+	return rep, nil
+}
+
+// compareGradients reports whether two runs' gradients are bitwise equal,
+// and their largest difference.
+func compareGradients(a, b [][]float32) (equal bool, maxDiff float64) {
+	equal = true
 	for i := range a {
 		for j := range a[i] {
 			if math.Float32bits(a[i][j]) != math.Float32bits(b[i][j]) {
-				rep.GradientsMatch = false
+				equal = false
 			}
-			rep.MaxAbsGradDiff = max(rep.MaxAbsGradDiff, math.Abs(float64(a[i][j])-float64(b[i][j])))
+			maxDiff = max(maxDiff, math.Abs(float64(a[i][j])-float64(b[i][j])))
 		}
 	}
-	return rep, nil
+	return equal, maxDiff
 }
 
 func timedRun(p *planner.Problem, s solver.Schedule, seed int64) (*Runner, float64, error) {

@@ -230,10 +230,8 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		return err
 	}
 	// A stage with no keep set leaves its last cell empty.
-	for _, line := range strings.SplitAfter(table.String(), "\n") {
-		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n"))); err != nil {
-			return err
-		}
+	if _, err := io.WriteString(w, trimCells(table.String())); err != nil {
+		return err
 	}
 	if p.Solver == planner.Selective.Name || p.Solver == planner.MegatronSelective.Name {
 		fmt.Fprintf(w, "\nsaved: what storing a stage keeps; kept: what the plan's first forward keeps (selective: the keep set named)\n")
