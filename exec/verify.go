@@ -73,7 +73,7 @@ func Verify(p *planner.Problem, plan *planner.Plan, seed int64) (*Report, error)
 		PredictedPeakBytes: sim.Peak + p.Static, MeasuredPeakBytes: r.tr.Peak(),
 		PredictedActivationPeakBytes: sim.Peak, MeasuredActivationPeakBytes: r.tr.Peak() - p.Static,
 		PredictedCost: sim.Cost, MeasuredCost: float64(r.kernelFLOPs), Loss: r.loss,
-		Seconds: secs, BaselineSeconds: refSecs, GradientsMatch: true,
+		Seconds: secs, BaselineSeconds: refSecs,
 		ExecutorWorkspaceBytes: r.tr.Overhead(), MatmulKernel: gemm.Kernel(),
 		TimelineMatches: len(r.tr.Timeline) == len(sim.Timeline),
 	}
