@@ -59,10 +59,6 @@ func staticMemory(g *ir.Graph) (Static, error) {
 // TrainableParameters count the device's weights.
 func StaticOf(g *ir.Graph, nodes []int) (Static, error) {
 	held := make([]bool, len(g.Nodes))
-	byName := map[string]int{}
-	for i := range g.Nodes {
-		byName[g.Nodes[i].Name] = i
-	}
 	for _, i := range nodes {
 		if i < 0 || i >= len(g.Nodes) {
 			return Static{}, fmt.Errorf("graph %s has no node %d", g.Name, i)
@@ -71,7 +67,7 @@ func StaticOf(g *ir.Graph, nodes []int) (Static, error) {
 	}
 	for _, i := range nodes {
 		if t := g.Nodes[i].Attrs.Tied; t != "" {
-			if j, ok := byName[t]; ok {
+			if j, ok := g.Lookup(t); ok {
 				held[j] = true
 			}
 		}

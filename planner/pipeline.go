@@ -75,8 +75,6 @@ type PipelinePlan struct {
 	Overhead     float64      `json:"overhead" yaml:"overhead"`
 	Devices      []DevicePlan `json:"devices" yaml:"devices"`
 	Notes        []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
-	segments     [][]solver.Segment
-	choices      [][][]int
 }
 
 // DevicePlan is what one pipeline device runs and holds.
@@ -419,8 +417,6 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 				d.MinBudgetBytes = inf.MinBudget + d.StaticBytes + opt.Reserve
 			}
 			plan.Feasible = false
-			plan.segments = append(plan.segments, segs)
-			plan.choices = append(plan.choices, nil)
 			for _, s := range segs {
 				d.Chunks = append(d.Chunks, Chunk{Stages: slices.Clone(proto.Stages[s.From:s.To]), InputBytes: s.InputBytes, OutputFreed: s.DropOutput, InFlight: s.InFlight})
 			}
@@ -450,8 +446,6 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			d.Overhead = d.Cost/d.BaselineCost - 1
 		}
 		plan.PeakBytes = max(plan.PeakBytes, d.PeakBytes)
-		plan.segments = append(plan.segments, segs)
-		plan.choices = append(plan.choices, choices)
 		plan.Devices = append(plan.Devices, d)
 	}
 	for _, d := range plan.Devices {

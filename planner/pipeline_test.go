@@ -205,7 +205,15 @@ func TestPipelineReplayIsBound(t *testing.T) {
 					if !d.Feasible {
 						continue
 					}
-					bound := solver.InFlightBound(plan.segments[k], segmentMemories(p, plan.segments[k], plan.choices[k]))
+					// Σ n·H + max (P − H) over the device's chunks, from what the
+					// plan records of each.
+					var segs []solver.Segment
+					var ms []solver.SegmentMemory
+					for _, c := range d.Chunks {
+						segs = append(segs, solver.Segment{InFlight: c.InFlight})
+						ms = append(ms, solver.SegmentMemory{Held: c.HeldBytes, Forward: c.ForwardPeakBytes, Backward: c.BackwardPeakBytes})
+					}
+					bound := solver.InFlightBound(segs, ms)
 					if d.ActivationPeakBytes != bound || d.PeakBytes > budget {
 						t.Errorf("%s %+v in %v, stage %d: peak %d (activations %d), bound %d", name, pp, budget, k, d.PeakBytes, d.ActivationPeakBytes, bound)
 					}
@@ -224,14 +232,6 @@ func TestPipelineReplayIsBound(t *testing.T) {
 			t.Errorf("%s: one device, one microbatch: peak %d cost %v, the single-device plan %d %v", name, d.PeakBytes, d.Cost, single.PeakBytes, single.Cost)
 		}
 	}
-}
-
-func segmentMemories(p *Problem, segs []solver.Segment, choices [][]int) []solver.SegmentMemory {
-	m := make([]solver.SegmentMemory, len(segs))
-	for k, s := range segs {
-		m[k] = p.Chain.SegmentMemory(s, choices[k])
-	}
-	return m
 }
 
 // TestPipelineRefuses: pipelines that cannot be planned say why.

@@ -18,7 +18,6 @@ import (
 type pipelineFlags struct {
 	stages, microbatches, virtual int
 	schedule, layers              string
-	given                         []string
 }
 
 func addPipelineFlags(fs *flag.FlagSet) *pipelineFlags {
