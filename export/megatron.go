@@ -3,7 +3,10 @@ package export
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+
+	"github.com/ckptplan/ckptplan/planner"
 )
 
 // Megatron writes the Megatron-LM flags that run the plan, when they can:
@@ -109,4 +112,97 @@ func (e *Export) whyNot(modes []string) string {
 		parts = append(parts, fmt.Sprintf("%s %s", m, ints(counts[m])))
 	}
 	return fmt.Sprintf("Megatron applies one granularity to every layer (selective: the attention core of all; full: the first N layers, or groups of N), and the plan has %s; export --to pytorch runs it as planned, or plan with --solver megatron-selective or --solver every-k", strings.Join(parts, "; "))
+}
+
+// MegatronPipeline writes the Megatron-LM flags of a pipeline: its stages,
+// its layer split when not even, the micro and global batch, and the
+// recomputation every stage runs — the plan's own when m.Exact, else the
+// closest setting, with what it costs against the plan. A header gives
+// every stage's peak.
+func MegatronPipeline(w io.Writer, m *planner.MegatronPipeline) error {
+	plan, runs := m.Plan, m.Runs
+	split, err := megatronSplit(plan.Pipeline)
+	if err != nil {
+		return fmt.Errorf("the pipeline of %s cannot be written as Megatron-LM flags: %v", comment(plan.Model), err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM on %d pipeline stages, made by ckptplan.\n", comment(plan.Model), plan.Pipeline.Stages)
+	if m.Exact {
+		fmt.Fprintf(&b, "# Every stage runs the plan as planned: largest peak %v, %.1f%% extra compute.\n", plan.PeakBytes, 100*plan.Overhead)
+	} else {
+		fmt.Fprintf(&b, "# The plan (%s solver: largest peak %v, %.1f%% extra compute) chooses per layer and per stage,\n", plan.Solver, plan.PeakBytes, 100*plan.Overhead)
+		fmt.Fprintf(&b, "# which Megatron-LM's flags cannot say. The closest setting they can, and the cheapest that fits\n")
+		fmt.Fprintf(&b, "# every stage: largest peak %v, %.1f%% extra compute.\n", runs.PeakBytes, 100*runs.Overhead)
+	}
+	for _, d := range runs.Devices {
+		fmt.Fprintf(&b, "# Stage %d: peak %v (static %v + activations %v), %s.\n", d.Rank, d.PeakBytes, d.StaticBytes, d.ActivationPeakBytes, flightNote(d))
+	}
+	fmt.Fprintf(&b, "--pipeline-model-parallel-size %d\n", plan.Pipeline.Stages)
+	if split != "" {
+		fmt.Fprintf(&b, "%s\n", split)
+	}
+	if s := plan.Setup; s != nil {
+		fmt.Fprintf(&b, "--micro-batch-size %d\n--global-batch-size %d\n", s.Batch, s.Batch*int64(plan.Pipeline.Microbatches)*max(s.Parallel.DP, 1))
+	}
+	if f := recomputeFlags(m.Setting); f != "" {
+		fmt.Fprintf(&b, "%s\n", f)
+	}
+	_, err = io.WriteString(w, b.String())
+	return err
+}
+
+// recomputeFlags are a setting's Megatron-LM flags ("" for none).
+func recomputeFlags(r planner.MegatronRecompute) string {
+	switch {
+	case r.Selective:
+		return "--recompute-granularity selective"
+	case r.Block > 0:
+		return fmt.Sprintf("--recompute-granularity full --recompute-method block --recompute-num-layers %d", r.Block)
+	}
+	return ""
+}
+
+func flightNote(d planner.DevicePlan) string {
+	var n []string
+	for _, c := range d.Chunks {
+		n = append(n, strconv.Itoa(c.InFlight))
+	}
+	if len(n) == 1 && n[0] == "1" {
+		return "1 microbatch in flight"
+	}
+	return strings.Join(n, " + ") + " microbatches in flight"
+}
+
+// megatronSplit returns the flags of a pipeline's layer split beyond
+// --pipeline-model-parallel-size: none for an even one, the interleaved
+// schedule's chunk size, or the first and last stages' layers when only
+// they differ (Megatron-LM splits the rest evenly).
+func megatronSplit(pp planner.Pipeline) (string, error) {
+	l := pp.Layers
+	even := true
+	for _, n := range l {
+		even = even && n == l[0]
+	}
+	switch {
+	case even && pp.Virtual > 1:
+		return fmt.Sprintf("--num-layers-per-virtual-pipeline-stage %d", l[0]), nil
+	case even:
+		return "", nil
+	case pp.Virtual > 1:
+		return "", fmt.Errorf("the interleaved schedule needs the same layers in every chunk, not %v", l)
+	}
+	mid := l[1 : len(l)-1]
+	for _, n := range mid {
+		if n != mid[0] {
+			return "", fmt.Errorf("Megatron-LM splits the layers evenly but for the first and last stages, not as %v", l)
+		}
+	}
+	var f []string
+	if len(mid) == 0 || l[0] != mid[0] {
+		f = append(f, fmt.Sprintf("--decoder-first-pipeline-num-layers %d", l[0]))
+	}
+	if len(mid) == 0 || l[len(l)-1] != mid[0] {
+		f = append(f, fmt.Sprintf("--decoder-last-pipeline-num-layers %d", l[len(l)-1]))
+	}
+	return strings.Join(f, "\n"), nil
 }

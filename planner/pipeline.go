@@ -272,25 +272,22 @@ type MegatronRecompute struct {
 	Block     int
 }
 
-// Flags are the setting's Megatron-LM flags ("" for none).
-func (r MegatronRecompute) Flags() string {
+// String names the setting: "none", "selective", "block N".
+func (r MegatronRecompute) String() string {
 	switch {
 	case r.Selective:
-		return "--recompute-granularity selective"
+		return "selective"
 	case r.Block > 0:
-		return fmt.Sprintf("--recompute-granularity full --recompute-method block --recompute-num-layers %d", r.Block)
+		return fmt.Sprintf("block %d", r.Block)
 	}
-	return ""
+	return "none"
 }
 
-// PlanPipelineMegatron is the pipeline's plan when every device runs the
+// PlanPipelineWith is the pipeline's plan when every device runs the
 // Megatron-LM setting r: its peaks and cost under the same accounting as
 // PlanPipeline's.
-func (p *Problem) PlanPipelineMegatron(o *Options, pp Pipeline, r MegatronRecompute) (*PipelinePlan, error) {
-	name := "megatron " + r.Flags()
-	if r.Flags() == "" {
-		name = "megatron, no recomputation"
-	}
+func (p *Problem) PlanPipelineWith(o *Options, pp Pipeline, r MegatronRecompute) (*PipelinePlan, error) {
+	name := "megatron " + r.String()
 	var sel []int
 	if r.Selective {
 		opts, ok := p.policyEverywhere("megatron-selective")
@@ -315,6 +312,70 @@ func (p *Problem) PlanPipelineMegatron(o *Options, pp Pipeline, r MegatronRecomp
 		}
 		return []int{0}
 	})
+}
+
+// MegatronPipeline is a pipeline plan as Megatron-LM runs it: one
+// recomputation setting on every stage.
+type MegatronPipeline struct {
+	Plan    *PipelinePlan     // the pipeline's plan under the options
+	Setting MegatronRecompute // the setting every stage runs
+	Runs    *PipelinePlan     // the pipeline under Setting
+	// Exact: Runs makes the same decisions as Plan, which Megatron then
+	// runs as planned; else Setting is the cheapest that fits every stage.
+	Exact bool
+}
+
+// PlanPipelineWith plans the pipeline and finds the Megatron-LM
+// setting that runs it: the plan's own when one setting makes its
+// decisions, else the cheapest of none, selective and block 1 … the most
+// layers of a chunk that fits every device. The plan not fitting is not
+// an error (Plan.Feasible false, Runs nil); no setting fitting is.
+func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPipeline, error) {
+	plan, err := p.PlanPipeline(o, pp)
+	if err != nil || !plan.Feasible {
+		return &MegatronPipeline{Plan: plan}, err
+	}
+	most := slices.Max(plan.Pipeline.Layers)
+	settings := []MegatronRecompute{{}, {Selective: true}}
+	for n := 1; n <= most; n++ {
+		settings = append(settings, MegatronRecompute{Block: n})
+	}
+	out := &MegatronPipeline{Plan: plan}
+	for _, r := range settings {
+		runs, err := p.PlanPipelineWith(o, pp, r)
+		if err != nil || !runs.Feasible {
+			continue // selective without an attention core, or too large
+		}
+		if sameDecisions(runs, plan) {
+			out.Setting, out.Runs, out.Exact = r, runs, true
+			return out, nil
+		}
+		if out.Runs == nil || runs.Cost < out.Runs.Cost {
+			out.Setting, out.Runs = r, runs
+		}
+	}
+	if out.Runs == nil {
+		return nil, fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective, or block with 1 to %d layers) fits every pipeline stage in %v, though the %s plan does", p.Name, most, plan.BudgetBytes, plan.Solver)
+	}
+	return out, nil
+}
+
+// sameDecisions reports whether two pipeline plans run every stage alike.
+func sameDecisions(a, b *PipelinePlan) bool {
+	if len(a.Devices) != len(b.Devices) {
+		return false
+	}
+	for k, d := range a.Devices {
+		for c, ch := range d.Chunks {
+			for j, s := range ch.Stages {
+				o := b.Devices[k].Chunks[c].Stages[j]
+				if s.Decision != o.Decision || s.Option != o.Option {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // planPipeline is PlanPipeline with the strategy's choices, or, when fixed

@@ -261,3 +261,35 @@ func TestPipelineRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineForMegatron: a plan Megatron-LM can say is run as planned;
+// otherwise the setting chosen fits every device and costs no more than
+// any other that fits.
+func TestPipelineForMegatron(t *testing.T) {
+	p := gpt3(t)
+	pp := Pipeline{Stages: 8, Microbatches: 64}
+	exact, err := p.PlanPipelineForMegatron(&Options{Device: "h100-80gb", Strategy: MegatronSelective}, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exact.Exact || !exact.Setting.Selective || exact.Runs.Cost != exact.Plan.Cost {
+		t.Errorf("megatron-selective plan: exact %v, setting %v, cost %v against the plan's %v", exact.Exact, exact.Setting, exact.Runs.Cost, exact.Plan.Cost)
+	}
+	o := &Options{Budget: 55 * mem.GiB}
+	closest, err := p.PlanPipelineForMegatron(o, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if closest.Exact || !closest.Runs.Feasible || closest.Runs.PeakBytes > o.Budget {
+		t.Fatalf("in 55 GiB: exact %v, feasible %v, peak %v", closest.Exact, closest.Runs.Feasible, closest.Runs.PeakBytes)
+	}
+	for _, r := range []MegatronRecompute{{}, {Selective: true}, {Block: 1}, {Block: 6}, {Block: 12}} {
+		other, err := p.PlanPipelineWith(o, pp, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other.Feasible && other.Cost < closest.Runs.Cost {
+			t.Errorf("%v fits at cost %v, below the chosen %v's %v", r, other.Cost, closest.Setting, closest.Runs.Cost)
+		}
+	}
+}

@@ -5,11 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ckptplan/ckptplan/export"
 	"github.com/ckptplan/ckptplan/planner"
 	"go.yaml.in/yaml/v3"
 )
@@ -217,135 +217,18 @@ func trimCells(s string) string {
 	return out.String()
 }
 
-// exportPipelineMegatron writes the Megatron-LM flags of a pipeline plan:
-// the pipeline's, and the recomputation setting every stage runs — the
-// plan's own when Megatron can write it, else the cheapest setting that
-// fits every device, with what it costs against the plan.
+// exportPipelineMegatron writes the Megatron-LM flags of a pipeline plan
+// (export.MegatronPipeline).
 func exportPipelineMegatron(w, stderr io.Writer, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline) error {
-	plan, err := p.PlanPipeline(opt, *pp)
+	m, err := p.PlanPipelineForMegatron(opt, *pp)
 	if err != nil {
 		return err
 	}
-	for _, n := range plan.Notes {
+	for _, n := range m.Plan.Notes {
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
-	if !plan.Feasible {
-		return pipelineInfeasible(plan)
+	if !m.Plan.Feasible {
+		return pipelineInfeasible(m.Plan)
 	}
-	split, err := megatronSplit(plan.Pipeline)
-	if err != nil {
-		return fmt.Errorf("the pipeline of %s cannot be written as Megatron-LM flags: %v", p.Name, err)
-	}
-	// Megatron's settings, cheapest first among those that fit.
-	most := slices.Max(plan.Pipeline.Layers)
-	cands := []planner.MegatronRecompute{{}, {Selective: true}}
-	for n := 1; n <= most; n++ {
-		cands = append(cands, planner.MegatronRecompute{Block: n})
-	}
-	var best *planner.PipelinePlan
-	var bestR planner.MegatronRecompute
-	exact := false
-	for _, r := range cands {
-		mp, err := p.PlanPipelineMegatron(opt, *pp, r)
-		if err != nil || !mp.Feasible {
-			continue
-		}
-		if sameDecisions(mp, plan) {
-			best, bestR, exact = mp, r, true
-			break
-		}
-		if best == nil || mp.Cost < best.Cost {
-			best, bestR = mp, r
-		}
-	}
-	if best == nil {
-		return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags, and no Megatron-LM recomputation setting (none, selective, or block with 1 to %d layers) fits every pipeline stage in %v", p.Name, most, plan.BudgetBytes)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM on %d pipeline stages, made by ckptplan.\n", p.Name, plan.Pipeline.Stages)
-	if exact {
-		fmt.Fprintf(&b, "# Every stage runs the plan as planned: largest peak %v, %.1f%% extra compute.\n", plan.PeakBytes, 100*plan.Overhead)
-	} else {
-		fmt.Fprintf(&b, "# The plan (%s solver: largest peak %v, %.1f%% extra compute) chooses per layer and per stage,\n", plan.Solver, plan.PeakBytes, 100*plan.Overhead)
-		fmt.Fprintf(&b, "# which Megatron-LM's flags cannot say. The closest setting they can, and the cheapest that fits\n")
-		fmt.Fprintf(&b, "# every stage: largest peak %v, %.1f%% extra compute.\n", best.PeakBytes, 100*best.Overhead)
-	}
-	for _, d := range best.Devices {
-		fmt.Fprintf(&b, "# Stage %d: peak %v (static %v + activations %v), %s.\n", d.Rank, d.PeakBytes, d.StaticBytes, d.ActivationPeakBytes, flightNote(d))
-	}
-	fmt.Fprintf(&b, "--pipeline-model-parallel-size %d\n", plan.Pipeline.Stages)
-	if split != "" {
-		fmt.Fprintf(&b, "%s\n", split)
-	}
-	if s := plan.Setup; s != nil {
-		fmt.Fprintf(&b, "--micro-batch-size %d\n--global-batch-size %d\n", s.Batch, s.Batch*int64(plan.Pipeline.Microbatches)*max(s.Parallel.DP, 1))
-	}
-	if f := bestR.Flags(); f != "" {
-		fmt.Fprintf(&b, "%s\n", f)
-	}
-	_, err = io.WriteString(w, b.String())
-	return err
-}
-
-func flightNote(d planner.DevicePlan) string {
-	var n []string
-	for _, c := range d.Chunks {
-		n = append(n, strconv.Itoa(c.InFlight))
-	}
-	if len(n) == 1 && n[0] == "1" {
-		return "1 microbatch in flight"
-	}
-	return strings.Join(n, " + ") + " microbatches in flight"
-}
-
-// megatronSplit returns the flags of a pipeline's layer split beyond
-// --pipeline-model-parallel-size: none for an even one, the interleaved
-// schedule's chunk size, or the first and last stages' layers when only
-// they differ (Megatron-LM splits the rest evenly).
-func megatronSplit(pp planner.Pipeline) (string, error) {
-	l := pp.Layers
-	even := true
-	for _, n := range l {
-		even = even && n == l[0]
-	}
-	switch {
-	case even && pp.Virtual > 1:
-		return fmt.Sprintf("--num-layers-per-virtual-pipeline-stage %d", l[0]), nil
-	case even:
-		return "", nil
-	case pp.Virtual > 1:
-		return "", fmt.Errorf("the interleaved schedule needs the same layers in every chunk, not %v", l)
-	}
-	mid := l[1 : len(l)-1]
-	for _, n := range mid {
-		if n != mid[0] {
-			return "", fmt.Errorf("Megatron-LM splits the layers evenly but for the first and last stages, not as %v", l)
-		}
-	}
-	var f []string
-	if len(mid) == 0 || l[0] != mid[0] {
-		f = append(f, fmt.Sprintf("--decoder-first-pipeline-num-layers %d", l[0]))
-	}
-	if len(mid) == 0 || l[len(l)-1] != mid[0] {
-		f = append(f, fmt.Sprintf("--decoder-last-pipeline-num-layers %d", l[len(l)-1]))
-	}
-	return strings.Join(f, "\n"), nil
-}
-
-// sameDecisions reports whether two pipeline plans run every stage alike.
-func sameDecisions(a, b *planner.PipelinePlan) bool {
-	if len(a.Devices) != len(b.Devices) {
-		return false
-	}
-	for k, d := range a.Devices {
-		for c, ch := range d.Chunks {
-			for j, s := range ch.Stages {
-				o := b.Devices[k].Chunks[c].Stages[j]
-				if s.Decision != o.Decision || s.Option != o.Option {
-					return false
-				}
-			}
-		}
-	}
-	return true
+	return export.MegatronPipeline(w, m)
 }
