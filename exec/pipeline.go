@@ -258,24 +258,12 @@ func (r *Runner) pipeBackward(st *pipeState, ch chunkRun, wire map[[2]int][]floa
 		if ch.choices[j] == solver.Checkpoint {
 			st.tapeOpt[i] = 0
 			r.runProgram(stg.StoringProgram(&stg.KeepSets[0]), i)
-		} else if ks := &stg.KeepSets[st.tapeOpt[i]]; len(ks.Recompute) > 0 {
-			r.fresh = map[int]bool{}
-			r.runProgram(stg.RecomputeProgram(ks), i)
-			r.fresh = nil
 		}
-		r.runProgram(stg.BackwardProgram(), i)
-		out := r.c.OutputStorage(stg.Nodes[len(stg.Nodes)-1])
-		for _, s := range stg.Tape() {
-			if st.dropped && i == ch.to-1 && s == out {
-				if _, live := r.store[s]; !live {
-					continue // freed once sent
-				}
-			}
-			r.freeStorage(s)
+		skip := -1
+		if out := r.outputStorage(ch.to); st.dropped && i == ch.to-1 && r.store[out] == nil {
+			skip = out // freed once sent, and not rerun by a checkpoint
 		}
-		n := stg.Nodes[len(stg.Nodes)-1]
-		r.tr.Free(r.grads[n])
-		delete(r.grads, n)
+		r.backwardStage(i, st.tapeOpt[i], skip)
 		if i > ch.from && st.act[i] {
 			r.dropActivation(i)
 			st.act[i] = false

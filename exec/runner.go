@@ -154,19 +154,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 			d.F[0] = 1
 			r.grads[last] = d
 		case solver.B:
-			st := r.stages[i]
-			if ks := &st.KeepSets[tapeOpt[i]]; len(ks.Recompute) > 0 {
-				r.fresh = map[int]bool{}
-				r.runProgram(st.RecomputeProgram(ks), i)
-				r.fresh = nil
-			}
-			r.runProgram(st.BackwardProgram(), i)
-			for _, s := range st.Tape() {
-				r.freeStorage(s)
-			}
-			last := st.Nodes[len(st.Nodes)-1]
-			r.tr.Free(r.grads[last])
-			delete(r.grads, last)
+			r.backwardStage(i, tapeOpt[i], -1)
 			if act[i] {
 				r.dropActivation(i)
 				act[i] = false
@@ -175,6 +163,27 @@ func (r *Runner) Step(s solver.Schedule) error {
 		r.tr.End()
 	}
 	return nil
+}
+
+// backwardStage runs B(i) on the tape of keep set opt: it reruns what the
+// keep set dropped, runs the backward, and frees the tape (less skip, a
+// storage already freed; -1 for none) and δ_{i+1}.
+func (r *Runner) backwardStage(i, opt, skip int) {
+	st := r.stages[i]
+	if ks := &st.KeepSets[opt]; len(ks.Recompute) > 0 {
+		r.fresh = map[int]bool{}
+		r.runProgram(st.RecomputeProgram(ks), i)
+		r.fresh = nil
+	}
+	r.runProgram(st.BackwardProgram(), i)
+	for _, s := range st.Tape() {
+		if s != skip {
+			r.freeStorage(s)
+		}
+	}
+	last := st.Nodes[len(st.Nodes)-1]
+	r.tr.Free(r.grads[last])
+	delete(r.grads, last)
 }
 
 // inputs allocates the graph inputs (a_0): random token ids, positions
