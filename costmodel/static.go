@@ -93,7 +93,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	// Megatron-LM accumulates and reduces 16-bit training's gradients in
 	// fp32 buffers (its default for bf16, the main_grad of every
 	// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
-	fp32Grads := s.Profile == "megatron" && e < 4
+	fp32Grads := Profile(s.Profile) == Megatron && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
 	for i := range g.Nodes {

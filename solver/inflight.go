@@ -42,8 +42,9 @@ package solver
 // the result is optimal for the family — exactly, with no rounding, as
 // long as a front stays under maxFront states (maxEndFront at a chunk's
 // end); past it, the sizes are rounded up to a grain that doubles until
-// the front fits, which keeps every kept plan within budget. O(Σ_i F·C_i + F²) per stage for fronts
-// of F states and C_i choices of stage i.
+// the front fits, which keeps every kept plan within budget. Time
+// O(F·C_i·log(F·C_i)) a stage to sort its candidates and O(F²) at worst
+// to prune them, for fronts of F states and C_i choices of stage i.
 
 import (
 	"errors"
