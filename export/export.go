@@ -2,6 +2,7 @@ package export
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,7 @@ type Export struct {
 	nothingNote string    // the note saying so, which Megatron's uniform method makes moot
 	runtimeNote string    // the note on the layer-by-layer peak, which Megatron's uniform method, running the groups as planned, does not reach
 	wholeRerun  []float64 // per layer: what checkpointing it whole reruns
+	sacRerun    []float64 // per layer: what it reruns under selective activation checkpointing
 	baseline    float64   // the step's work without recomputation
 	nested      bool      // the plan recomputes a layer more than once
 }
@@ -120,6 +122,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		outFreed := st.OutputUnsaved && i+1 < len(plan.Stages) &&
 			(plan.Stages[i+1].Decision == "store" || !isLayer(plan.Stages[i+1].Name))
 		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
+		sac := -1.0 // the layer's RecomputeFLOPs, but for a selective one
 		rerun := st.Forward
 		if st.Rerun > 0 {
 			rerun = st.Rerun
@@ -141,6 +144,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			if plan.Setup != nil && plan.Setup.Profile == "transformers" {
 				l.RecomputeFLOPs = o.ExtraCost
 			}
+			sac = o.ExtraCost
 		case "checkpoint", "recompute":
 			l.Mode, l.KeptBytes, l.RecomputeFLOPs = "checkpoint", out, rerun
 			if st.Decision == "recompute" {
@@ -155,6 +159,10 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		}
 		e.nothing = append(e.nothing, st.Decision == "recompute")
 		e.wholeRerun = append(e.wholeRerun, rerun)
+		if sac < 0 {
+			sac = l.RecomputeFLOPs
+		}
+		e.sacRerun = append(e.sacRerun, sac)
 		if forwards[i] > 2 {
 			nested = append(nested, st.Name)
 		}
@@ -183,6 +191,23 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.Notes = append(e.Notes, fmt.Sprintf("the plan recomputes %s more than once; a checkpoint reruns a layer once, so the backward may peak above the plan's %v", list(nested), mem.Bytes(plan.PeakBytes)))
 	}
 	return e, nil
+}
+
+// underSAC is the export as a runtime with selective activation
+// checkpointing runs it: a selective layer reruns only the ops that make
+// what its keep set drops.
+func (e *Export) underSAC() *Export {
+	c := *e
+	c.Layers = slices.Clone(e.Layers)
+	c.RecomputeFLOPs = 0
+	for i := range c.Layers {
+		c.Layers[i].RecomputeFLOPs = e.sacRerun[i]
+		c.RecomputeFLOPs += e.sacRerun[i]
+	}
+	if c.baseline > 0 {
+		c.Overhead = c.RecomputeFLOPs / c.baseline
+	}
+	return &c
 }
 
 // LayerByLayer records rt, the plan as trainers and ckptplan.apply run

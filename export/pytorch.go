@@ -15,12 +15,54 @@ import (
 //go:embed runtime.py
 var runtime string
 
+// sacRuntime finds and applies a selective layer's policy for PyTorch's
+// selective activation checkpointing; the Python package imports the same
+// file.
+//
+//go:embed sac.py
+var sacRuntime string
+
+// fsdp2Runtime applies PLAN with apply_activation_checkpointing, before
+// FSDP2's fully_shard.
+//
+//go:embed fsdp2.py
+var fsdp2Runtime string
+
 // PyTorch writes a Python module that applies the plan: apply_plan(layers)
 // wraps each checkpointed layer in torch.utils.checkpoint (non-reentrant),
 // runs each selective layer keeping only its plan's tensors, and leaves
 // stored layers alone. command is the command line that made the plan,
 // for the module's header.
 func (e *Export) PyTorch(w io.Writer, command string) error {
+	usage := "# Apply it once, before training, to the model's transformer layers in order:\n#\n" +
+		"#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n"
+	var notes []string
+	if len(e.indexes("selective")) > 0 {
+		notes = append(notes, "a selective layer keeps exactly its plan's tensors; to get the others back it\n"+
+			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.")
+	}
+	return e.pythonModule(w, command, "PyTorch", usage, notes, runtime)
+}
+
+// FSDP2 writes a Python module that applies the plan to a model before
+// FSDP2's fully_shard: apply_plan(model) wraps the layers the plan does
+// not store with apply_activation_checkpointing, a check_fn picking them
+// and checkpoint_wrapper (non-reentrant), a selective layer's wrapper
+// caching exactly its plan's tensors through selective activation
+// checkpointing (PyTorch 2.4 and later), which reruns only the ops that
+// make the others: the figures it prints are that runtime's.
+func (e *Export) FSDP2(w io.Writer, command string) error {
+	usage := "# Apply it once, before fully_shard, to the model (or its nn.ModuleList of decoder layers):\n#\n" +
+		"#     apply_plan(model)\n" +
+		"#     for layer in model.model.layers:    # GPT-2: model.transformer.h\n" +
+		"#         fully_shard(layer)\n" +
+		"#     fully_shard(model)\n#\n"
+	return e.underSAC().pythonModule(w, command, "FSDP2", usage, nil, sacRuntime+"\n\n"+fsdp2Runtime)
+}
+
+// pythonModule writes a module for a runtime: a header saying what each
+// layer keeps, the plan as PLAN, and the runtime's code.
+func (e *Export) pythonModule(w io.Writer, command, runtimeName, usage string, notes []string, code string) error {
 	data, err := json.MarshalIndent(e, "", "  ")
 	if err != nil {
 		return err
@@ -34,13 +76,12 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	// The first two lines are fixed text: Python reads an encoding
 	// declaration there, which a name could otherwise choose.
 	b.WriteString(sourceHeader)
-	fmt.Fprintf(&b, "# The activation plan of %s for PyTorch, made by ckptplan", comment(e.Model))
+	fmt.Fprintf(&b, "# The activation plan of %s for %s, made by ckptplan", comment(e.Model), runtimeName)
 	if command != "" {
 		fmt.Fprintf(&b, ":\n#   %s", comment(command))
 	}
 	fmt.Fprintf(&b, "\n# Solver %s, budget %v (reserve %v), predicted peak %v, %+.1f%% compute.\n#\n", comment(e.Solver), e.BudgetBytes, e.ReserveBytes, e.PeakBytes, 100*e.Overhead)
-	b.WriteString("# Apply it once, before training, to the model's transformer layers in order:\n#\n")
-	b.WriteString("#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n")
+	b.WriteString(usage)
 	for _, l := range e.Layers {
 		switch l.Mode {
 		case "selective":
@@ -52,12 +93,11 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	for _, n := range e.Notes {
 		fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
 	}
-	if len(e.indexes("selective")) > 0 {
-		b.WriteString("# Note: a selective layer keeps exactly its plan's tensors; to get the others back it\n" +
-			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.\n")
+	for _, n := range notes {
+		fmt.Fprintf(&b, "# Note: %s\n", n)
 	}
 	fmt.Fprintf(&b, "import json\n\nPLAN = json.loads(r'''%s''')\n\n", plan)
-	b.WriteString(runtime)
+	b.WriteString(code)
 	_, err = io.WriteString(w, b.String())
 	return err
 }

@@ -16,8 +16,8 @@ import (
 func runExport(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("export", "MODEL|PLAN.json", stderr)
 	pf := addPlanFlags(fs, true)
-	to := &formatFlag{valid: []string{"pytorch", "hf", "megatron", "json"}}
-	fs.Var(to, "to", "what to write: pytorch (a Python module) | hf (transformers calls) | megatron (flags) | json (the per-layer plan, for the Python package)")
+	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "json"}}
+	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | json (the per-layer plan, for the Python package)")
 	out := fs.String("o", "", "write to this file instead of standard output")
 	pipe := addPipelineFlags(fs)
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
@@ -26,7 +26,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	if to.value == "" {
 		fs.Usage()
-		return usagef("export: need --to pytorch, hf, megatron or json")
+		return usagef("export: need --to pytorch, fsdp2, hf, megatron or json")
 	}
 	pp, err := pipe.pipeline(fs)
 	if err != nil {
@@ -76,6 +76,8 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		switch to.value {
 		case "pytorch":
 			return e.PyTorch(w, "ckptplan export "+strings.Join(args, " "))
+		case "fsdp2":
+			return e.FSDP2(w, "ckptplan export "+strings.Join(args, " "))
 		case "hf":
 			return e.HF(w)
 		case "json":

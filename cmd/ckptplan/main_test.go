@@ -230,7 +230,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--solver", "optimal", "--to", "json"}, false, "recomputes layers more than once, which they cannot"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
-		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, hf, megatron or json"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},

@@ -39,23 +39,15 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ._sac import SacPolicy, layer_input_shape, sac_available
 from .layers import decoder_layers
 from .plan import Plan
 
 MODES = ("store", "checkpoint", "selective")
 
-# The ops selective checkpointing runs without asking its policy.
-_IGNORED = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", frozenset())
-
 _ATTR = "_ckptplan_plan"
-
-
-def sac_available() -> bool:
-    """Whether this PyTorch has selective activation checkpointing (>= 2.4)."""
-    return hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts")
 
 
 def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = None) -> dict[str, int]:
@@ -127,7 +119,7 @@ class _Planned:
     def __init__(self, inner, layer: nn.Module, entry, plan: Plan):
         self.inner, self.layer, self.entry, self.plan = inner, layer, entry, plan
         self.ckptplan_mode = entry.mode
-        self.policy: Optional[_Policy] = None
+        self.policy: Optional[SacPolicy] = None
         self.shapes: Optional[tuple] = None
 
     def __call__(self, *args, **kwargs):
@@ -151,17 +143,17 @@ class _Planned:
         if self.ckptplan_mode == "checkpoint":
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         if self.policy is None:
-            self.policy = _Policy.find(self.inner, self.layer, args, kwargs, self.entry)
+            saved = [(s.name, s.bytes, s.keep) for s in self.entry.saved]
+            self.policy = SacPolicy.find(self.inner, self.layer, args, kwargs, self.entry.name, saved)
             if _autocasting(args):
                 torch.clear_autocast_cache()  # the probe's casts
         return torch.utils.checkpoint.checkpoint(
             fn, *args, use_reentrant=False, context_fn=self.policy.contexts)
 
     def _check_shapes(self, args, kwargs) -> None:
-        x = args[0] if args else kwargs.get("hidden_states")
-        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        got = layer_input_shape(args, kwargs)
+        if got is None:
             return
-        got = (int(x.shape[0]), int(x.shape[1]))
         want = (self.plan.batch, self.plan.seq)
         if None not in want and got != want:
             raise ValueError(
@@ -169,112 +161,6 @@ class _Planned:
                 f"but is called with batch {got[0]} and sequence {got[1]}: its kept tensors and "
                 "recompute differ with the shape; plan again for these shapes (ckptplan.plan(..., "
                 f"batch={got[0]}, seq={got[1]}))")
-
-
-class _Recorder(TorchDispatchMode):
-    """Records each op call: its number, and for every storage, the last op
-    that made it (an address freed and allocated again is a new storage,
-    made by the later op)."""
-
-    def __init__(self):
-        super().__init__()
-        self.made: dict[int, int] = {}  # storage address -> op number that last made it
-        self.mutated: dict[int, int] = {}  # storage address -> op number that last wrote it in place
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in _IGNORED:
-            return out  # the checkpoint's policy is not asked about these
-        n, self.count = self.count, self.count + 1
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
-        mutable = func._schema.is_mutable
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                p = t.untyped_storage().data_ptr()
-                if p not in inputs:
-                    self.made[p] = n
-                elif mutable:
-                    self.mutated[p] = n
-        return out
-
-
-class _Policy:
-    """Which op calls of a layer's forward the checkpoint caches."""
-
-    def __init__(self, save: frozenset[int], name: str):
-        self.save, self.name = save, name
-
-    @classmethod
-    def find(cls, inner, layer: nn.Module, args, kwargs, entry) -> "_Policy":
-        """Run inner once, recording which op makes each activation storage
-        it saves, and match them to the plan's saved list."""
-        fixed = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
-        fixed |= {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        rec = _Recorder()
-        # (bytes, the op that made the storage) in first-saved order. A
-        # saved storage is alive from the op that made it to its packing,
-        # and held from then on, so the last op to make its address before
-        # the packing made it.
-        order: list[tuple[int, Optional[int], int]] = []
-        seen: set[int] = set()
-        held = []
-
-        def pack(t):
-            st = t.untyped_storage()
-            p = st.data_ptr()
-            if st.nbytes() > 0 and p not in fixed and p not in seen:
-                seen.add(p)
-                order.append((st.nbytes(), rec.made.get(p), p))
-            # Held here, so that no address is reused while recording; the
-            # graph gets a placeholder, for a tensor packed as itself by its
-            # own node would make a cycle through autograd that Python's
-            # collector cannot see, and the probe's graph would never be
-            # freed. Its backward never runs.
-            held.append(t)
-            return None
-
-        with torch.random.fork_rng(devices=_devices(args, kwargs)), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
-            out = inner(*args, **kwargs)
-        del out, held
-        saved = entry.saved
-        sizes = [n for n, _, _ in order]
-        if sizes != [s.bytes for s in saved]:
-            raise ValueError(
-                f"ckptplan: {entry.name} saves activations of {sizes} bytes, in that order, but the "
-                f"plan lists {[s.bytes for s in saved]}: the model is not the one planned "
-                "(plan again from this model)")
-        save = set()
-        for (_, op, p), s in zip(order, saved):
-            if not s.keep or op is None:
-                continue
-            if rec.mutated.get(p, -1) > op:
-                # Selective checkpointing caches an op's output as it is
-                # returned; one changed in place afterwards cannot be.
-                raise ValueError(
-                    f"ckptplan: {entry.name}: the plan keeps {s.name}, which the layer changes in place "
-                    "after making it, so selective checkpointing cannot keep it: plan again with this "
-                    "version of ckptplan, or with --solver optimal")
-            save.add(op)
-        return cls(frozenset(save), entry.name)
-
-    def contexts(self):
-        """The checkpoint's context_fn: the forward and the recomputation
-        number the ops alike, so op i is cached in one and taken in the
-        other."""
-        cp = torch.utils.checkpoint
-        save, count = self.save, {False: 0, True: 0}
-
-        def policy(ctx, func, *args, **kwargs):
-            r = bool(ctx.is_recompute)
-            i = count[r]
-            count[r] = i + 1
-            return cp.CheckpointPolicy.MUST_SAVE if i in save else cp.CheckpointPolicy.PREFER_RECOMPUTE
-
-        return cp.create_selective_checkpoint_contexts(policy)
 
 
 def _autocasting(args) -> bool:
@@ -286,7 +172,3 @@ def _autocasting(args) -> bool:
     except TypeError:  # PyTorch before 2.4 takes no device
         return torch.is_autocast_cpu_enabled() if device == "cpu" else torch.is_autocast_enabled()
 
-
-def _devices(args, kwargs) -> list[int]:
-    return sorted({t.get_device() for t in tree_leaves((args, kwargs))
-                   if isinstance(t, torch.Tensor) and t.is_cuda})

@@ -49,6 +49,12 @@ from torch.utils._pytree import tree_leaves
 
 from .layers import decoder_layers
 
+try:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+except ImportError:  # PyTorch before 2.1 has no tensor subclasses that wrap others
+    def is_traceable_wrapper_subclass(t: object) -> bool:
+        return False
+
 aten = torch.ops.aten
 
 
@@ -165,6 +171,20 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _storages(tensors) -> set[int]:
+    """Addresses of the storages holding tensors' data: a tensor subclass
+    that wraps others (FSDP2's sharded parameters are DTensors) by the
+    tensors it wraps."""
+    out = set()
+    for t in tensors:
+        if is_traceable_wrapper_subclass(t):
+            attrs, _ = t.__tensor_flatten__()
+            out |= _storages(getattr(t, a) for a in attrs)
+        else:
+            out.add(_storage_ptr(t))
+    return out
+
+
 @contextlib.contextmanager
 def _in_layer(layer: nn.Module, i: int, meters: tuple) -> Iterator[None]:
     """Tell meters when layer i's forward starts and ends."""
@@ -189,7 +209,8 @@ class _SavedBytes:
     """Distinct storages each layer's forward saves for backward."""
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList):
-        self.fixed = {_storage_ptr(t) for t in (*model.parameters(), *model.buffers())}
+        self.fixed = _storages((*model.parameters(), *model.buffers()))
+        self.layers = layers
         self.per = [dict() for _ in layers]
         self.layer: Optional[int] = None
         self.exempt: set[int] = set()
@@ -201,7 +222,9 @@ class _SavedBytes:
         rest = (args[1:], {k: v for k, v in kwargs.items() if k != "hidden_states"})
         if not args:
             rest = ({k: v for k, v in kwargs.items() if k != "hidden_states"},)
-        self.exempt = {_storage_ptr(t) for t in _tensors(rest)}
+        # The layer's parameters as it runs: under FSDP2 they are gathered
+        # for the forward, into storages the model did not have before.
+        self.exempt = _storages(_tensors(rest)) | _storages(self.layers[i].parameters())
 
     def leave(self, i: int) -> None:
         self.layer = None

@@ -55,3 +55,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "newer: needs a newer transformers than the pinned one (python/requirements-newer.txt); "
         ".ci/run runs these with it")
+    config.addinivalue_line(
+        "markers", "fsdp2: runs FSDP2 on the CPU, which needs PyTorch 2.7 or later (python/requirements-fsdp.txt); "
+        ".ci/run runs these with it")

@@ -1,0 +1,151 @@
+"""Selective activation checkpointing of one layer, as a plan keeps it.
+
+A plan keeps some of the activation storages a layer's forward saves and
+drops the others. PyTorch's selective checkpointing (2.4 and later) decides
+per op call instead: a call whose output its policy caches is kept, every
+other call is rerun in backward. SacPolicy.find bridges the two by running
+the layer's forward once with every op call numbered and every saved
+storage traced to the call that made it; the k-th distinct activation
+storage the forward saves is the plan's k-th saved entry (sizes checked),
+and the calls that made the kept ones are the policy's. SacPolicy.contexts
+is then the checkpoint's context_fn: the forward and the recomputation
+number their calls alike, so call i is cached in one and taken in the other.
+
+This file is shared: the ckptplan Python package imports it, and the FSDP2
+export carries it in the module it writes.
+"""
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.utils.checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# The ops selective checkpointing runs without asking its policy.
+_SAC_IGNORED = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", frozenset())
+
+
+def sac_available() -> bool:
+    """Whether this PyTorch has selective activation checkpointing (>= 2.4)."""
+    return hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts")
+
+
+class _SacRecorder(TorchDispatchMode):
+    """Records each op call: its number, and for every storage, the last op
+    that made it (an address freed and allocated again is a new storage,
+    made by the later op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = {}  # storage address -> op number that last made it
+        self.mutated = {}  # storage address -> op number that last wrote it in place
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _SAC_IGNORED:
+            return out  # the checkpoint's policy is not asked about these
+        n, self.count = self.count, self.count + 1
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        mutable = func._schema.is_mutable
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                p = t.untyped_storage().data_ptr()
+                if p not in inputs:
+                    self.made[p] = n
+                elif mutable:
+                    self.mutated[p] = n
+        return out
+
+
+class SacPolicy:
+    """Which op calls of a layer's forward the checkpoint caches."""
+
+    def __init__(self, save, name):
+        self.save, self.name = frozenset(save), name
+
+    @classmethod
+    def find(cls, forward, layer, args, kwargs, name: str,
+             saved: Sequence[Tuple[str, int, bool]]) -> "SacPolicy":
+        """Run forward(*args, **kwargs) once, recording which op makes each
+        activation storage it saves, and match them to saved: the plan's
+        (tensor name, bytes, keep) entries of layer name, in first-saved
+        order. Raises ValueError when they do not match."""
+        fixed = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
+        fixed |= {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        rec = _SacRecorder()
+        # (bytes, the op that made the storage, address) in first-saved
+        # order. A saved storage is alive from the op that made it to its
+        # packing, and held from then on, so the last op to make its
+        # address before the packing made it.
+        order = []
+        seen = set()
+        held = []
+
+        def pack(t):
+            st = t.untyped_storage()
+            p = st.data_ptr()
+            if st.nbytes() > 0 and p not in fixed and p not in seen:
+                seen.add(p)
+                order.append((st.nbytes(), rec.made.get(p), p))
+            # Held here, so that no address is reused while recording; the
+            # graph gets a placeholder, for a tensor packed as itself by its
+            # own node would make a cycle through autograd that Python's
+            # collector cannot see, and the probe's graph would never be
+            # freed. Its backward never runs.
+            held.append(t)
+            return None
+
+        with torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
+            out = forward(*args, **kwargs)
+        del out, held
+        sizes = [n for n, _, _ in order]
+        if sizes != [b for _, b, _ in saved]:
+            raise ValueError(
+                f"ckptplan: {name} saves activations of {sizes} bytes, in that order, but the "
+                f"plan lists {[b for _, b, _ in saved]}: the model is not the one planned "
+                "(plan again from this model)")
+        save = set()
+        for (_, op, p), (tensor, _, keep) in zip(order, saved):
+            if not keep or op is None:
+                continue
+            if rec.mutated.get(p, -1) > op:
+                # Selective checkpointing caches an op's output as it is
+                # returned; one changed in place afterwards cannot be.
+                raise ValueError(
+                    f"ckptplan: {name}: the plan keeps {tensor}, which the layer changes in place "
+                    "after making it, so selective checkpointing cannot keep it: plan again with this "
+                    "version of ckptplan, or with --solver optimal")
+            save.add(op)
+        return cls(save, name)
+
+    def contexts(self):
+        """The checkpoint's context_fn: the forward and the recomputation
+        number the ops alike, so op i is cached in one and taken in the
+        other."""
+        cp = torch.utils.checkpoint
+        save, count = self.save, {False: 0, True: 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            r = bool(ctx.is_recompute)
+            i = count[r]
+            count[r] = i + 1
+            return cp.CheckpointPolicy.MUST_SAVE if i in save else cp.CheckpointPolicy.PREFER_RECOMPUTE
+
+        return cp.create_selective_checkpoint_contexts(policy)
+
+
+def _cuda_devices(obj) -> list:
+    return sorted({t.get_device() for t in tree_leaves(obj)
+                   if isinstance(t, torch.Tensor) and t.is_cuda})
+
+
+def layer_input_shape(args, kwargs) -> Optional[Tuple[int, int]]:
+    """(batch, sequence) of a layer call's hidden states, when it has them."""
+    x = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return None
+    return int(x.shape[0]), int(x.shape[1])

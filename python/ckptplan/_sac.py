@@ -1,0 +1,1 @@
+../../export/sac.py
