@@ -16,8 +16,8 @@ import (
 func runExport(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("export", "MODEL|PLAN.json", stderr)
 	pf := addPlanFlags(fs, true)
-	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "json"}}
-	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | json (the per-layer plan, for the Python package)")
+	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "torchtitan", "json"}}
+	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | torchtitan (its [activation_checkpoint] TOML) | json (the per-layer plan, for the Python package)")
 	out := fs.String("o", "", "write to this file instead of standard output")
 	pipe := addPipelineFlags(fs)
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
@@ -26,7 +26,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	if to.value == "" {
 		fs.Usage()
-		return usagef("export: need --to pytorch, fsdp2, hf, megatron or json")
+		return usagef("export: need --to pytorch, fsdp2, hf, megatron, torchtitan or json")
 	}
 	pp, err := pipe.pipeline(fs)
 	if err != nil {
@@ -57,13 +57,22 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 		return writeFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	}
-	plan, p, err := exportPlan(fs, pf, arg, stderr)
+	plan, p, opt, err := exportPlan(fs, pf, arg, stderr)
 	if err != nil {
 		return err
 	}
 	e, err := export.FromPlan(plan)
 	if err != nil {
 		return err
+	}
+	var closest *planner.Plan // the engine's closest setting, when it cannot run the plan
+	if to.value == "torchtitan" && !e.TorchtitanExact() && p != nil {
+		if closest, _, err = p.CheapestLayers(opt, export.TorchtitanSettings(len(e.Layers))); err != nil {
+			return err
+		}
+		if closest == nil {
+			return fmt.Errorf("%s: no torchtitan setting (none, full, or selective every 2 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
+		}
 	}
 	if p != nil { // only the model can say what the plan holds layer by layer
 		if rt, err := p.LayerRuntime(plan); err == nil {
@@ -82,6 +91,8 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return e.HF(w)
 		case "json":
 			return writeJSON(w, e)
+		case "torchtitan":
+			return e.Torchtitan(w, closest)
 		}
 		return e.Megatron(w)
 	}
@@ -99,42 +110,42 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags; it
 // returns the problem too when it planned one.
-func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, *planner.Problem, error) {
+func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, *planner.Problem, *planner.Options, error) {
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		var probe map[string]json.RawMessage
 		if err := json.Unmarshal(data, &probe); err != nil {
 			_, err := graphio.Parse(arg, data) // names the line and column
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if probe["schedule"] != nil && probe["schema"] != nil {
 			plan, err := planner.ReadPlan(bytes.NewReader(data))
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", arg, err)
+				return nil, nil, nil, fmt.Errorf("%s: %w", arg, err)
 			}
-			return plan, nil, nil
+			return plan, nil, nil, nil
 		}
 	}
 	src, opt, err := pf.load(fs, arg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	p, err := planner.New(src)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	plan, err := p.Plan(opt)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, n := range plan.Notes {
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
 	if !plan.Feasible {
-		return nil, nil, infeasible(plan)
+		return nil, nil, nil, infeasible(plan)
 	}
-	return plan, p, nil
+	return plan, p, opt, nil
 }

@@ -112,6 +112,11 @@ func TestPlanGolden(t *testing.T) {
 		{"export-megatron-pp8", []string{"export", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb", "--solver", "megatron-selective", "--to", "megatron"}},
 		{"export-megatron-pp8-closest", []string{"export", "gpt3-175b", "--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--budget", "55GiB", "--to", "megatron"}},
 		{"export-megatron-pp4-interleaved", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4", "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2", "--device", "h100-80gb", "--to", "megatron"}},
+		// torchtitan's setting when it is the plan's, else the cheapest
+		// that fits.
+		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "every-k", "--to", "torchtitan"}},
+		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
+		{"export-torchtitan-optimal", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "optimal", "--to", "torchtitan"}},
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 		// Groups of k layers are Megatron's uniform method.
@@ -230,11 +235,12 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--solver", "optimal", "--to", "json"}, false, "recomputes layers more than once, which they cannot"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
-		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron or json"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron, torchtitan or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, or selective every 2 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
 		// Training flags change a model's setup; a graph or chain has none.
 		{[]string{"cost", "../../graphio/testdata/graphs/traced.yaml", "--optimizer", "paged-adamw8bit", "--zero", "3"}, true,
@@ -309,6 +315,38 @@ func TestExportSavedPlan(t *testing.T) {
 		direct = regexp.MustCompile(`\n  "runtime_peak_bytes": \d+,| \(\d+(\.\d+)? [KMG]iB\)`).ReplaceAllString(direct, "")
 		if fromPlan != direct {
 			t.Errorf("--to %s: the saved plan exports differently:\n%s\n---\n%s", to, fromPlan, direct)
+		}
+	}
+}
+
+// TestExportSavedPlanTorchtitan: a saved plan that no torchtitan setting
+// runs is refused (the closest setting needs the model to plan), one that
+// a setting runs is written.
+func TestExportSavedPlanTorchtitan(t *testing.T) {
+	for _, tt := range []struct {
+		solver, want string
+		fails        bool
+	}{
+		{"selective", "cannot be written as torchtitan's activation checkpointing: selective layers.0–3; export from the model", true},
+		{"every-k", "mode = \"full\"", false},
+	} {
+		plan, _, err := runCmd("plan", "tiny-llama", "--budget", "5.2MiB", "--solver", tt.solver, "--format", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "plan.json")
+		if err := os.WriteFile(path, []byte(plan), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := runCmd("export", path, "--to", "torchtitan")
+		if tt.fails {
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s: error %v, want it to contain %q", tt.solver, err, tt.want)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(out, tt.want) {
+			t.Errorf("%s: %v\n%s", tt.solver, err, out)
 		}
 	}
 }

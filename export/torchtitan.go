@@ -1,0 +1,154 @@
+package export
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/planner"
+)
+
+// torchtitan checkpoints layers by one setting, the [activation_checkpoint]
+// table of its job config: mode "none"; "full", every layer; or
+// "selective" with selective_ac_option N, a number: the N-th, 2N-th, …
+// layer counted from 1 (torchtitan's _apply_ac_to_transformer_block
+// counts the blocks it wraps), the others stored. Its other selective
+// option, "op", saves the outputs of op types (matrix products but every
+// second, attention, reductions), which no keep set of ckptplan's
+// describes, so it is never written.
+type torchtitanAC struct {
+	mode  string // none, full or selective
+	every int    // selective: checkpoint every N-th layer
+}
+
+func (a torchtitanAC) checkpoint(i, _ int) bool {
+	switch a.mode {
+	case "full":
+		return true
+	case "selective":
+		return (i+1)%a.every == 0
+	}
+	return false
+}
+
+func (a torchtitanAC) String() string {
+	if a.mode == "selective" {
+		return "torchtitan selective " + strconv.Itoa(a.every)
+	}
+	return "torchtitan " + a.mode
+}
+
+func (a torchtitanAC) toml() string {
+	s := fmt.Sprintf("[activation_checkpoint]\nmode = %q\n", a.mode)
+	if a.mode == "selective" {
+		s += fmt.Sprintf("selective_ac_option = %q\n", strconv.Itoa(a.every))
+	}
+	return s
+}
+
+func torchtitanSettings(n int) []torchtitanAC {
+	s := []torchtitanAC{{mode: "none"}, {mode: "full"}}
+	for k := 2; k <= n; k++ {
+		s = append(s, torchtitanAC{mode: "selective", every: k})
+	}
+	return s
+}
+
+// TorchtitanSettings are torchtitan's settings for a model of n decoder
+// layers, to plan (planner.CheapestLayers) when the plan is none of them.
+func TorchtitanSettings(n int) []planner.LayerSetting {
+	var out []planner.LayerSetting
+	for _, a := range torchtitanSettings(n) {
+		out = append(out, planner.LayerSetting{Name: a.String(), Checkpoint: a.checkpoint})
+	}
+	return out
+}
+
+// torchtitanExact returns the setting that checkpoints exactly the plan's
+// checkpointed layers, each keeping its input, and stores the rest.
+func (e *Export) torchtitanExact() (torchtitanAC, bool) {
+	n := len(e.Layers)
+	for _, a := range torchtitanSettings(n) {
+		same := true
+		for i, l := range e.Layers {
+			ck := l.Mode == "checkpoint" && !e.nothing[i]
+			same = same && (l.Mode == "store" || ck) && ck == a.checkpoint(i, n)
+		}
+		if same {
+			return a, true
+		}
+	}
+	return torchtitanAC{}, false
+}
+
+// TorchtitanExact reports whether one torchtitan setting runs the plan's
+// layers as planned.
+func (e *Export) TorchtitanExact() bool {
+	_, ok := e.torchtitanExact()
+	return ok
+}
+
+// Torchtitan writes torchtitan's [activation_checkpoint] table for the
+// plan: the setting that runs its layers as planned, or else runs, the
+// plan of the closest setting (the cheapest of TorchtitanSettings that
+// fits, named by its Solver), which the header compares with the plan.
+// Without either it says why not and returns an error.
+func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The activation plan of %s for torchtitan, made by ckptplan", comment(e.Model))
+	if e.Batch > 0 {
+		fmt.Fprintf(&b, " for a local batch of %d and seq_len %d", e.Batch, e.Seq)
+	}
+	b.WriteString(".\n")
+	a, exact := e.torchtitanExact()
+	if !exact {
+		if runs == nil {
+			return fmt.Errorf("the plan for %s cannot be written as torchtitan's activation checkpointing: %s; export from the model (not a saved plan) for the closest setting, or plan with --solver every-k", comment(e.Model), comment(e.layerSummary()))
+		}
+		for _, s := range torchtitanSettings(len(e.Layers)) {
+			if s.String() == runs.Solver {
+				a = s
+			}
+		}
+		if a.mode == "" {
+			return fmt.Errorf("%s is not a torchtitan setting", comment(runs.Solver))
+		}
+		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*e.Overhead, comment(e.layerSummary()))
+		b.WriteString("# which torchtitan's settings cannot say. The closest setting they can, and the cheapest that fits:\n")
+		fmt.Fprintf(&b, "# peak %v, %+.1f%% compute.\n", runs.PeakBytes, 100*runs.Overhead)
+		if runs.Overhead < e.Overhead {
+			b.WriteString("# It costs less than the plan, whose solver rounds memory up to --slots slots: more slots find it.\n")
+		}
+	} else {
+		fmt.Fprintf(&b, "# Every layer runs as planned: peak %v, %+.1f%% compute.\n", e.PeakBytes, 100*e.Overhead)
+		for _, n := range e.Notes {
+			fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
+		}
+	}
+	b.WriteString(a.toml())
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// layerSummary says what the plan does with its layers, by mode: "store
+// layers.0–3; selective layers.4–7".
+func (e *Export) layerSummary() string {
+	var order []string
+	by := map[string][]int{}
+	for i, l := range e.Layers {
+		m := l.Mode
+		if m == "checkpoint" && e.nothing[i] {
+			m = "checkpoint keeping no input"
+		}
+		if _, ok := by[m]; !ok {
+			order = append(order, m)
+		}
+		by[m] = append(by[m], i)
+	}
+	var parts []string
+	for _, m := range order {
+		parts = append(parts, m+" "+spans(by[m], "layers."))
+	}
+	return strings.Join(parts, "; ")
+}

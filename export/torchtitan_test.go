@@ -1,0 +1,102 @@
+package export
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// TestTorchtitan writes every way of checkpointing tiny-llama's four
+// layers (stages 1–4) and checks which torchtitan runs as planned: none,
+// full, and selective N, which checkpoints the N-th, 2N-th, … layer
+// counted from 1 (torchtitan's _apply_ac_to_transformer_block); the
+// others, and any layer kept in part or keeping no input, are refused
+// without the model to find the closest setting.
+func TestTorchtitan(t *testing.T) {
+	p := tinyLlama(t)
+	want := map[[4]bool]string{
+		{}:                          "mode = \"none\"\n",
+		{true, true, true, true}:    "mode = \"full\"\n",
+		{false, true, false, true}:  "mode = \"selective\"\nselective_ac_option = \"2\"\n",
+		{false, false, true, false}: "mode = \"selective\"\nselective_ac_option = \"3\"\n",
+		{false, false, false, true}: "mode = \"selective\"\nselective_ac_option = \"4\"\n",
+	}
+	for mask := 0; mask < 16; mask++ {
+		var cks [4]bool
+		d := make([]int, 6)
+		for k := range cks {
+			cks[k] = mask&(1<<k) != 0
+			if cks[k] {
+				d[k+1] = ck
+			}
+		}
+		e := exportOf(t, p, d)
+		var b bytes.Buffer
+		err := e.Torchtitan(&b, nil)
+		toml, ok := want[cks]
+		switch {
+		case ok && err != nil:
+			t.Errorf("%v: %v", cks, err)
+		case ok && !strings.HasSuffix(b.String(), "[activation_checkpoint]\n"+toml):
+			t.Errorf("%v: wrote\n%s\nwant it to end in\n%s", cks, b.String(), toml)
+		case !ok && (err == nil || !strings.Contains(err.Error(), "cannot be written as torchtitan's")):
+			t.Errorf("%v: error %v, wrote\n%s", cks, err, b.String())
+		}
+		if ok != e.TorchtitanExact() {
+			t.Errorf("%v: TorchtitanExact = %v", cks, !ok)
+		}
+	}
+	// A layer kept in part, or keeping no input, is no torchtitan setting.
+	for _, d := range [][]int{{0, option(t, p, "megatron-selective"), 0, 0, 0, 0}, {0, ck, n, ck, n, 0}} {
+		if e := exportOf(t, p, d); e.TorchtitanExact() {
+			t.Errorf("%v: a torchtitan setting", d)
+		}
+	}
+}
+
+// TestTorchtitanClosest: the closest setting is the cheapest one that
+// fits, each replayed as torchtitan runs it (checkpointed layers rerun
+// once, from their input), at every budget between checkpointing every
+// layer and storing all.
+func TestTorchtitanClosest(t *testing.T) {
+	p := tinyLlama(t)
+	settings := TorchtitanSettings(4)
+	layers := [][]int{{}, {1, 2, 3, 4}, {2, 4}, {3}, {4}} // the chain stages each checkpoints
+	if len(settings) != len(layers) {
+		t.Fatalf("%d settings, want %d", len(settings), len(layers))
+	}
+	store, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	chosen := map[int]bool{}
+	for f := 0; f <= 40; f++ {
+		budget := p.Static + store.Peak*mem.Bytes(20+2*f)/100
+		best, bestCost := -1, 0.0
+		for k, stages := range layers {
+			ckd := make([]bool, p.Chain.Len())
+			for _, s := range stages {
+				ckd[s] = true
+			}
+			r, err := solver.Simulate(p.Chain, solver.PerStage(ckd, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Static+r.Peak <= budget && (best < 0 || r.Cost < bestCost) {
+				best, bestCost = k, r.Cost
+			}
+		}
+		plan, at, err := p.CheapestLayers(&planner.Options{Budget: budget}, settings)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at != best || (best >= 0 && plan.Solver != settings[best].Name) {
+			t.Errorf("budget %v: chose %d, want %d", budget, at, best)
+		}
+		chosen[best] = true
+	}
+	if len(chosen) < 3 || !chosen[-1] {
+		t.Errorf("the budgets choose only %v: none that fits nothing, or too few settings", chosen)
+	}
+}

@@ -1,0 +1,77 @@
+package planner
+
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// Engines that checkpoint whole layers by a setting — torchtitan's "full"
+// or "every N-th layer", DeepSpeed's checkpointed layers — run a plan
+// only when it is one of their settings. Otherwise the closest plan they
+// can run is the cheapest of their settings that fits: each setting is
+// planned as the engine runs it (a checkpointed layer keeps its input and
+// reruns its forward once, right before its backward; everything else is
+// stored) and replayed like any plan, so its peak and cost are exact.
+
+// LayerSetting is a setting of such an engine: its name in the engine's
+// words, and whether it checkpoints decoder layer i of n.
+type LayerSetting struct {
+	Name       string
+	Checkpoint func(i, n int) bool
+}
+
+// PlanLayers plans setting s under the options' budget; the plan says
+// whether it fits (Feasible) and, when not, what budget would
+// (MinBudgetBytes).
+func (p *Problem) PlanLayers(o *Options, s LayerSetting) (*Plan, error) {
+	opt, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if p.Stages == nil {
+		return nil, fmt.Errorf("%s is a profiled chain: it has no layers to checkpoint", p.Name)
+	}
+	n := 0
+	for _, name := range p.names {
+		if _, ok := ir.LayerIndex(name); ok {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%s has no decoder layers to checkpoint", p.Name)
+	}
+	ck := make([]bool, p.Chain.Len())
+	for i, name := range p.names {
+		if k, ok := ir.LayerIndex(name); ok {
+			ck[i] = s.Checkpoint(k, n)
+		}
+	}
+	plan, err := p.PlanSchedule(s.Name, max(opt.Budget-opt.Reserve, 1), solver.PerStage(ck, nil))
+	if err != nil {
+		return nil, err
+	}
+	plan.BudgetBytes, plan.ReserveBytes, plan.Device = opt.Budget, opt.Reserve, opt.Device
+	if plan.MinBudgetBytes > 0 {
+		plan.MinBudgetBytes += opt.Reserve
+	}
+	return plan, nil
+}
+
+// CheapestLayers plans every setting and returns the cheapest that fits,
+// with its index; nil and -1 when none does.
+func (p *Problem) CheapestLayers(o *Options, settings []LayerSetting) (*Plan, int, error) {
+	var best *Plan
+	at := -1
+	for k, s := range settings {
+		plan, err := p.PlanLayers(o, s)
+		if err != nil {
+			return nil, -1, err
+		}
+		if plan.Feasible && (best == nil || plan.Cost < best.Cost) {
+			best, at = plan, k
+		}
+	}
+	return best, at, nil
+}
