@@ -30,9 +30,9 @@ func (e *Export) Megatron(w io.Writer) error {
 	case all(modes, "store"):
 		flags = "(none: the plan stores every layer, Megatron's default)"
 	case all(modes, "selective:megatron-selective"):
-		flags = "--recompute-granularity selective"
+		flags = recomputeFlags(planner.MegatronRecompute{Selective: true})
 	case e.block(modes) > 0:
-		flags = fmt.Sprintf("--recompute-granularity full --recompute-method block --recompute-num-layers %d", e.block(modes))
+		flags = recomputeFlags(planner.MegatronRecompute{Block: e.block(modes)})
 	case e.uniform() > 0:
 		flags = fmt.Sprintf("--recompute-granularity full --recompute-method uniform --recompute-num-layers %d", e.uniform())
 		uniform = true

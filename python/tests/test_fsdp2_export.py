@@ -103,19 +103,19 @@ def grads(model) -> list:
     return out
 
 
-def check_step(module, ref, model, modes: set) -> None:
-    """model (ref with the plan applied) holds, reruns and differentiates as
-    module's PLAN says."""
+def check_step(module, model, plain, modes: set) -> None:
+    """A step of model (with module's plan applied) holds, reruns and
+    differentiates as module's PLAN says, against plain, the same model
+    without the plan."""
     plan = module.PLAN
-    base_model = copy.deepcopy(ref)
-    base = measure(base_model, batch())
+    base = measure(plain, batch())
     m = measure(model, batch())
     for layer, got in zip(plan["layers"], m.layers):
         modes.add(layer["mode"])
         assert got.kept_bytes == layer["kept_bytes"], \
             f"{layer['name']} ({layer['mode']}): PyTorch holds {got.kept_bytes}, the plan {layer['kept_bytes']}"
     assert m.backward_flops - base.backward_flops == plan["recompute_flops"]
-    for a, b in zip(grads(model), grads(base_model)):
+    for a, b in zip(grads(model), grads(plain)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), "gradients differ"
 
 
@@ -134,7 +134,7 @@ def test_fsdp2_module_applies_the_plan(ckptplan_binary, tmp_path, family, solver
         wrapped = [type(layer).__name__ == "CheckpointWrapper" for layer in layers]
         assert wrapped == [e["mode"] != "store" for e in module.PLAN["layers"]]
         assert sum(counts.values()) == len(layers)
-        check_step(module, ref, model, modes)
+        check_step(module, model, copy.deepcopy(ref), modes)
     assert ("selective" if solver == "selective" else "checkpoint") in modes
 
 
@@ -192,15 +192,7 @@ def test_fsdp2_plan_under_fully_shard(ckptplan_binary, tmp_path, gloo, family, s
         kinds = [type(layer).__name__ for layer in ckptplan.layers.decoder_layers(model)]
         plain_kind = "FSDP" + type(ckptplan.layers.decoder_layers(ref)[0]).__name__
         assert kinds == ["FSDPCheckpointWrapper" if e["mode"] != "store" else plain_kind for e in module.PLAN["layers"]]
-        base = measure(plain, batch())
-        m = measure(model, batch())
-        for layer, got in zip(module.PLAN["layers"], m.layers):
-            modes.add(layer["mode"])
-            assert got.kept_bytes == layer["kept_bytes"], \
-                f"{layer['name']} ({layer['mode']}): PyTorch holds {got.kept_bytes}, the plan {layer['kept_bytes']}"
-        assert m.backward_flops - base.backward_flops == module.PLAN["recompute_flops"]
-        for a, b in zip(grads(model), grads(plain)):
-            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), "gradients differ"
+        check_step(module, model, plain, modes)
         before = [p.detach().full_tensor().clone() for p in model.parameters()]
         torch.optim.AdamW(model.parameters(), lr=1e-3).step()
         assert any(not torch.equal(a, p.detach().full_tensor()) for a, p in zip(before, model.parameters()))
