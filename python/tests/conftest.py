@@ -58,3 +58,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fsdp2: runs FSDP2 on the CPU, which needs PyTorch 2.7 or later (python/requirements-fsdp.txt); "
         ".ci/run runs these with it")
+    config.addinivalue_line(
+        "markers", "engines: reads an export with an engine's own configuration parser (DeepSpeed, Megatron Core: "
+        "python/requirements-engines.txt); .ci/run runs these with it")

@@ -6,6 +6,15 @@ the activation checkpointing it reads is the plan's, by torchtitan's rule
 (mode full checkpoints every layer; selective N the N-th, 2N-th, …
 counted from 1). torchtitan installs where PyTorch 2.7 does
 (python/requirements-fsdp.txt); .ci/run runs these with it.
+
+Megatron-LM's flags (``--to megatron``) become Megatron Core's
+TransformerConfig the way Megatron-LM's core_transformer_config_from_args
+makes it (each flag the field of its name; the uneven split's and the
+virtual stages' flags as its validate_args turns them into fields), and
+the config validates them; Megatron Core's own get_num_layers_to_build
+then says how many layers each pipeline rank builds, which must be the
+split ckptplan planned. Megatron Core installs from
+python/requirements-engines.txt (the tests marked engines).
 """
 from __future__ import annotations
 
@@ -76,3 +85,128 @@ def test_torchtitan_reads_the_plan(ckptplan_binary, tmp_path, case):
         want = [(i + 1) % k == 0 for i in range(n)]
     assert want == [l["mode"] == "checkpoint" for l in layers], (ac, [l["mode"] for l in layers])
     assert all(l["mode"] in ("store", "checkpoint") for l in layers)
+
+
+ENGINE_PARSERS = [pytest.mark.engines,
+                  pytest.mark.skipif(importlib.util.find_spec("megatron") is None and not os.environ.get("CKPTPLAN_ENGINES"),
+                                     reason="Megatron Core is not installed (.ci/run installs it from python/requirements-engines.txt)")]
+
+# The models' shapes, from their published configurations (GPT-3: Brown
+# et al. 2020, Table 2.1; Llama 3 70B: its config.json).
+SHAPES = {
+    "gpt3-175b": dict(num_layers=96, hidden_size=12288, num_attention_heads=96),
+    "llama-3-70b": dict(num_layers=80, hidden_size=8192, num_attention_heads=64, num_query_groups=8),
+    "llama-3-8b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8),
+}
+
+
+def megatron_args(text: str) -> dict:
+    """The flags of a Megatron-LM export, by argparse's dest: '--a-b 3'
+    gives {'a_b': 3}; a flag alone is True. Comments are skipped."""
+    args: dict = {}
+    words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
+    name = None
+    for w in words:
+        if w.startswith("--"):
+            name = w[2:].replace("-", "_")
+            assert name not in args, f"{w} given twice"
+            args[name] = True
+        else:
+            assert name is not None, f"a value {w!r} without a flag"
+            v = int(w) if w.isdigit() else w
+            args[name] = v if args[name] is True else [*(args[name] if isinstance(args[name], list) else [args[name]]), v]
+    return args
+
+
+def megatron_config(args: dict, shape: dict, tp: int, sp: bool):
+    """Megatron Core's TransformerConfig from Megatron-LM's parsed flags,
+    as core_transformer_config_from_args makes it."""
+    import dataclasses
+
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    kw = dict(shape, tensor_model_parallel_size=tp, sequence_parallel=sp, pipeline_dtype=torch.bfloat16)
+    for name, v in args.items():
+        if name in fields:
+            kw[name] = v
+    pp = args.get("pipeline_model_parallel_size", 1)
+    # validate_args: the virtual stages from the layers a chunk.
+    if "num_layers_per_virtual_pipeline_stage" in args:
+        kw["virtual_pipeline_model_parallel_size"] = shape["num_layers"] // pp // args["num_layers_per_virtual_pipeline_stage"]
+    kw["num_layers_in_first_pipeline_stage"] = args.get("decoder_first_pipeline_num_layers")
+    kw["num_layers_in_last_pipeline_stage"] = args.get("decoder_last_pipeline_num_layers")
+    unknown = set(args) - fields - {"num_layers_per_virtual_pipeline_stage", "decoder_first_pipeline_num_layers",
+                                    "decoder_last_pipeline_num_layers", "micro_batch_size", "global_batch_size"}
+    assert not unknown, f"flags Megatron Core has no field for: {unknown}"
+    return TransformerConfig(**kw)
+
+
+def layers_built(config, monkeypatch) -> list:
+    """Megatron Core's own count of the layers each pipeline rank builds
+    (every chunk's, under the interleaved schedule)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp, vp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size
+    out = []
+    for rank in range(pp):
+        monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: pp)
+        monkeypatch.setattr(ps, "get_pipeline_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(ps, "is_pipeline_first_stage", lambda ignore_virtual=False: rank == 0)
+        monkeypatch.setattr(ps, "is_pipeline_last_stage", lambda ignore_virtual=False: rank == pp - 1)
+        monkeypatch.setattr(ps, "get_virtual_pipeline_model_parallel_world_size", lambda: vp)
+        out.append(get_num_layers_to_build(config) * (vp or 1))
+    return out
+
+
+MEGATRON_CASES = {
+    # name: (model, tp, sp, flags, the recompute it must read, the layers of each rank)
+    "selective": ("llama-3-70b", 8, True,
+                  ["--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb",
+                   "--profile", "megatron", "--attention", "eager", "--solver", "megatron-selective"],
+                  ("selective", None, None), None),
+    "uniform-2": ("llama-3-8b", 1, False,
+                  ["--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB",
+                   "--solver", "every-k", "--k", "2"],
+                  ("full", "uniform", 2), None),
+    "pp8": ("gpt3-175b", 8, True,
+            ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb",
+             "--solver", "megatron-selective"],
+            ("selective", None, None), [12] * 8),
+    "pp8-closest": ("gpt3-175b", 8, True,
+                    ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--budget", "55GiB"],
+                    ("full", "block", 10), [12] * 8),
+    "pp8-uneven": ("gpt3-175b", 8, True,
+                   ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "16", "--pp-layers", "10,12,12,12,12,12,12,14",
+                    "--device", "h100-80gb", "--solver", "megatron-selective"],
+                   ("selective", None, None), [10, 12, 12, 12, 12, 12, 12, 14]),
+    "pp4-interleaved": ("llama-3-70b", 8, True,
+                        ["--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4",
+                         "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2",
+                         "--device", "h100-80gb"],
+                        ("full", "block", 10), [20] * 4),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=ENGINE_PARSERS) for c in MEGATRON_CASES])
+def test_megatron_core_reads_the_flags(ckptplan_binary, monkeypatch, case):
+    model, tp, sp, flags, recompute, split = MEGATRON_CASES[case]
+    text = run(ckptplan_binary, "export", model, *flags, "--to", "megatron")
+    args = megatron_args(text)
+    config = megatron_config(args, SHAPES[model], tp, sp)
+    got = (config.recompute_granularity, config.recompute_method, config.recompute_num_layers)
+    assert got == recompute, text
+    if recompute[0] == "selective":
+        # The attention core, Megatron Core's default module, and ckptplan's
+        # megatron-selective keep set.
+        assert config.recompute_modules == ["core_attn"], text
+    if split is None:
+        assert "pipeline_model_parallel_size" not in args
+        return
+    assert layers_built(config, monkeypatch) == split, text
+    pp = config.pipeline_model_parallel_size
+    m = int(flags[flags.index("--microbatches") + 1])
+    assert args["micro_batch_size"] == 1 and args["global_batch_size"] == m, text
+    assert pp == len(split)
