@@ -47,15 +47,17 @@ type Export struct {
 	Overhead         float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
-	RecomputeFLOPs float64  `json:"recompute_flops"`
-	Batch          int64    `json:"batch,omitempty"`
-	Seq            int64    `json:"seq,omitempty"`
-	DType          string   `json:"dtype,omitempty"`
-	Autocast       string   `json:"autocast,omitempty"`
-	Attention      string   `json:"attention,omitempty"`
-	Profile        string   `json:"profile,omitempty"`
-	Layers         []Layer  `json:"layers"`
-	Notes          []string `json:"notes,omitempty"`
+	RecomputeFLOPs float64 `json:"recompute_flops"`
+	Batch          int64   `json:"batch,omitempty"`
+	Seq            int64   `json:"seq,omitempty"`
+	DType          string  `json:"dtype,omitempty"`
+	Autocast       string  `json:"autocast,omitempty"`
+	Attention      string  `json:"attention,omitempty"`
+	Profile        string  `json:"profile,omitempty"`
+	// Zero is the ZeRO stage the plan's static memory assumes (0: none).
+	Zero   int64    `json:"zero,omitempty"`
+	Layers []Layer  `json:"layers"`
+	Notes  []string `json:"notes,omitempty"`
 
 	nothing     []bool    // per layer: the plan keeps not even its input
 	nothingNote string    // the note saying so, which Megatron's uniform method makes moot
@@ -79,6 +81,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
+		e.Zero = s.Parallel.Zero
 	}
 	forwards := make([]int, len(plan.Stages))
 	recomputedWith := map[int]string{}

@@ -16,8 +16,8 @@ import (
 func runExport(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("export", "MODEL|PLAN.json", stderr)
 	pf := addPlanFlags(fs, true)
-	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "torchtitan", "json"}}
-	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | torchtitan (its [activation_checkpoint] TOML) | json (the per-layer plan, for the Python package)")
+	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "torchtitan", "deepspeed", "json"}}
+	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | torchtitan (its [activation_checkpoint] TOML) | deepspeed (its JSON config; the layers to checkpoint on stderr) | json (the per-layer plan, for the Python package)")
 	out := fs.String("o", "", "write to this file instead of standard output")
 	pipe := addPipelineFlags(fs)
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
@@ -26,7 +26,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	if to.value == "" {
 		fs.Usage()
-		return usagef("export: need --to pytorch, fsdp2, hf, megatron, torchtitan or json")
+		return usagef("export: need --to pytorch, fsdp2, hf, megatron, torchtitan, deepspeed or json")
 	}
 	pp, err := pipe.pipeline(fs)
 	if err != nil {
@@ -74,6 +74,14 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%s: no torchtitan setting (none, full, or selective every 2 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
 		}
 	}
+	if to.value == "deepspeed" && !e.DeepSpeedExact() && p != nil {
+		if closest, _, err = p.CheapestLayers(opt, export.DeepSpeedSettings(len(e.Layers))); err != nil {
+			return err
+		}
+		if closest == nil {
+			return fmt.Errorf("%s: no DeepSpeed setting (no layer checkpointed, or the first 1 to %d) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
+		}
+	}
 	if p != nil { // only the model can say what the plan holds layer by layer
 		if rt, err := p.LayerRuntime(plan); err == nil {
 			if err := e.LayerByLayer(rt); err != nil {
@@ -93,6 +101,12 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return writeJSON(w, e)
 		case "torchtitan":
 			return e.Torchtitan(w, closest)
+		case "deepspeed":
+			notes, err := e.DeepSpeed(w, closest)
+			for _, n := range notes {
+				fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
+			}
+			return err
 		}
 		return e.Megatron(w)
 	}

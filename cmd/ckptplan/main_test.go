@@ -235,12 +235,13 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--solver", "optimal", "--to", "json"}, false, "recomputes layers more than once, which they cannot"},
 		{[]string{"run", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, false, "is a profiled chain"},
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
-		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron, torchtitan or json"},
+		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron, torchtitan, deepspeed or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, or selective every 2 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "deepspeed"}, false, "no DeepSpeed setting (no layer checkpointed, or the first 1 to 4) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
 		// Training flags change a model's setup; a graph or chain has none.
 		{[]string{"cost", "../../graphio/testdata/graphs/traced.yaml", "--optimizer", "paged-adamw8bit", "--zero", "3"}, true,
@@ -348,6 +349,30 @@ func TestExportSavedPlanTorchtitan(t *testing.T) {
 		if err != nil || !strings.Contains(out, tt.want) {
 			t.Errorf("%s: %v\n%s", tt.solver, err, out)
 		}
+	}
+}
+
+// TestExportDeepSpeed: DeepSpeed's config on stdout, what to checkpoint
+// beside it on stderr (JSON has no comments): the plan's own layers when
+// DeepSpeed runs them, else the closest setting with its peak and cost.
+func TestExportDeepSpeed(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"export-deepspeed", []string{"--solver", "every-k"}},
+		{"export-deepspeed-optimal", []string{"--solver", "optimal"}},
+		{"export-deepspeed-closest", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "deepspeed"}, tt.args...)
+			out, errOut, err := runCmd(args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "plan/"+tt.name+".stdout", out)
+			golden(t, "plan/"+tt.name+".stderr", errOut)
+		})
 	}
 }
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -210,3 +211,62 @@ def test_megatron_core_reads_the_flags(ckptplan_binary, monkeypatch, case):
     m = int(flags[flags.index("--microbatches") + 1])
     assert args["micro_batch_size"] == 1 and args["global_batch_size"] == m, text
     assert pp == len(split)
+
+
+def deepspeed_config(path: str):
+    """DeepSpeed's own DeepSpeedConfig on the file, as deepspeed.initialize
+    reads it (one process: world size 1)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    return DeepSpeedConfig(path)
+
+
+DEEPSPEED_FLAGS = {
+    "every-layer": ["--budget", "5.2MiB", "--solver", "every-k"],
+    "groups-of-2": ["--budget", "5.2MiB", "--solver", "every-k", "--k", "2"],
+    "none": ["--budget", "8MiB", "--solver", "none"],
+    "optimal": ["--budget", "5.2MiB", "--solver", "optimal"],
+    "closest": ["--budget", "5.2MiB", "--solver", "selective"],
+    "fp16-zero3": ["--budget", "5.2MiB", "--solver", "every-k", "--dtype", "fp16", "--batch", "2", "--zero", "3", "--dp", "2"],
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=ENGINE_PARSERS) for c in DEEPSPEED_FLAGS])
+def test_deepspeed_reads_the_config(ckptplan_binary, tmp_path, case):
+    flags = DEEPSPEED_FLAGS[case]
+    out = tmp_path / "ds.json"
+    p = subprocess.run([ckptplan_binary, "export", "tiny-llama", *flags, "--to", "deepspeed", "-o", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    notes = p.stderr
+    config = deepspeed_config(str(out))
+    plan = json.loads(run(ckptplan_binary, "export", "tiny-llama", *flags, "--to", "json"))
+    # The micro batch, the 16-bit dtype and the ZeRO stage the plan was made for.
+    assert config.train_micro_batch_size_per_gpu == plan["batch"]
+    assert config.bfloat16_enabled == (plan["dtype"] == "bf16")
+    assert config.fp16_enabled == (plan["dtype"] == "fp16")
+    assert config.zero_optimization_stage == plan.get("zero", 0)
+    ac = config.activation_checkpointing_config
+    # Every checkpoint whole on the GPU, as the plan keeps it.
+    assert not (ac.partition_activations or ac.cpu_checkpointing or ac.contiguous_memory_optimization)
+    modes = [l["mode"] for l in plan["layers"]]
+    if case == "groups-of-2":
+        assert ac.number_checkpoints == len(modes) // 2 and "activation_checkpoint_interval=2" in notes
+        return
+    if "the closest setting" in notes:
+        # The plan keeps part of some layers, or keeps a layer from an
+        # earlier one's checkpoint: the notes name the first k layers
+        # DeepSpeed checkpoints instead, with their peak and cost, and the
+        # config counts them.
+        assert case in ("closest", "optimal"), notes
+        m = re.search(r"checkpoint (layers\.0(?:–(\d+))?) \((\d+) of (\d+) decoder layers\)", notes)
+        every = "checkpoint every decoder layer" in notes
+        assert m or every, notes
+        k = len(modes) if every else int(m.group(3))
+        assert ac.number_checkpoints == k and "peak" in notes
+        return
+    checkpointed = modes.count("checkpoint")
+    assert ac.number_checkpoints == (checkpointed or None)
+    assert set(modes) <= {"store", "checkpoint"}
+    if 0 < checkpointed < len(modes):
+        assert f"({checkpointed} of {len(modes)} decoder layers)" in notes, notes

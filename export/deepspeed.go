@@ -1,0 +1,195 @@
+package export
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/ckptplan/ckptplan/planner"
+)
+
+// DeepSpeed's configuration does not choose layers: a layer is
+// checkpointed where the model passes it to deepspeed.checkpointing's
+// checkpoint — every decoder layer under transformers'
+// gradient_checkpointing_enable(), groups of N layers from each group's
+// input under DeepSpeed's PipelineModule(activation_checkpoint_interval=N),
+// any layers a model's own forward wraps — and the config's
+// activation_checkpointing section says how: whether the kept inputs are
+// split over tensor-parallel ranks (partition_activations), moved to the
+// host (cpu_checkpointing) or copied into one buffer
+// (contiguous_memory_optimization, sized by number_checkpoints).
+// ckptplan's plans keep each checkpointed input whole on the GPU, so all
+// three are off. The export writes that section with the micro batch, the
+// 16-bit dtype and the ZeRO stage the plan was made for, and says beside
+// it which layers to checkpoint. A plan runs as planned when each layer is
+// stored or checkpointed from its own input, or the layers form groups;
+// a layer kept in part (a keep set) or kept from an earlier checkpoint
+// does not, and the closest plan is then the cheapest that fits of
+// checkpointing no layer or the first k (Megatron's block method).
+
+// deepSpeedAC is the layers DeepSpeed checkpoints: groups of every
+// layers when every > 1, else those layers says, each from its input.
+type deepSpeedAC struct {
+	layers []bool
+	every  int
+}
+
+// checkpointed returns the checkpointed layers' indexes.
+func (a deepSpeedAC) checkpointed() []int {
+	var out []int
+	for i, c := range a.layers {
+		if c {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// groups is the number of checkpoints a step makes.
+func (a deepSpeedAC) groups() int {
+	if a.every > 1 {
+		return (len(a.layers) + a.every - 1) / a.every
+	}
+	return len(a.checkpointed())
+}
+
+// how says how a trainer runs the setting.
+func (a deepSpeedAC) how() string {
+	ck := a.checkpointed()
+	switch {
+	case a.every > 1:
+		return fmt.Sprintf("checkpoint the decoder layers in groups of %d, each from its first layer's input, with deepspeed.checkpointing.checkpoint: PipelineModule(..., activation_checkpoint_interval=%d) over the decoder layers", a.every, a.every)
+	case len(ck) == 0:
+		return "checkpoint no layer: leave gradient checkpointing off"
+	case len(ck) == len(a.layers):
+		return "checkpoint every decoder layer, each from its input, with deepspeed.checkpointing.checkpoint: transformers' model.gradient_checkpointing_enable(), or PipelineModule(..., activation_checkpoint_interval=1)"
+	}
+	return fmt.Sprintf("checkpoint %s (%d of %d decoder layers), each from its input, with deepspeed.checkpointing.checkpoint in the model's forward; store the others", spans(ck, "layers."), len(ck), len(a.layers))
+}
+
+// DeepSpeedSettings are the settings the closest plan is chosen from
+// (planner.CheapestLayers) when the plan is not one DeepSpeed runs: no
+// layer checkpointed, or the first k of n, each from its input.
+func DeepSpeedSettings(n int) []planner.LayerSetting {
+	out := []planner.LayerSetting{{Name: "deepspeed none", Checkpoint: func(int, int) bool { return false }}}
+	for k := 1; k <= n; k++ {
+		out = append(out, planner.LayerSetting{Name: fmt.Sprintf("deepspeed first %d", k), Checkpoint: func(i, _ int) bool { return i < k }})
+	}
+	return out
+}
+
+// deepSpeedExact returns the layers DeepSpeed checkpoints to run the plan
+// as planned: each layer stored or checkpointed from its input, or groups.
+func (e *Export) deepSpeedExact() (deepSpeedAC, bool) {
+	a := deepSpeedAC{layers: make([]bool, len(e.Layers))}
+	if g := e.uniform(); g > 0 {
+		a.every = g
+		for i := range a.layers {
+			a.layers[i] = true
+		}
+		return a, true
+	}
+	for i, l := range e.Layers {
+		switch {
+		case l.Mode == "checkpoint" && !e.nothing[i]:
+			a.layers[i] = true
+		case l.Mode != "store":
+			return deepSpeedAC{}, false
+		}
+	}
+	return a, true
+}
+
+// DeepSpeedExact reports whether DeepSpeed runs the plan's layers as
+// planned.
+func (e *Export) DeepSpeedExact() bool {
+	_, ok := e.deepSpeedExact()
+	return ok
+}
+
+// deepSpeedConfig is the part of a DeepSpeed config the export writes.
+type deepSpeedConfig struct {
+	MicroBatch int64           `json:"train_micro_batch_size_per_gpu,omitempty"`
+	BF16       *enabled        `json:"bf16,omitempty"`
+	FP16       *enabled        `json:"fp16,omitempty"`
+	ZeRO       *zeroStage      `json:"zero_optimization,omitempty"`
+	AC         deepSpeedACJSON `json:"activation_checkpointing"`
+}
+
+type enabled struct {
+	Enabled bool `json:"enabled"`
+}
+
+type zeroStage struct {
+	Stage int64 `json:"stage"`
+}
+
+type deepSpeedACJSON struct {
+	PartitionActivations bool `json:"partition_activations"`
+	CPUCheckpointing     bool `json:"cpu_checkpointing"`
+	ContiguousMemory     bool `json:"contiguous_memory_optimization"`
+	// NumberCheckpoints: the checkpointed groups of a step, which only
+	// contiguous_memory_optimization reads; null when none.
+	NumberCheckpoints   *int `json:"number_checkpoints"`
+	SynchronizeBoundary bool `json:"synchronize_checkpoint_boundary"`
+	Profile             bool `json:"profile"`
+}
+
+// DeepSpeed writes the DeepSpeed config (JSON) the plan was made for and
+// returns what a trainer must do beside it — the layers to checkpoint, and
+// the peak and compute that run — for the caller to show: JSON has no
+// comments. The setting is the plan's own when it is one of DeepSpeed's,
+// else runs's (the cheapest of DeepSpeedSettings that fits, named by its
+// Solver), compared with the plan. Without either it says why not and
+// returns an error.
+func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan) ([]string, error) {
+	a, exact := e.deepSpeedExact()
+	var notes []string
+	if exact {
+		notes = append(notes, fmt.Sprintf("DeepSpeed: %s; every layer runs as planned: peak %v, %+.1f%% compute", a.how(), e.PeakBytes, 100*e.Overhead))
+		for _, n := range e.Notes {
+			if !(a.every > 1 && (n == e.nothingNote || n == e.runtimeNote)) {
+				notes = append(notes, n)
+			}
+		}
+	} else {
+		if runs == nil {
+			return nil, fmt.Errorf("the plan for %s cannot be run by DeepSpeed's activation checkpointing: %s; export from the model (not a saved plan) for the closest setting, or plan with --solver every-k", comment(e.Model), comment(e.layerSummary()))
+		}
+		a = deepSpeedAC{layers: make([]bool, len(e.Layers))}
+		found := false
+		for _, s := range DeepSpeedSettings(len(e.Layers)) {
+			if s.Name == runs.Solver {
+				for i := range a.layers {
+					a.layers[i] = s.Checkpoint(i, len(a.layers))
+				}
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("%s is not a DeepSpeed setting", comment(runs.Solver))
+		}
+		notes = append(notes,
+			fmt.Sprintf("the plan (%s solver: peak %v, %+.1f%% compute) has %s, which DeepSpeed's settings cannot say", e.Solver, e.PeakBytes, 100*e.Overhead, e.layerSummary()),
+			fmt.Sprintf("DeepSpeed: the closest setting, and the cheapest that fits: %s: peak %v, %+.1f%% compute", a.how(), runs.PeakBytes, 100*runs.Overhead))
+	}
+	c := deepSpeedConfig{MicroBatch: e.Batch}
+	switch e.DType {
+	case "bf16":
+		c.BF16 = &enabled{true}
+	case "fp16":
+		c.FP16 = &enabled{true}
+	}
+	if e.Zero > 0 {
+		c.ZeRO = &zeroStage{e.Zero}
+	}
+	if n := a.groups(); n > 0 {
+		c.AC.NumberCheckpoints = &n
+	}
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	_, err = w.Write(append(data, '\n'))
+	return notes, err
+}

@@ -1,0 +1,144 @@
+package export
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/solver"
+)
+
+// TestDeepSpeed writes every way of checkpointing tiny-llama's four layers
+// (stages 1–4), each from its input, and a few more: DeepSpeed runs each
+// pattern as planned (the model's forward checkpoints the layers the
+// notes name), number_checkpoints counting the checkpoints a step makes;
+// groups of layers kept from their first layer's input are groups of N;
+// a layer kept in part is refused without the model to find the closest
+// setting.
+func TestDeepSpeed(t *testing.T) {
+	p := tinyLlama(t)
+	for mask := 0; mask < 16; mask++ {
+		d := make([]int, 6)
+		var names []string
+		named := "" // the layers, runs joined: "layers.0–1, layers.3"
+		for k := 0; k < 4; k++ {
+			if mask&(1<<k) == 0 {
+				continue
+			}
+			d[k+1] = ck
+			names = append(names, fmt.Sprintf("layers.%d", k))
+			switch {
+			case k > 0 && mask&(1<<(k-1)) != 0 && k < 3 && mask&(1<<(k+1)) != 0:
+			case k > 0 && mask&(1<<(k-1)) != 0:
+				named += fmt.Sprintf("–%d", k)
+			case named != "":
+				named += fmt.Sprintf(", layers.%d", k)
+			default:
+				named = fmt.Sprintf("layers.%d", k)
+			}
+		}
+		cfg, notes := deepSpeedOf(t, exportOf(t, p, d))
+		want := any(nil)
+		if len(names) > 0 {
+			want = float64(len(names))
+		}
+		if got := cfg["activation_checkpointing"].(map[string]any)["number_checkpoints"]; got != want {
+			t.Errorf("%v: number_checkpoints %v, want %v", names, got, want)
+		}
+		if n := len(names); n > 0 && n < 4 && !strings.Contains(notes, fmt.Sprintf("checkpoint %s (%d of 4 decoder layers)", named, n)) {
+			t.Errorf("%v: the notes do not name %s:\n%s", names, named, notes)
+		}
+		switch len(names) {
+		case 0:
+			if !strings.Contains(notes, "checkpoint no layer") {
+				t.Errorf("none: %s", notes)
+			}
+		case 4:
+			if !strings.Contains(notes, "gradient_checkpointing_enable()") {
+				t.Errorf("every layer: %s", notes)
+			}
+		}
+	}
+	// Groups of two, each from its first layer's input.
+	cfg, notes := deepSpeedOf(t, exportOf(t, p, []int{0, ck, n, ck, n, 0}))
+	if got := cfg["activation_checkpointing"].(map[string]any)["number_checkpoints"]; got != 2.0 || !strings.Contains(notes, "activation_checkpoint_interval=2") {
+		t.Errorf("groups of 2: number_checkpoints %v, notes %s", got, notes)
+	}
+	// A layer kept in part, or keeping no input outside a group, is not.
+	for _, d := range [][]int{{0, option(t, p, "megatron-selective"), 0, 0, 0, 0}, {0, ck, n, 0, 0, 0}} {
+		e := exportOf(t, p, d)
+		if e.DeepSpeedExact() {
+			t.Errorf("%v: DeepSpeed runs it", d)
+		}
+		if _, err := e.DeepSpeed(new(bytes.Buffer), nil); err == nil || !strings.Contains(err.Error(), "cannot be run by DeepSpeed") {
+			t.Errorf("%v: %v", d, err)
+		}
+	}
+}
+
+// deepSpeedOf writes e's DeepSpeed config and returns it parsed, with the
+// notes joined.
+func deepSpeedOf(t *testing.T, e *Export) (map[string]any, string) {
+	t.Helper()
+	var b bytes.Buffer
+	notes, err := e.DeepSpeed(&b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b.Bytes(), &cfg); err != nil {
+		t.Fatalf("%v:\n%s", err, b.String())
+	}
+	ac := cfg["activation_checkpointing"].(map[string]any)
+	for _, k := range []string{"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"} {
+		if ac[k] != false {
+			t.Errorf("%s = %v: the plan keeps every checkpoint whole on the GPU", k, ac[k])
+		}
+	}
+	return cfg, strings.Join(notes, "\n")
+}
+
+// TestDeepSpeedClosest: the closest setting is the cheapest that fits of
+// no layer checkpointed and the first k, each replayed as DeepSpeed runs
+// it, at every budget between checkpointing every layer and storing all.
+func TestDeepSpeedClosest(t *testing.T) {
+	p := tinyLlama(t)
+	settings := DeepSpeedSettings(4)
+	if len(settings) != 5 {
+		t.Fatalf("%d settings, want 5", len(settings))
+	}
+	store, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+	chosen := map[int]bool{}
+	for f := 0; f <= 40; f++ {
+		budget := p.Static + store.Peak*mem.Bytes(20+2*f)/100
+		best, bestCost := -1, 0.0
+		for k := 0; k <= 4; k++ { // the first k layers: chain stages 1 … k
+			ckd := make([]bool, p.Chain.Len())
+			for s := 1; s <= k; s++ {
+				ckd[s] = true
+			}
+			r, err := solver.Simulate(p.Chain, solver.PerStage(ckd, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Static+r.Peak <= budget && (best < 0 || r.Cost < bestCost) {
+				best, bestCost = k, r.Cost
+			}
+		}
+		plan, at, err := p.CheapestLayers(&planner.Options{Budget: budget}, settings)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at != best || (best >= 0 && plan.Solver != settings[best].Name) {
+			t.Errorf("budget %v: chose %d, want %d", budget, at, best)
+		}
+		chosen[best] = true
+	}
+	if len(chosen) < 3 || !chosen[-1] {
+		t.Errorf("the budgets choose only %v: none that fits nothing, or too few settings", chosen)
+	}
+}
