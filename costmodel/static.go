@@ -23,6 +23,11 @@ type Static struct {
 	// backward and frees after it: counted for the whole step, it bounds
 	// that transient.
 	DequantBytes int64
+	// GatheredBytes is what ZeRO stage 3 (FSDP) gathers while it runs
+	// (fsdpWorkingSet): the root's unsharded weights and gradients, and
+	// two decoder layers' unsharded weights, communication buffers and
+	// gradients. Counted for the whole step, it bounds the gathers.
+	GatheredBytes int64
 	// Paged: the optimizer state is in CUDA unified memory (bitsandbytes'
 	// paged optimizers), which the driver moves to the host when the GPU
 	// runs short; counted on the GPU.
@@ -31,7 +36,7 @@ type Static struct {
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes
 }
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
@@ -96,6 +101,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	fp32Grads := Profile(s.Profile) == Megatron && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
+	// The unsharded weights and gradients of each decoder layer, and of
+	// the rest (the root, to FSDP), for ZeRO stage 3's working set.
+	layerW, layerG := map[int]int64{}, map[int]int64{}
+	var rootW, rootG int64
 	for i := range g.Nodes {
 		if !held(i) {
 			continue
@@ -122,6 +131,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 			gradSize = 4
 		}
 		approx += float64(p) * float64(2*max(size, trainSize)+16)
+		w0 := weights
 		weights += (p-tr)*size + tr*trainSize
 		grads += tr * gradSize
 		if trainSize < 4 {
@@ -145,6 +155,13 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 				weights += quantBytes(q, s.Quant, s.DoubleQuant) - q.elems*e
 				dequant = max(dequant, q.elems*e)
 			}
+		}
+		if k, ok := ir.LayerIndex(n.Block); ok {
+			layerW[k] += weights - w0
+			layerG[k] += tr * gradSize
+		} else {
+			rootW += weights - w0
+			rootG += tr * gradSize
 		}
 	}
 	// Each count fits (ir checks every weight's size); their sums and
@@ -171,12 +188,32 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	}
 	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
+		var w, g int64
+		for k := range layerW {
+			w, g = max(w, layerW[k]), max(g, layerG[k])
+		}
+		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, g, dp)
 	}
 	st.BuffersBytes = ropeTables(g, held)
 	return st, nil
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// fsdpWorkingSet is what ZeRO stage 3 holds unsharded beside its shards,
+// as PyTorch's FSDP runs it with each decoder layer and the root (the
+// model) wrapped (PyTorch's FSDP notes, "FSDP buffers sizes"): two
+// all-gather communication buffers of a layer's shard (layerW/dp each)
+// and two unsharded layers (the one running and the one prefetched);
+// about two unsharded gradients of a layer while its gradients are
+// reduce-scattered in backward; and the root's weights — the embedding,
+// the final norm, the head — which are gathered when the forward starts
+// and kept until the backward ends, with their gradients, reduce-
+// scattered once the whole backward is done. layerW and layerG are the
+// largest layer's unsharded weight and gradient bytes.
+func fsdpWorkingSet(rootW, rootG, layerW, layerG, dp int64) int64 {
+	return rootW + rootG + 2*layerW + 2*ceilDiv(layerW, dp) + 2*layerG
+}
 
 // An optimizer is what an optimizer keeps for the weights it trains.
 type optimizer struct {

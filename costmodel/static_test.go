@@ -11,7 +11,7 @@ import (
 // TestStaticZeRO checks static memory against the ZeRO paper's accounting
 // (Rajbhandari et al. 2020, Figure 1): with mixed precision and Adam,
 // (2 + 2 + K)Ψ bytes with K = 12; stage 1 divides KΨ by Nd, stage 2 also
-// the gradients, stage 3 everything.
+// the gradients, stage 3 everything, and gathers what it runs.
 func TestStaticZeRO(t *testing.T) {
 	build := func(dtype string, zero, dp int64, opt string) Static {
 		m := &graphio.Model{Name: "s", Family: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
@@ -31,6 +31,8 @@ func TestStaticZeRO(t *testing.T) {
 	if want := int64(100*64*2 + 2*(64*64*2+64*32*2+3*64*128+2*64) + 64); psi != want {
 		t.Fatalf("parameters = %d, want %d", psi, want)
 	}
+	const root = 100*64*2 + 64
+	const layer = 64*64*2 + 64*32*2 + 3*64*128 + 2*64
 	tests := []struct {
 		name  string
 		dtype string
@@ -38,13 +40,18 @@ func TestStaticZeRO(t *testing.T) {
 		opt   string
 		want  Static
 	}{
-		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0, 0, false}},
-		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0, 0, false}},
-		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0, 0, false}},
-		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0, 0, false}},
-		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0, 0, false}},
-		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0, 0, false}},
-		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0, 0, false}},
+		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0, 0, 0, false}},
+		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0, 0, 0, false}},
+		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0, 0, 0, false}},
+		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0, 0, 0, false}},
+		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0, 0, 0, false}},
+		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0, 0, 0, false}},
+		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
+		// the root (embedding, head, final norm) whole with its gradients,
+		// two layers' weights unsharded and two all-gather buffers of a
+		// layer's shard, two of a layer's unsharded gradients.
+		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0, 0,
+			2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +66,41 @@ func TestStaticZeRO(t *testing.T) {
 	}
 }
 
+// TestFSDPWorkingSet reproduces the example of PyTorch's FSDP notes
+// ("FSDP buffers sizes"): transformer blocks of 1.6B fp32 parameters over
+// 8 GPUs need two communication buffers of 1.6·4/8 = 0.8 GB and two
+// unsharded blocks of 6.4 GB, 14.4 GB in all (the notes leave out the
+// embeddings and the gradients: none here).
+func TestFSDPWorkingSet(t *testing.T) {
+	if got, want := fsdpWorkingSet(0, 0, 1.6e9*4, 0, 8), int64(14.4e9); got != want {
+		t.Errorf("FSDP buffers = %d, want %d", got, want)
+	}
+	// The root and the reduce-scattered gradients come on top.
+	if got, want := fsdpWorkingSet(3, 5, 1.6e9*4, 7, 8), int64(14.4e9+3+5+2*7); got != want {
+		t.Errorf("with root and gradients = %d, want %d", got, want)
+	}
+	// Llama 3 8B in bf16 over 8 GPUs: a layer of 4096² (q, o), 4096·1024
+	// (k, v), 3·4096·14336 (the MLP) and two norms of 4096 weights; the
+	// root's untied embedding and head of 128256·4096 and the final norm.
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := src.Model
+	m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: 3}
+	const layer = 2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096
+	const root = 2*128256*4096 + 4096
+	if got, want := analyzeModel(t, m).Static.GatheredBytes, int64(2*2*root+2*2*layer+2*(2*layer/8)+2*2*layer); got != want {
+		t.Errorf("llama-3-8b, ZeRO 3 over 8: gathered %d, want %d", got, want)
+	}
+	// Under LoRA only the adapters have gradients (rank 16 on q and v).
+	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []string{"q", "v"}}
+	adapters := int64(16*(4096+4096) + 16*(4096+1024))
+	if got, want := analyzeModel(t, m).Static.GatheredBytes, 2*root+2*(2*layer+2*adapters)+2*((2*layer+2*adapters+7)/8)+2*2*adapters; got != want {
+		t.Errorf("llama-3-8b LoRA, ZeRO 3 over 8: gathered %d, want %d", got, want)
+	}
+}
+
 func TestStaticLoRA(t *testing.T) {
 	m := &graphio.Model{Name: "s", Family: "llama", Layers: 3, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
 	m.Training.LoRA = ir.LoRA{Rank: 8, Targets: []string{"q", "v"}}
@@ -68,7 +110,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2, 0, false}
+	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2, 0, 0, false}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}

@@ -3,6 +3,7 @@ package export
 import (
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 
@@ -117,7 +118,7 @@ func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan) error {
 		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*e.Overhead, comment(e.layerSummary()))
 		b.WriteString("# which torchtitan's settings cannot say. The closest setting they can, and the cheapest that fits:\n")
 		fmt.Fprintf(&b, "# peak %v, %+.1f%% compute.\n", runs.PeakBytes, 100*runs.Overhead)
-		if runs.Overhead < e.Overhead {
+		if math.Round(1000*runs.Overhead) < math.Round(1000*e.Overhead) { // as printed
 			b.WriteString("# It costs less than the plan, whose solver rounds memory up to --slots slots: more slots find it.\n")
 		}
 	} else {

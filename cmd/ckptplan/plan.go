@@ -314,5 +314,8 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	if st.BuffersBytes > 0 {
 		out += fmt.Sprintf(", buffers %v", mem.Bytes(st.BuffersBytes))
 	}
+	if st.GatheredBytes > 0 {
+		out += fmt.Sprintf(", gathered by ZeRO 3 %v", mem.Bytes(st.GatheredBytes))
+	}
 	return out
 }
