@@ -71,9 +71,15 @@ func (a deepSpeedAC) how() string {
 // (planner.CheapestLayers) when the plan is not one DeepSpeed runs: no
 // layer checkpointed, or the first k of n, each from its input.
 func DeepSpeedSettings(n int) []planner.LayerSetting {
-	out := []planner.LayerSetting{{Name: "deepspeed none", Checkpoint: func(int, int) bool { return false }}}
+	return firstLayers("deepspeed none", "deepspeed first %d", n)
+}
+
+// firstLayers are the settings that checkpoint no layer, named none, and
+// the first k of n layers for k from 1 to n, named by first's format.
+func firstLayers(none, first string, n int) []planner.LayerSetting {
+	out := []planner.LayerSetting{{Name: none, Checkpoint: func(int, int) bool { return false }}}
 	for k := 1; k <= n; k++ {
-		out = append(out, planner.LayerSetting{Name: fmt.Sprintf("deepspeed first %d", k), Checkpoint: func(i, _ int) bool { return i < k }})
+		out = append(out, planner.LayerSetting{Name: fmt.Sprintf(first, k), Checkpoint: func(i, _ int) bool { return i < k }})
 	}
 	return out
 }
@@ -170,7 +176,7 @@ func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan) ([]string, error) {
 			return nil, fmt.Errorf("%s is not a DeepSpeed setting", comment(runs.Solver))
 		}
 		notes = append(notes,
-			fmt.Sprintf("the plan (%s solver: peak %v, %+.1f%% compute) has %s, which DeepSpeed's settings cannot say", e.Solver, e.PeakBytes, 100*e.Overhead, e.layerSummary()),
+			fmt.Sprintf("the plan (%s solver: peak %v, %+.1f%% compute) has %s, which DeepSpeed's settings cannot say", e.Solver, e.PeakBytes, 100*e.underSAC().Overhead, e.layerSummary()),
 			fmt.Sprintf("DeepSpeed: the closest setting, and the cheapest that fits: %s: peak %v, %+.1f%% compute", a.how(), runs.PeakBytes, 100*runs.Overhead))
 	}
 	c := deepSpeedConfig{MicroBatch: e.Batch}

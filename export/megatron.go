@@ -13,37 +13,43 @@ import (
 // Megatron recomputes either the attention core of every layer
 // (--recompute-granularity selective) or whole layers, the first N of each
 // pipeline stage (--recompute-method block) or groups of N layers from a
-// checkpoint at each group's input (uniform). Otherwise it says why not
-// and returns an error.
-func (e *Export) Megatron(w io.Writer) error {
-	n := len(e.Layers)
-	modes := make([]string, n)
-	for i, l := range e.Layers {
-		modes[i] = l.Mode
-		if l.Mode == "selective" {
-			modes[i] += ":" + l.Policy
-		}
-	}
-	var flags, why string
-	uniform := false
-	switch {
-	case all(modes, "store"):
-		flags = "(none: the plan stores every layer, Megatron's default)"
-	case all(modes, "selective:megatron-selective"):
-		flags = recomputeFlags(planner.MegatronRecompute{Selective: true})
-	case e.block(modes) > 0:
-		flags = recomputeFlags(planner.MegatronRecompute{Block: e.block(modes)})
-	case e.uniform() > 0:
-		flags = fmt.Sprintf("--recompute-granularity full --recompute-method uniform --recompute-num-layers %d", e.uniform())
-		uniform = true
-	default:
-		why = e.whyNot(modes)
-	}
-	if why != "" {
-		return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", comment(e.Model), comment(why))
-	}
+// checkpoint at each group's input (uniform). Otherwise it writes the
+// flags of runs, the closest setting (the cheapest of
+// MegatronSettings that fits, or megatron-selective, named by its
+// Solver), with a header comparing it with the plan; without runs it says
+// why not and returns an error.
+func (e *Export) Megatron(w io.Writer, runs *planner.Plan) error {
+	flags, uniform, why := e.megatronExact()
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", comment(e.Model))
+	if why != "" {
+		if runs == nil {
+			return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", comment(e.Model), comment(why))
+		}
+		var r planner.MegatronRecompute
+		switch {
+		case runs.Solver == planner.MegatronSelective.Name:
+			r.Selective = true
+		case strings.HasPrefix(runs.Solver, "megatron block "):
+			n, err := strconv.Atoi(strings.TrimPrefix(runs.Solver, "megatron block "))
+			if err != nil {
+				return fmt.Errorf("%s is not a Megatron-LM setting", comment(runs.Solver))
+			}
+			r.Block = n
+		case runs.Solver != "megatron none":
+			return fmt.Errorf("%s is not a Megatron-LM setting", comment(runs.Solver))
+		}
+		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*e.underSAC().Overhead, comment(e.layerSummary()))
+		b.WriteString("# which Megatron-LM's flags cannot say. The closest setting they can, and the cheapest that fits:\n")
+		fmt.Fprintf(&b, "# peak %v, %+.1f%% compute.\n", runs.PeakBytes, 100*runs.Overhead)
+		if f := recomputeFlags(r); f != "" {
+			fmt.Fprintf(&b, "%s\n", f)
+		} else {
+			b.WriteString("# (no flags: Megatron-LM stores every layer by default)\n")
+		}
+		_, err := io.WriteString(w, b.String())
+		return err
+	}
 	for _, note := range e.Notes {
 		if !(uniform && (note == e.nothingNote || note == e.runtimeNote)) {
 			fmt.Fprintf(&b, "# Note: %s.\n", comment(note))
@@ -52,6 +58,45 @@ func (e *Export) Megatron(w io.Writer) error {
 	fmt.Fprintf(&b, "%s\n", flags)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// megatronExact returns the flags that run the plan as planned, and
+// whether they are the uniform method's; else why none do.
+func (e *Export) megatronExact() (flags string, uniform bool, why string) {
+	modes := make([]string, len(e.Layers))
+	for i, l := range e.Layers {
+		modes[i] = l.Mode
+		if l.Mode == "selective" {
+			modes[i] += ":" + l.Policy
+		}
+	}
+	switch {
+	case all(modes, "store"):
+		return "(none: the plan stores every layer, Megatron's default)", false, ""
+	case all(modes, "selective:megatron-selective"):
+		return recomputeFlags(planner.MegatronRecompute{Selective: true}), false, ""
+	case e.block(modes) > 0:
+		return recomputeFlags(planner.MegatronRecompute{Block: e.block(modes)}), false, ""
+	case e.uniform() > 0:
+		return fmt.Sprintf("--recompute-granularity full --recompute-method uniform --recompute-num-layers %d", e.uniform()), true, ""
+	}
+	return "", false, e.whyNot(modes)
+}
+
+// MegatronExact reports whether Megatron-LM's flags run the plan's layers
+// as planned.
+func (e *Export) MegatronExact() bool {
+	_, _, why := e.megatronExact()
+	return why == ""
+}
+
+// MegatronSettings are the whole-layer settings of Megatron-LM on one
+// pipeline stage, to plan (planner.CheapestLayers) when the plan is none
+// of them: no recomputation, and the first N of n layers checkpointed
+// from their inputs (--recompute-method block). Its selective
+// recomputation is the megatron-selective solver.
+func MegatronSettings(n int) []planner.LayerSetting {
+	return firstLayers("megatron none", "megatron block %d", n)
 }
 
 func all(modes []string, m string) bool {
@@ -111,7 +156,7 @@ func (e *Export) whyNot(modes []string) string {
 	for _, m := range order {
 		parts = append(parts, fmt.Sprintf("%s %s", m, ints(counts[m])))
 	}
-	return fmt.Sprintf("Megatron applies one granularity to every layer (selective: the attention core of all; full: the first N layers, or groups of N), and the plan has %s; export --to pytorch runs it as planned, or plan with --solver megatron-selective or --solver every-k", strings.Join(parts, "; "))
+	return fmt.Sprintf("Megatron applies one granularity to every layer (selective: the attention core of all; full: the first N layers, or groups of N), and the plan has %s; export from the model (not a saved plan) for the closest setting, export --to pytorch runs it as planned, or plan with --solver megatron-selective or --solver every-k", strings.Join(parts, "; "))
 }
 
 // MegatronPipeline writes the Megatron-LM flags of a pipeline: its stages,

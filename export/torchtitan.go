@@ -115,10 +115,11 @@ func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan) error {
 		if a.mode == "" {
 			return fmt.Errorf("%s is not a torchtitan setting", comment(runs.Solver))
 		}
-		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*e.Overhead, comment(e.layerSummary()))
+		own := e.underSAC().Overhead // its keep sets' own reruns, which no setting here runs
+		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*own, comment(e.layerSummary()))
 		b.WriteString("# which torchtitan's settings cannot say. The closest setting they can, and the cheapest that fits:\n")
 		fmt.Fprintf(&b, "# peak %v, %+.1f%% compute.\n", runs.PeakBytes, 100*runs.Overhead)
-		if math.Round(1000*runs.Overhead) < math.Round(1000*e.Overhead) { // as printed
+		if math.Round(1000*runs.Overhead) < math.Round(1000*own) { // as printed
 			b.WriteString("# It costs less than the plan, whose solver rounds memory up to --slots slots: more slots find it.\n")
 		}
 	} else {

@@ -82,6 +82,14 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%s: no DeepSpeed setting (no layer checkpointed, or the first 1 to %d) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
 		}
 	}
+	if to.value == "megatron" && !e.MegatronExact() && p != nil {
+		if closest, err = closestMegatron(p, opt, len(e.Layers)); err != nil {
+			return err
+		}
+		if closest == nil {
+			return fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective, or block with 1 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
+		}
+	}
 	if p != nil { // only the model can say what the plan holds layer by layer
 		if rt, err := p.LayerRuntime(plan); err == nil {
 			if err := e.LayerByLayer(rt); err != nil {
@@ -108,7 +116,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			}
 			return err
 		}
-		return e.Megatron(w)
+		return e.Megatron(w, closest)
 	}
 	if *out == "" {
 		// Write nothing on error: the Megatron export may refuse a plan.
@@ -120,6 +128,23 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	return writeFile(*out, write)
+}
+
+// closestMegatron returns the cheapest Megatron-LM setting that fits on
+// one pipeline stage: none or block N (planner.CheapestLayers), or
+// selective (the megatron-selective solver, where the layers have an
+// attention core); nil when none fits.
+func closestMegatron(p *planner.Problem, opt *planner.Options, layers int) (*planner.Plan, error) {
+	best, _, err := p.CheapestLayers(opt, export.MegatronSettings(layers))
+	if err != nil {
+		return nil, err
+	}
+	o := *opt
+	o.Strategy = planner.MegatronSelective
+	if sel, err := p.Plan(&o); err == nil && sel.Feasible && (best == nil || sel.Cost < best.Cost) {
+		best = sel
+	}
+	return best, nil
 }
 
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags; it

@@ -120,6 +120,9 @@ func TestPlanGolden(t *testing.T) {
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 		// Groups of k layers are Megatron's uniform method.
+		// Megatron-LM's closest setting on one stage: selective, or block N.
+		{"export-megatron-closest", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb", "--profile", "megatron", "--attention", "eager", "--to", "megatron"}},
+		{"export-megatron-closest-block", []string{"export", "llama-3-8b", "--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "90GiB", "--to", "megatron"}},
 		{"export-megatron-every-2", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "2", "--to", "megatron"}},
 		{"export-megatron-every-3", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "3", "--to", "megatron"}},
 	}
@@ -237,7 +240,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron, torchtitan, deepspeed or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
-		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "megatron"}, false, "cannot be written as Megatron-LM flags"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "megatron"}, false, "no Megatron-LM recomputation setting (none, selective, or block with 1 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, or selective every 2 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
@@ -320,16 +323,20 @@ func TestExportSavedPlan(t *testing.T) {
 	}
 }
 
-// TestExportSavedPlanTorchtitan: a saved plan that no torchtitan setting
+// TestExportSavedPlanSettings: a saved plan that no setting of an engine
 // runs is refused (the closest setting needs the model to plan), one that
 // a setting runs is written.
-func TestExportSavedPlanTorchtitan(t *testing.T) {
+func TestExportSavedPlanSettings(t *testing.T) {
 	for _, tt := range []struct {
-		solver, want string
-		fails        bool
+		solver, to, want string
+		fails            bool
 	}{
-		{"selective", "cannot be written as torchtitan's activation checkpointing: selective layers.0–3; export from the model", true},
-		{"every-k", "mode = \"full\"", false},
+		{"selective", "torchtitan", "cannot be written as torchtitan's activation checkpointing: selective layers.0–3; export from the model", true},
+		{"every-k", "torchtitan", "mode = \"full\"", false},
+		{"selective", "megatron", "cannot be written as Megatron-LM flags: Megatron applies one granularity to every layer", true},
+		{"every-k", "megatron", "--recompute-method block --recompute-num-layers 4", false},
+		{"selective", "deepspeed", "cannot be run by DeepSpeed's activation checkpointing: selective layers.0–3; export from the model", true},
+		{"every-k", "deepspeed", "\"number_checkpoints\": 4", false},
 	} {
 		plan, _, err := runCmd("plan", "tiny-llama", "--budget", "5.2MiB", "--solver", tt.solver, "--format", "json")
 		if err != nil {
@@ -339,15 +346,15 @@ func TestExportSavedPlanTorchtitan(t *testing.T) {
 		if err := os.WriteFile(path, []byte(plan), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, _, err := runCmd("export", path, "--to", "torchtitan")
+		out, _, err := runCmd("export", path, "--to", tt.to)
 		if tt.fails {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("%s: error %v, want it to contain %q", tt.solver, err, tt.want)
+				t.Errorf("%s to %s: error %v, want it to contain %q", tt.solver, tt.to, err, tt.want)
 			}
 			continue
 		}
 		if err != nil || !strings.Contains(out, tt.want) {
-			t.Errorf("%s: %v\n%s", tt.solver, err, out)
+			t.Errorf("%s to %s: %v\n%s", tt.solver, tt.to, err, out)
 		}
 	}
 }
