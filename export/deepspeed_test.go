@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/ckptplan/ckptplan/mem"
-	"github.com/ckptplan/ckptplan/planner"
-	"github.com/ckptplan/ckptplan/solver"
 )
 
 // TestDeepSpeed writes every way of checkpointing tiny-llama's four layers
@@ -104,41 +100,11 @@ func deepSpeedOf(t *testing.T, e *Export) (map[string]any, string) {
 
 // TestDeepSpeedClosest: the closest setting is the cheapest that fits of
 // no layer checkpointed and the first k, each replayed as DeepSpeed runs
-// it, at every budget between checkpointing every layer and storing all.
+// it, at every budget between checkpointing every layer and storing all;
+// Megatron-LM's none and block k are the same layers.
 func TestDeepSpeedClosest(t *testing.T) {
 	p := tinyLlama(t)
-	settings := DeepSpeedSettings(4)
-	if len(settings) != 5 {
-		t.Fatalf("%d settings, want 5", len(settings))
-	}
-	store, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
-	chosen := map[int]bool{}
-	for f := 0; f <= 40; f++ {
-		budget := p.Static + store.Peak*mem.Bytes(20+2*f)/100
-		best, bestCost := -1, 0.0
-		for k := 0; k <= 4; k++ { // the first k layers: chain stages 1 … k
-			ckd := make([]bool, p.Chain.Len())
-			for s := 1; s <= k; s++ {
-				ckd[s] = true
-			}
-			r, err := solver.Simulate(p.Chain, solver.PerStage(ckd, nil))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p.Static+r.Peak <= budget && (best < 0 || r.Cost < bestCost) {
-				best, bestCost = k, r.Cost
-			}
-		}
-		plan, at, err := p.CheapestLayers(&planner.Options{Budget: budget}, settings)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if at != best || (best >= 0 && plan.Solver != settings[best].Name) {
-			t.Errorf("budget %v: chose %d, want %d", budget, at, best)
-		}
-		chosen[best] = true
-	}
-	if len(chosen) < 3 || !chosen[-1] {
-		t.Errorf("the budgets choose only %v: none that fits nothing, or too few settings", chosen)
-	}
+	first := [][]int{{}, {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}} // chain stages 1 … k
+	checkClosest(t, p, DeepSpeedSettings(4), first)
+	checkClosest(t, p, MegatronSettings(4), first)
 }

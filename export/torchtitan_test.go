@@ -64,19 +64,28 @@ func TestTorchtitan(t *testing.T) {
 // layer and storing all.
 func TestTorchtitanClosest(t *testing.T) {
 	p := tinyLlama(t)
-	settings := TorchtitanSettings(4)
-	layers := [][]int{{}, {1, 2, 3, 4}, {2, 4}, {3}, {4}} // the chain stages each checkpoints
-	if len(settings) != len(layers) {
-		t.Fatalf("%d settings, want %d", len(settings), len(layers))
+	// The chain stages each setting checkpoints.
+	checkClosest(t, p, TorchtitanSettings(4), [][]int{{}, {1, 2, 3, 4}, {2, 4}, {3}, {4}})
+}
+
+// checkClosest checks, at 41 budgets from a fifth of storing everything's
+// activations up, that planner.CheapestLayers chooses from settings the
+// cheapest that fits when each setting's checkpointed stages (stages[k]
+// for settings[k]) are simulated directly, and that the budgets choose at
+// least three ways, none fitting among them.
+func checkClosest(t *testing.T, p *planner.Problem, settings []planner.LayerSetting, stages [][]int) {
+	t.Helper()
+	if len(settings) != len(stages) {
+		t.Fatalf("%d settings, want %d", len(settings), len(stages))
 	}
 	store, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
 	chosen := map[int]bool{}
 	for f := 0; f <= 40; f++ {
 		budget := p.Static + store.Peak*mem.Bytes(20+2*f)/100
 		best, bestCost := -1, 0.0
-		for k, stages := range layers {
+		for k, ss := range stages {
 			ckd := make([]bool, p.Chain.Len())
-			for _, s := range stages {
+			for _, s := range ss {
 				ckd[s] = true
 			}
 			r, err := solver.Simulate(p.Chain, solver.PerStage(ckd, nil))
