@@ -119,7 +119,7 @@ func TestMegatron(t *testing.T) {
 		d    []int // embed, layers.0–3, head
 		want string
 	}{
-		{"store", []int{0, 0, 0, 0, 0, 0}, "(none: the plan stores every layer"},
+		{"store", []int{0, 0, 0, 0, 0, 0}, "# (no flags: the plan stores every layer"},
 		{"selective", []int{0, ms, ms, ms, ms, 0}, "--recompute-granularity selective\n"},
 		{"block", []int{0, ck, ck, 0, 0, 0}, "--recompute-granularity full --recompute-method block --recompute-num-layers 2\n"},
 		{"uniform", []int{0, ck, n, ck, n, 0}, "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2\n"},

@@ -72,7 +72,7 @@ func (e *Export) megatronExact() (flags string, uniform bool, why string) {
 	}
 	switch {
 	case all(modes, "store"):
-		return "(none: the plan stores every layer, Megatron's default)", false, ""
+		return "# (no flags: the plan stores every layer, Megatron-LM's default)", false, ""
 	case all(modes, "selective:megatron-selective"):
 		return recomputeFlags(planner.MegatronRecompute{Selective: true}), false, ""
 	case e.block(modes) > 0:
