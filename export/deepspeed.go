@@ -71,17 +71,7 @@ func (a deepSpeedAC) how() string {
 // (planner.CheapestLayers) when the plan is not one DeepSpeed runs: no
 // layer checkpointed, or the first k of n, each from its input.
 func DeepSpeedSettings(n int) []planner.LayerSetting {
-	return firstLayers("deepspeed none", "deepspeed first %d", n)
-}
-
-// firstLayers are the settings that checkpoint no layer, named none, and
-// the first k of n layers for k from 1 to n, named by first's format.
-func firstLayers(none, first string, n int) []planner.LayerSetting {
-	out := []planner.LayerSetting{{Name: none, Checkpoint: func(int, int) bool { return false }}}
-	for k := 1; k <= n; k++ {
-		out = append(out, planner.LayerSetting{Name: fmt.Sprintf(first, k), Checkpoint: func(i, _ int) bool { return i < k }})
-	}
-	return out
+	return planner.FirstLayers("deepspeed none", "deepspeed first %d", n)
 }
 
 // deepSpeedExact returns the layers DeepSpeed checkpoints to run the plan
@@ -145,10 +135,10 @@ type deepSpeedACJSON struct {
 // returns what a trainer must do beside it — the layers to checkpoint, and
 // the peak and compute that run — for the caller to show: JSON has no
 // comments. The setting is the plan's own when it is one of DeepSpeed's,
-// else runs's (the cheapest of DeepSpeedSettings that fits, named by its
-// Solver), compared with the plan. Without either it says why not and
+// else DeepSpeedSettings' setting at, whose plan (the cheapest that fits)
+// is runs, compared with the plan. Without either it says why not and
 // returns an error.
-func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan) ([]string, error) {
+func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, error) {
 	a, exact := e.deepSpeedExact()
 	var notes []string
 	if exact {
@@ -162,18 +152,13 @@ func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan) ([]string, error) {
 		if runs == nil {
 			return nil, fmt.Errorf("the plan for %s cannot be run by DeepSpeed's activation checkpointing: %s; export from the model (not a saved plan) for the closest setting, or plan with --solver every-k", comment(e.Model), comment(e.layerSummary()))
 		}
-		a = deepSpeedAC{layers: make([]bool, len(e.Layers))}
-		found := false
-		for _, s := range DeepSpeedSettings(len(e.Layers)) {
-			if s.Name == runs.Solver {
-				for i := range a.layers {
-					a.layers[i] = s.Checkpoint(i, len(a.layers))
-				}
-				found = true
-			}
+		settings := DeepSpeedSettings(len(e.Layers))
+		if at < 0 || at >= len(settings) {
+			return nil, fmt.Errorf("DeepSpeed has no setting %d", at)
 		}
-		if !found {
-			return nil, fmt.Errorf("%s is not a DeepSpeed setting", comment(runs.Solver))
+		a = deepSpeedAC{layers: make([]bool, len(e.Layers))}
+		for i := range a.layers {
+			a.layers[i] = settings[at].Checkpoint(i, len(a.layers))
 		}
 		notes = append(notes,
 			fmt.Sprintf("the plan (%s solver: peak %v, %+.1f%% compute) has %s, which DeepSpeed's settings cannot say", e.Solver, e.PeakBytes, 100*e.underSAC().Overhead, e.layerSummary()),

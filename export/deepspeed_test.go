@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/ckptplan/ckptplan/planner"
 )
 
 // TestDeepSpeed writes every way of checkpointing tiny-llama's four layers
@@ -70,7 +72,7 @@ func TestDeepSpeed(t *testing.T) {
 		if e.DeepSpeedExact() {
 			t.Errorf("%v: DeepSpeed runs it", d)
 		}
-		if _, err := e.DeepSpeed(new(bytes.Buffer), nil); err == nil || !strings.Contains(err.Error(), "cannot be run by DeepSpeed") {
+		if _, err := e.DeepSpeed(new(bytes.Buffer), nil, -1); err == nil || !strings.Contains(err.Error(), "cannot be run by DeepSpeed") {
 			t.Errorf("%v: %v", d, err)
 		}
 	}
@@ -81,7 +83,7 @@ func TestDeepSpeed(t *testing.T) {
 func deepSpeedOf(t *testing.T, e *Export) (map[string]any, string) {
 	t.Helper()
 	var b bytes.Buffer
-	notes, err := e.DeepSpeed(&b, nil)
+	notes, err := e.DeepSpeed(&b, nil, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +108,5 @@ func TestDeepSpeedClosest(t *testing.T) {
 	p := tinyLlama(t)
 	first := [][]int{{}, {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}} // chain stages 1 … k
 	checkClosest(t, p, DeepSpeedSettings(4), first)
-	checkClosest(t, p, MegatronSettings(4), first)
+	checkClosest(t, p, planner.MegatronSettings(4), first)
 }

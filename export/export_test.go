@@ -134,7 +134,7 @@ func TestMegatron(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var b bytes.Buffer
 			got := ""
-			if err := exportOf(t, p, tt.d).Megatron(&b, nil); err != nil {
+			if err := exportOf(t, p, tt.d).Megatron(&b, nil, planner.MegatronRecompute{}); err != nil {
 				got = "error: " + err.Error()
 			} else {
 				got = b.String()

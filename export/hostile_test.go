@@ -69,7 +69,7 @@ func TestHostileNamesStayText(t *testing.T) {
 	if err := e.HF(&hf); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Megatron(&mg, nil); err == nil {
+	if err := e.Megatron(&mg, nil, planner.MegatronRecompute{}); err == nil {
 		flags := regexp.MustCompile(`^--[-a-z0-9 ]+$`)
 		for _, line := range strings.Split(strings.TrimSuffix(mg.String(), "\n"), "\n") {
 			if !strings.HasPrefix(line, "# ") && !flags.MatchString(line) {

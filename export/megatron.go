@@ -14,30 +14,16 @@ import (
 // (--recompute-granularity selective) or whole layers, the first N of each
 // pipeline stage (--recompute-method block) or groups of N layers from a
 // checkpoint at each group's input (uniform). Otherwise it writes the
-// flags of runs, the closest setting (the cheapest of
-// MegatronSettings that fits, or megatron-selective, named by its
-// Solver), with a header comparing it with the plan; without runs it says
-// why not and returns an error.
-func (e *Export) Megatron(w io.Writer, runs *planner.Plan) error {
+// flags of r, the closest setting, whose plan (the cheapest that fits:
+// planner.CheapestMegatron) is runs, with a header comparing it with the
+// plan; without runs it says why not and returns an error.
+func (e *Export) Megatron(w io.Writer, runs *planner.Plan, r planner.MegatronRecompute) error {
 	flags, uniform, why := e.megatronExact()
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM, made by ckptplan (one pipeline stage).\n", comment(e.Model))
 	if why != "" {
 		if runs == nil {
 			return fmt.Errorf("the plan for %s cannot be written as Megatron-LM flags: %s", comment(e.Model), comment(why))
-		}
-		var r planner.MegatronRecompute
-		switch {
-		case runs.Solver == planner.MegatronSelective.Name:
-			r.Selective = true
-		case strings.HasPrefix(runs.Solver, "megatron block "):
-			n, err := strconv.Atoi(strings.TrimPrefix(runs.Solver, "megatron block "))
-			if err != nil {
-				return fmt.Errorf("%s is not a Megatron-LM setting", comment(runs.Solver))
-			}
-			r.Block = n
-		case runs.Solver != "megatron none":
-			return fmt.Errorf("%s is not a Megatron-LM setting", comment(runs.Solver))
 		}
 		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*e.underSAC().Overhead, comment(e.layerSummary()))
 		b.WriteString("# which Megatron-LM's flags cannot say. The closest setting they can, and the cheapest that fits:\n")
@@ -88,15 +74,6 @@ func (e *Export) megatronExact() (flags string, uniform bool, why string) {
 func (e *Export) MegatronExact() bool {
 	_, _, why := e.megatronExact()
 	return why == ""
-}
-
-// MegatronSettings are the whole-layer settings of Megatron-LM on one
-// pipeline stage, to plan (planner.CheapestLayers) when the plan is none
-// of them: no recomputation, and the first N of n layers checkpointed
-// from their inputs (--recompute-method block). Its selective
-// recomputation is the megatron-selective solver.
-func MegatronSettings(n int) []planner.LayerSetting {
-	return firstLayers("megatron none", "megatron block %d", n)
 }
 
 func all(modes []string, m string) bool {

@@ -91,11 +91,11 @@ func (e *Export) TorchtitanExact() bool {
 }
 
 // Torchtitan writes torchtitan's [activation_checkpoint] table for the
-// plan: the setting that runs its layers as planned, or else runs, the
-// plan of the closest setting (the cheapest of TorchtitanSettings that
-// fits, named by its Solver), which the header compares with the plan.
-// Without either it says why not and returns an error.
-func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan) error {
+// plan: the setting that runs its layers as planned, or else
+// TorchtitanSettings' setting at, the closest, whose plan (the cheapest
+// that fits) is runs, which the header compares with the plan. Without
+// either it says why not and returns an error.
+func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan, at int) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The activation plan of %s for torchtitan, made by ckptplan", comment(e.Model))
 	if e.Batch > 0 {
@@ -107,14 +107,11 @@ func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan) error {
 		if runs == nil {
 			return fmt.Errorf("the plan for %s cannot be written as torchtitan's activation checkpointing: %s; export from the model (not a saved plan) for the closest setting, or plan with --solver every-k", comment(e.Model), comment(e.layerSummary()))
 		}
-		for _, s := range torchtitanSettings(len(e.Layers)) {
-			if s.String() == runs.Solver {
-				a = s
-			}
+		settings := torchtitanSettings(len(e.Layers))
+		if at < 0 || at >= len(settings) {
+			return fmt.Errorf("torchtitan has no setting %d", at)
 		}
-		if a.mode == "" {
-			return fmt.Errorf("%s is not a torchtitan setting", comment(runs.Solver))
-		}
+		a = settings[at]
 		own := e.underSAC().Overhead // its keep sets' own reruns, which no setting here runs
 		fmt.Fprintf(&b, "# The plan (%s solver: peak %v, %+.1f%% compute) has %s,\n", comment(e.Solver), e.PeakBytes, 100*own, comment(e.layerSummary()))
 		b.WriteString("# which torchtitan's settings cannot say. The closest setting they can, and the cheapest that fits:\n")

@@ -36,7 +36,7 @@ func TestTorchtitan(t *testing.T) {
 		}
 		e := exportOf(t, p, d)
 		var b bytes.Buffer
-		err := e.Torchtitan(&b, nil)
+		err := e.Torchtitan(&b, nil, -1)
 		toml, ok := want[cks]
 		switch {
 		case ok && err != nil:

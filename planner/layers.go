@@ -30,17 +30,9 @@ func (p *Problem) PlanLayers(o *Options, s LayerSetting) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.Stages == nil {
-		return nil, fmt.Errorf("%s is a profiled chain: it has no layers to checkpoint", p.Name)
-	}
-	n := 0
-	for _, name := range p.names {
-		if _, ok := ir.LayerIndex(name); ok {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%s has no decoder layers to checkpoint", p.Name)
+	n, err := p.layers()
+	if err != nil {
+		return nil, err
 	}
 	ck := make([]bool, p.Chain.Len())
 	for i, name := range p.names {
@@ -57,6 +49,65 @@ func (p *Problem) PlanLayers(o *Options, s LayerSetting) (*Plan, error) {
 		plan.MinBudgetBytes += opt.Reserve
 	}
 	return plan, nil
+}
+
+// layers counts the decoder layers; it is an error when there are none.
+func (p *Problem) layers() (int, error) {
+	if p.Stages == nil {
+		return 0, fmt.Errorf("%s is a profiled chain: it has no layers to checkpoint", p.Name)
+	}
+	n := 0
+	for _, name := range p.names {
+		if _, ok := ir.LayerIndex(name); ok {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%s has no decoder layers to checkpoint", p.Name)
+	}
+	return n, nil
+}
+
+// FirstLayers are the settings that checkpoint no layer, named none, and
+// the first k of n layers for k from 1 to n, named by first, a format of
+// k.
+func FirstLayers(none, first string, n int) []LayerSetting {
+	out := []LayerSetting{{Name: none, Checkpoint: func(int, int) bool { return false }}}
+	for k := 1; k <= n; k++ {
+		out = append(out, LayerSetting{Name: fmt.Sprintf(first, k), Checkpoint: func(i, _ int) bool { return i < k }})
+	}
+	return out
+}
+
+// MegatronSettings are Megatron-LM's whole-layer settings on one pipeline
+// stage of n layers: none, and block k (its first k layers checkpointed,
+// --recompute-method block), k from 1 to n. Setting k is
+// MegatronRecompute{Block: k}.
+func MegatronSettings(n int) []LayerSetting {
+	return FirstLayers("megatron none", "megatron block %d", n)
+}
+
+// CheapestMegatron returns the plan of the cheapest Megatron-LM setting
+// that fits on one pipeline stage, and the setting: none or block k
+// (MegatronSettings, planned as Megatron runs them), or selective (the
+// megatron-selective strategy, where the layers have an attention core).
+// The plan is nil when none fits.
+func (p *Problem) CheapestMegatron(o *Options) (*Plan, MegatronRecompute, error) {
+	n, err := p.layers()
+	if err != nil {
+		return nil, MegatronRecompute{}, err
+	}
+	best, at, err := p.CheapestLayers(o, MegatronSettings(n))
+	if err != nil {
+		return nil, MegatronRecompute{}, err
+	}
+	r := MegatronRecompute{Block: max(at, 0)}
+	sel := *o
+	sel.Strategy = MegatronSelective
+	if plan, err := p.Plan(&sel); err == nil && plan.Feasible && (best == nil || plan.Cost < best.Cost) {
+		best, r = plan, MegatronRecompute{Selective: true}
+	}
+	return best, r, nil
 }
 
 // CheapestLayers plans every setting and returns the cheapest that fits,

@@ -65,9 +65,14 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	var closest *planner.Plan // the engine's closest setting, when it cannot run the plan
+	// The engine's closest setting, when it cannot run the plan: its plan,
+	// and which setting (an index into the engine's settings, or
+	// Megatron-LM's recomputation).
+	var closest *planner.Plan
+	var at int
+	var megatron planner.MegatronRecompute
 	if to.value == "torchtitan" && !e.TorchtitanExact() && p != nil {
-		if closest, _, err = p.CheapestLayers(opt, export.TorchtitanSettings(len(e.Layers))); err != nil {
+		if closest, at, err = p.CheapestLayers(opt, export.TorchtitanSettings(len(e.Layers))); err != nil {
 			return err
 		}
 		if closest == nil {
@@ -75,7 +80,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if to.value == "deepspeed" && !e.DeepSpeedExact() && p != nil {
-		if closest, _, err = p.CheapestLayers(opt, export.DeepSpeedSettings(len(e.Layers))); err != nil {
+		if closest, at, err = p.CheapestLayers(opt, export.DeepSpeedSettings(len(e.Layers))); err != nil {
 			return err
 		}
 		if closest == nil {
@@ -83,7 +88,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if to.value == "megatron" && !e.MegatronExact() && p != nil {
-		if closest, err = closestMegatron(p, opt, len(e.Layers)); err != nil {
+		if closest, megatron, err = p.CheapestMegatron(opt); err != nil {
 			return err
 		}
 		if closest == nil {
@@ -108,15 +113,15 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		case "json":
 			return writeJSON(w, e)
 		case "torchtitan":
-			return e.Torchtitan(w, closest)
+			return e.Torchtitan(w, closest, at)
 		case "deepspeed":
-			notes, err := e.DeepSpeed(w, closest)
+			notes, err := e.DeepSpeed(w, closest, at)
 			for _, n := range notes {
 				fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 			}
 			return err
 		}
-		return e.Megatron(w, closest)
+		return e.Megatron(w, closest, megatron)
 	}
 	if *out == "" {
 		// Write nothing on error: the Megatron export may refuse a plan.
@@ -128,23 +133,6 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	return writeFile(*out, write)
-}
-
-// closestMegatron returns the cheapest Megatron-LM setting that fits on
-// one pipeline stage: none or block N (planner.CheapestLayers), or
-// selective (the megatron-selective solver, where the layers have an
-// attention core); nil when none fits.
-func closestMegatron(p *planner.Problem, opt *planner.Options, layers int) (*planner.Plan, error) {
-	best, _, err := p.CheapestLayers(opt, export.MegatronSettings(layers))
-	if err != nil {
-		return nil, err
-	}
-	o := *opt
-	o.Strategy = planner.MegatronSelective
-	if sel, err := p.Plan(&o); err == nil && sel.Feasible && (best == nil || sel.Cost < best.Cost) {
-		best = sel
-	}
-	return best, nil
 }
 
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags; it
