@@ -44,7 +44,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 				a.keep(n, copy16)
 			}
 		}
-		if !n.Attrs.Frozen {
+		if !n.Attrs.Frozen || (grad(0) && int8Weight(g, n)) {
 			a.keep(n, a.operand(n, 0))
 		}
 		if n.Attrs.Autocast && grad(0) && n.Attrs.Bias {

@@ -101,6 +101,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	fp32Grads := Profile(s.Profile) == Megatron && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64 // bytes, in float64: it cannot wrap
+	eightBitState := false // some tensor's moments are 8-bit
 	// The unsharded weights and gradients of each decoder layer, and of
 	// the rest (the root, to FSDP), for ZeRO stage 3's working set.
 	layerW, layerG := map[int]int64{}, map[int]int64{}
@@ -143,6 +144,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 					t = ceilDiv(t, tp)
 				}
 				moments += adam8bitBytes(t)
+				eightBitState = eightBitState || t >= min8bitSize
 			}
 		} else {
 			moments += tr * opt.moments
@@ -182,6 +184,12 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
+	}
+	if eightBitState {
+		// The optimizer's two quantization maps, 256 fp32 values each,
+		// moved to the device with the first 8-bit state and shared by
+		// every tensor it trains.
+		st.OptimizerBytes += 2 * 256 * 4
 	}
 	if s.Parallel.Zero >= 2 {
 		st.GradientsBytes = ceilDiv(st.GradientsBytes, dp)
@@ -243,13 +251,18 @@ func Bitsandbytes(name string) bool {
 	return o.eightBit || o.paged
 }
 
+// min8bitSize is bitsandbytes' min_8bit_size: a smaller tensor's
+// optimizer state stays fp32.
+const min8bitSize = 4096
+
 // adam8bitBytes is what bitsandbytes' 8-bit AdamW keeps for a trained
 // tensor of n elements (Dettmers et al. 2022, 8-bit Optimizers via
 // Block-wise Quantization): its two moments a byte each, quantized in
 // blocks of 256 with an fp32 absolute maximum a block; a tensor under
-// 4,096 elements (min_8bit_size) keeps them in fp32.
+// 4,096 elements (min_8bit_size) keeps them in fp32. The two quantization
+// maps the optimizer shares are counted once, in staticOf.
 func adam8bitBytes(n int64) int64 {
-	if n < 4096 {
+	if n < min8bitSize {
 		return 8 * n
 	}
 	return 2 * (n + 4*ceilDiv(n, 256))
@@ -282,23 +295,34 @@ func quantizedWeights(g *ir.Graph, i int) []quantWeight {
 	return nil
 }
 
+// int8Weight reports whether linear n's weight is stored in int8
+// (LLM.int8()). bitsandbytes' 8-bit product keeps its input for the
+// backward whether or not the weight trains (MatMul8bitLt's ctx.tensors on
+// CUDA, MatMul8bitFp's ctx.A on the CPU); the 4-bit one keeps only the
+// weight.
+func int8Weight(g *ir.Graph, n *ir.Node) bool {
+	return g.Setup.Quant == "int8" && len(quantizedWeights(g, n.ID)) > 0
+}
+
 // quantBytes is the memory of a weight stored as quant says
 // (bitsandbytes): nf4 and fp4 pack two values a byte and keep an fp32
 // absolute maximum for each block of 64 (Dettmers et al. 2023, QLoRA,
 // §3); double quantization stores those maxima as a byte each, in blocks
 // of 256 with an fp32 maximum a block, and one fp32 offset (0.127 bits a
 // parameter instead of 0.5). int8 keeps a byte a value and an fp32 scale a
-// row (Dettmers et al. 2022, LLM.int8()). The quantization maps (16 or
-// 256 fp32 values a weight, or shared) are left out.
+// row (Dettmers et al. 2022, LLM.int8()). Each 4-bit weight also keeps its
+// own copy of the quantization maps (bitsandbytes 0.48's QuantState): the
+// 16 fp32 values of nf4 or fp4, and with double quantization the 256 of
+// the maxima's 8-bit map.
 func quantBytes(q quantWeight, quant string, double bool) int64 {
 	if quant == "int8" {
 		return q.elems + 4*q.rows
 	}
 	blocks := ceilDiv(q.elems, 64)
 	if double {
-		return ceilDiv(q.elems, 2) + blocks + 4*ceilDiv(blocks, 256) + 4
+		return ceilDiv(q.elems, 2) + blocks + 4*ceilDiv(blocks, 256) + 4 + 16*4 + 256*4
 	}
-	return ceilDiv(q.elems, 2) + 4*blocks
+	return ceilDiv(q.elems, 2) + 4*blocks + 16*4
 }
 
 // trainableTensors returns the element counts of the tensors node i

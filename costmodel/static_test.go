@@ -121,10 +121,13 @@ func TestStaticLoRA(t *testing.T) {
 // byte, each block of 64 with an absolute maximum that double
 // quantization stores as a byte, in blocks of 256 with an fp32 maximum
 // and one fp32 offset a weight (Dettmers et al. 2023, §3: 0.127 bits a
-// parameter for the constants); embeddings, head and norms in bf16;
+// parameter for the constants), and each weight's copies of the NF4 map
+// (16 fp32) and the maxima's 8-bit map (256 fp32), as bitsandbytes 0.48
+// keeps them; embeddings, head and norms in bf16;
 // rank-16 adapters on every linear in fp32 with fp32 gradients;
 // bitsandbytes' paged 8-bit AdamW, two moments a byte each with an fp32
-// maximum a block of 256 (Dettmers et al. 2022); and the largest weight
+// maximum a block of 256 (Dettmers et al. 2022), and its two 256-value
+// maps once; and the largest weight
 // dequantized to bf16 while it runs.
 func TestStaticQLoRA(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
@@ -139,7 +142,7 @@ func TestStaticQLoRA(t *testing.T) {
 	ceil := func(a, b int64) int64 { return (a + b - 1) / b }
 	nf4 := func(in, out int64) int64 {
 		n := in * out
-		return n/2 + n/64 + 4*ceil(n/64, 256) + 4
+		return n/2 + n/64 + 4*ceil(n/64, 256) + 4 + 4*16 + 4*256
 	}
 	linears := [][2]int64{{h, h}, {h, kv}, {h, kv}, {h, h}, {h, f}, {h, f}, {f, h}}
 	var base, adapters, moments int64
@@ -154,7 +157,7 @@ func TestStaticQLoRA(t *testing.T) {
 		Parameters: c.Static.Parameters, TrainableParameters: l * adapters,
 		WeightsBytes:   l*base + 2*(2*v*h+2*h*l+h) + 4*l*adapters,
 		GradientsBytes: 4 * l * adapters,
-		OptimizerBytes: l * moments,
+		OptimizerBytes: l*moments + 2*4*256,
 		BuffersBytes:   c.Static.BuffersBytes,
 		DequantBytes:   2 * h * f,
 		Paged:          true,
@@ -179,7 +182,15 @@ func TestQuantConstants(t *testing.T) {
 		if tt.quant == "int8" {
 			payload = n
 		}
-		got := float64(quantBytes(quantWeight{n, rows}, tt.quant, tt.double)-payload) * 8 / n
+		maps := int64(0)
+		switch {
+		case tt.quant == "int8":
+		case tt.double:
+			maps = 4 * (16 + 256)
+		default:
+			maps = 4 * 16
+		}
+		got := float64(quantBytes(quantWeight{n, rows}, tt.quant, tt.double)-payload-maps) * 8 / n
 		if d := got - tt.bits; d > 0.0005 || d < -0.0005 {
 			t.Errorf("%s double %v: constants %.4f bits a parameter, want %.3f", tt.quant, tt.double, got, tt.bits)
 		}
@@ -193,5 +204,37 @@ func TestOptimizersKnown(t *testing.T) {
 		if _, ok := optimizers[name]; !ok {
 			t.Errorf("optimizer %q has no accounting", name)
 		}
+	}
+}
+
+// TestInt8KeepsInput checks that a linear whose weight is in int8 keeps
+// its input for the backward, as bitsandbytes' 8-bit product does (its
+// ctx.tensors on CUDA, ctx.A on the CPU), where a 4-bit one keeps only the
+// weight: with adapters on q and v, an int8 Llama layer keeps, beyond the
+// nf4 one's, the inputs of o_proj (b·s·h), of gate and up (the second
+// norm's output, b·s·h) and of down_proj (b·s·f).
+func TestInt8KeepsInput(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := func(quant string) int64 {
+		m := *src.Model
+		m.Training.LoRA = ir.LoRA{Rank: 4, Targets: []string{"q", "v"}}
+		m.Training.Quant = quant
+		c := analyzeModel(t, &m)
+		for _, b := range c.Blocks {
+			if b.Name == "layers.0" {
+				return b.SavedBytes
+			}
+		}
+		t.Fatal("no layers.0")
+		return 0
+	}
+	m := src.Model
+	b, s, h, f := int64(m.Training.Batch), int64(m.Training.Seq), m.Hidden, m.FFN
+	e := int64(4)
+	if got, want := saved("int8")-saved("nf4"), e*b*s*(2*h+f); got != want {
+		t.Errorf("int8 layer keeps %d bytes more than nf4, want %d (inputs of o, gate/up, down)", got, want)
 	}
 }
