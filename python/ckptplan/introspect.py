@@ -4,7 +4,7 @@
 transformers writes config.json) and the ckptplan flags for what only the
 live model knows: the dtype its weights are in, the attention
 implementation it runs, whether its layers compute their own rotary tables,
-the LoRA adapters PEFT added.
+the LoRA adapters PEFT added, the 4-bit weights bitsandbytes stores.
 
 Example:
     >>> import transformers
@@ -58,6 +58,8 @@ class Setup:
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
     lora_dtype: str = "model"  # fp32: PEFT's adapters over 16-bit weights
+    quant: Optional[str] = None  # nf4 or fp4: bitsandbytes' 4-bit linears (QLoRA)
+    double_quant: bool = False  # the 4-bit blocks' maxima quantized again
 
     def flags(self) -> list[str]:
         """The ckptplan command-line flags for this setup."""
@@ -72,6 +74,8 @@ class Setup:
         if self.lora_rank:
             f += ["--lora-rank", str(self.lora_rank), "--lora-targets", ",".join(self.lora_targets),
                   "--lora-dropout", repr(self.lora_dropout), "--lora-dtype", self.lora_dtype]
+        if self.quant:
+            f += ["--quant", self.quant] + (["--double-quant"] if self.double_quant else [])
         return f
 
 
@@ -143,7 +147,56 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
                   dropout_mask="dtype" if on_cpu else "byte", autocast=autocast, sdpa_layout=sdpa_layout)
     _lora(model, setup, _model_type(config))
+    _quant(layers, setup)
     return setup
+
+
+def _quant(layers: nn.Module, setup: Setup) -> None:
+    """Fill setup's quantization fields from the decoder layers' linears,
+    if bitsandbytes stores them in 4 bits (as transformers loads a model
+    with ``BitsAndBytesConfig(load_in_4bit=True)``).
+
+    ckptplan models every decoder linear quantized alike, in blocks of 64
+    packed into bytes, computing in the model's dtype; anything else is a
+    ValueError saying what differs. bitsandbytes is not imported: its
+    parameters are known by their class names.
+    """
+    linears = [(n, m) for n, m in layers.named_modules()
+               if isinstance(m, nn.Linear) and "lora_" not in n]
+    kinds = {n: type(m.weight).__name__ for n, m in linears}
+    if "Int8Params" in kinds.values():
+        raise ValueError("the decoder layers' linears are in 8 bits (bitsandbytes' LLM.int8()): its product keeps "
+                         "each linear's input on the autograd node, outside the saved tensors, where checkpointing "
+                         "cannot free it; ckptplan plans 4-bit (nf4, fp4) models")
+    four = [n for n, k in kinds.items() if k == "Params4bit"]
+    if not four:
+        return
+    if len(four) != len(linears):
+        plain = sorted(n for n, k in kinds.items() if k != "Params4bit")
+        raise ValueError(f"{len(four)} of the decoder layers' {len(linears)} linears are in 4 bits, but not "
+                         f"{', '.join(plain[:3])}{' …' if len(plain) > 3 else ''}: ckptplan plans every decoder "
+                         "linear quantized alike")
+    found = set()
+    for n, m in linears:
+        w = m.weight
+        qtype = getattr(w, "quant_type", None)
+        if qtype not in ("nf4", "fp4"):
+            raise ValueError(f"{n}: 4-bit quantization type {qtype!r}; ckptplan plans nf4 and fp4")
+        if getattr(w, "blocksize", 64) != 64:
+            raise ValueError(f"{n}: 4-bit blocks of {w.blocksize}; ckptplan plans bitsandbytes' blocks of 64")
+        if w.dtype != torch.uint8:
+            raise ValueError(f"{n}: 4-bit values packed in {w.dtype} (bnb_4bit_quant_storage); ckptplan plans "
+                             "them packed in torch.uint8, the default")
+        compute = getattr(m, "compute_dtype", None)
+        if compute is not None and compute != _TORCH[setup.dtype]:
+            raise ValueError(f"{n}: the 4-bit linears compute in {compute} over {_TORCH[setup.dtype]} weights "
+                             "(prepare_model_for_kbit_training casts the other weights to float32): ckptplan plans "
+                             "a model in one dtype; keep the other weights in the compute dtype")
+        state = getattr(w, "quant_state", None)
+        found.add((qtype, bool(getattr(state, "nested", getattr(w, "compress_statistics", False)))))
+    if len(found) != 1:
+        raise ValueError(f"the 4-bit linears are quantized in {len(found)} ways ({sorted(found)}): ckptplan plans one")
+    setup.quant, setup.double_quant = found.pop()
 
 
 def _model_type(config) -> str:

@@ -135,8 +135,8 @@ def _size(n: int) -> str:
 def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
          solver: str = "selective", device: Optional[str] = None,
          reserve: Union[str, int, None] = None, logits_dtype: Optional[str] = None,
-         autocast: Optional[str] = None, extra_args: Sequence[str] = (),
-         traced: Optional[bool] = None) -> Plan:
+         autocast: Optional[str] = None, optimizer: Optional[str] = None,
+         extra_args: Sequence[str] = (), traced: Optional[bool] = None) -> Plan:
     """Plan model's activations for one training step of batch sequences of
     seq tokens within budget (bytes, or a string such as "24GiB"; default:
     the device's memory).
@@ -145,7 +145,11 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     (``ckptplan plan -h`` lists them), whose default reserve for what is not
     a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
     transformers' loss does, the default) or model; autocast: "bf16" when
-    the step runs under torch.autocast with fp32 weights.
+    the step runs under torch.autocast with fp32 weights; optimizer: the
+    optimizer whose state the step holds (adamw, the default;
+    adamw8bit, paged-adamw8bit and paged-adamw for bitsandbytes'; sgd; none).
+    A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
+    planned with them.
 
     traced: whether to plan a trace of the model (``ckptplan.trace``)
     rather than the graph ckptplan builds from its config. By default a
@@ -167,6 +171,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--device", device]
     if reserve is not None:
         args += ["--reserve", str(reserve)]
+    if optimizer is not None:
+        args += ["--optimizer", optimizer]
     from .layers import unwrap  # needs torch, as a model does
 
     base = unwrap(model)

@@ -61,3 +61,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "engines: reads an export with an engine's own configuration parser (DeepSpeed, Megatron Core: "
         "python/requirements-engines.txt); .ci/run runs these with it")
+    config.addinivalue_line(
+        "markers", "quant: measures bitsandbytes' 4- and 8-bit weights and optimizers on the CPU "
+        "(python/requirements-quant.txt); .ci/run runs these with it")
