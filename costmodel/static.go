@@ -100,7 +100,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
 	fp32Grads := Profile(s.Profile) == Megatron && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
-	var approx float64 // bytes, in float64: it cannot wrap
+	var approx float64     // bytes, in float64: it cannot wrap
 	eightBitState := false // some tensor's moments are 8-bit
 	// The unsharded weights and gradients of each decoder layer, and of
 	// the rest (the root, to FSDP), for ZeRO stage 3's working set.
