@@ -129,6 +129,36 @@ func (k *search) needs(p int, kept func(int) bool) []int {
 	return out
 }
 
+// rerun returns what the backward reruns under keep set nb: R(K), and
+// under the megatron profile, for megatron-selective, the product with V
+// too. Megatron-LM checkpoints the whole core attention module
+// (DotProductAttention: QKᵀ through dropout, then the product with V), so
+// its backward reruns that product although its output is kept.
+func (k *search) rerun(nb namedBits, core []bool) []int {
+	r := k.recompute(nb.kept)
+	if k.c.Profile != costmodel.Megatron || nb.policy != "megatron-selective" {
+		return r
+	}
+	g := k.c.Graph
+	in := make(map[int]bool, len(r))
+	for _, id := range r {
+		in[id] = true
+	}
+	for _, id := range k.st.Nodes {
+		n := &g.Nodes[id]
+		if n.Op == ir.MatMul && !core[id] && slices.ContainsFunc(n.Inputs, func(i int) bool { return core[i] }) {
+			in[id] = true
+		}
+	}
+	out := make([]int, 0, len(in))
+	for _, id := range k.st.Nodes {
+		if in[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // recompute returns R(K) in graph order for the kept candidates.
 func (k *search) recompute(kept bitset) []int {
 	if k.c.Profile == costmodel.Transformers {
@@ -393,11 +423,11 @@ func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 			// The same stage but for its nodes' names: the same sizes and
 			// transients, its own nodes to rerun.
 			ks := found.sets[i]
-			ks.Recompute = k.recompute(nb.kept)
+			ks.Recompute = k.rerun(nb, core)
 			out = append(out, ks)
 			continue
 		}
-		out = append(out, k.keepSet(nb))
+		out = append(out, k.keepSet(nb, core))
 	}
 	if len(found.sets) == 0 {
 		found.sets = out
@@ -417,7 +447,7 @@ func (st *Stage) keepAll() KeepSet {
 
 // keepSet turns kept candidates into a KeepSet with its name, costs and
 // transients.
-func (k *search) keepSet(nb namedBits) KeepSet {
+func (k *search) keepSet(nb namedBits, core []bool) KeepSet {
 	st := k.st
 	ks := KeepSet{Name: nb.policy, kept: nb.kept, TapeBytes: st.TapeBytes}
 	if ks.Name == "" {
@@ -428,7 +458,7 @@ func (k *search) keepSet(nb namedBits) KeepSet {
 			ks.TapeBytes -= mem.Bytes(k.c.Storages[s].Bytes)
 		}
 	}
-	ks.Recompute = k.recompute(nb.kept)
+	ks.Recompute = k.rerun(nb, core)
 	if k.c.Profile == costmodel.Transformers {
 		ks.ExtraFLOPs = k.sacFLOPs(nb.kept)
 	} else {

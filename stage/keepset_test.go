@@ -242,6 +242,43 @@ func TestKorthikantiSelective(t *testing.T) {
 	}
 }
 
+// TestMegatronSelectiveReruns: under the megatron profile the
+// megatron-selective keep set reruns what Megatron-LM's checkpoint of the
+// core attention module reruns: QKᵀ and the product with V, 2·b·s²·h/t
+// FLOPs each (Korthikanti et al. 2022, §5: the attention's two products),
+// plus the scale, mask, softmax and dropout between them; not the
+// projections.
+func TestMegatronSelectiveReruns(t *testing.T) {
+	const s, b, h, tp = 2048, 1, 12288, 8
+	st := build(t, "gpt3-175b", func(tr *ir.Setup) {
+		tr.Seq, tr.Batch, tr.Profile, tr.Parallel.TP, tr.Parallel.SP = s, b, "megatron", tp, true
+	})[1]
+	j, ok := st.KeepSet("megatron-selective")
+	if !ok {
+		t.Fatal("no megatron-selective keep set")
+	}
+	ks := st.KeepSets[j]
+	var products, pointwise int64
+	g := st.c.Graph
+	for _, id := range ks.Recompute {
+		n := &g.Nodes[id]
+		switch n.Op {
+		case ir.MatMul:
+			products += st.c.Nodes[id].ForwardFLOPs
+		case ir.Scale, ir.CausalMask, ir.Softmax, ir.Dropout, ir.Cast, ir.Reshape:
+			pointwise += st.c.Nodes[id].ForwardFLOPs
+		default:
+			t.Errorf("reruns %s (%v), outside the core attention", n.Name, n.Op)
+		}
+	}
+	if want := int64(2 * 2 * b * s * s * h / tp); products != want {
+		t.Errorf("reruns %d FLOPs of products, want QKᵀ and ·V: %d", products, want)
+	}
+	if ks.ExtraFLOPs != products+pointwise {
+		t.Errorf("ExtraFLOPs %d, want the rerun's %d", ks.ExtraFLOPs, products+pointwise)
+	}
+}
+
 // TestKeepSetNamesQuoteOddTensors: tensors whose names hold the list's
 // own punctuation are quoted, so that two keep sets of a stage never
 // share a name (p, q and "p,q" would otherwise both read drop(p,q)).
