@@ -49,8 +49,9 @@ func (s Static) Total() int64 {
 // gradients, stage 3 (FSDP's full sharding) also the weights. LoRA
 // adapters kept in fp32 over 16-bit weights need no master copy; nor do a
 // traced op's parameters in a dtype of their own that is 32 bits wide.
-// Under the megatron profile 16-bit gradients are fp32, as Megatron-LM
-// keeps them.
+// Gradients reduced once a step (Parallel.NoSync) are held whole between
+// microbatches: not split over dp whatever the stage. Under the megatron
+// profile 16-bit gradients are fp32, as Megatron-LM keeps them.
 func staticMemory(g *ir.Graph) (Static, error) {
 	return staticOf(g, func(int) bool { return true })
 }
@@ -191,7 +192,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		// every tensor it trains.
 		st.OptimizerBytes += 2 * 256 * 4
 	}
-	if s.Parallel.Zero >= 2 {
+	if s.Parallel.Zero >= 2 && !s.Parallel.NoSync {
 		st.GradientsBytes = ceilDiv(st.GradientsBytes, dp)
 	}
 	if s.Parallel.Zero >= 3 {

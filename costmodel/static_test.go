@@ -101,6 +101,34 @@ func TestFSDPWorkingSet(t *testing.T) {
 	}
 }
 
+// TestStaticNoSync: gradients reduced once a step, after the last
+// microbatch (FSDP2's set_requires_gradient_sync(False), DDP's no_sync),
+// are the whole model's on every rank, 2Ψ in bf16 (Rajbhandari et al.
+// 2020's Ψ accounting), under ZeRO 2 and 3 as under 0 and 1; the
+// optimizer state and ZeRO 3's weights stay sharded.
+func TestStaticNoSync(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, zero := range []int64{0, 1, 2, 3} {
+		m := *src.Model
+		m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: zero}
+		synced := analyzeModel(t, &m).Static
+		m.Training.Parallel.NoSync = true
+		st := analyzeModel(t, &m).Static
+		psi := st.Parameters
+		if st.GradientsBytes != 2*psi {
+			t.Errorf("ZeRO %d, no sync: gradients %d, want 2Ψ = %d", zero, st.GradientsBytes, 2*psi)
+		}
+		want := synced
+		want.GradientsBytes = 2 * psi
+		if diff := cmp.Diff(want, st); diff != "" {
+			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)
+		}
+	}
+}
+
 func TestStaticLoRA(t *testing.T) {
 	m := &graphio.Model{Name: "s", Family: "llama", Layers: 3, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
 	m.Training.LoRA = ir.LoRA{Rank: 8, Targets: []string{"q", "v"}}

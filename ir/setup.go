@@ -77,6 +77,11 @@ type Parallel struct {
 	TP   int64 `yaml:"tp" json:"tp"`
 	SP   bool  `yaml:"sp" json:"sp"`
 	Zero int64 `yaml:"zero" json:"zero"`
+	// NoSync: gradients are reduced once an optimizer step, after its last
+	// microbatch (DDP's no_sync, FSDP2's set_requires_gradient_sync(False),
+	// Accelerate's gradient accumulation under FSDP), so each rank holds
+	// them whole, unsharded, between microbatches.
+	NoSync bool `yaml:"no_sync,omitempty" json:"no_sync,omitempty"`
 }
 
 // Enumerated values of the setup's string fields.

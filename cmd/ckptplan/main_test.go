@@ -116,6 +116,7 @@ func TestPlanGolden(t *testing.T) {
 		// that fits.
 		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "every-k", "--to", "torchtitan"}},
 		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
+		{"llama-3-8b-zero3-no-sync", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--no-sync"}},
 		{"export-torchtitan-optimal", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "optimal", "--to", "torchtitan"}},
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},

@@ -306,8 +306,12 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 		}
 		opt += ")"
 	}
-	out := fmt.Sprintf("weights %v%s, gradients %v, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
-		mem.Bytes(st.GradientsBytes), mem.Bytes(st.OptimizerBytes), opt)
+	grads := ""
+	if s.Parallel.NoSync && s.Parallel.Zero >= 2 && s.Parallel.DP > 1 {
+		grads = " (whole: reduced once a step)"
+	}
+	out := fmt.Sprintf("weights %v%s, gradients %v%s, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
+		mem.Bytes(st.GradientsBytes), grads, mem.Bytes(st.OptimizerBytes), opt)
 	if st.DequantBytes > 0 {
 		out += fmt.Sprintf(", dequantized weight %v", mem.Bytes(st.DequantBytes))
 	}

@@ -21,6 +21,7 @@ type setupFlags struct {
 	loraRank, tp, dp   int64
 	zero               int64
 	sp                 bool
+	noSync             bool
 	dropout            float64
 	logits             string
 	loraTargets        string
@@ -75,6 +76,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
 	fs.Int64Var(&s.zero, "zero", -1, "ZeRO stage 0-3 (default: the model's)")
+	fs.BoolVar(&s.noSync, "no-sync", false, "gradients reduced once a step, after its last microbatch (DDP's no_sync, FSDP2's set_requires_gradient_sync(False)): held whole under ZeRO 2 and 3")
 }
 
 // applyTrainingTo applies the training flags that were given to a model
@@ -158,6 +160,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Parallel.DP = s.dp
 		case "zero":
 			t.Parallel.Zero = s.zero
+		case "no-sync":
+			t.Parallel.NoSync = s.noSync
 		}
 	})
 }
