@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import tempfile
+from typing import Optional
 
 import pytest
 
@@ -61,9 +62,10 @@ def quantize(model: "torch.nn.Module", quant: str, double: bool) -> None:
             setattr(parent, child_name, new.to("cpu"))
 
 
-def build(quant: str, double: bool, dtype=None, rank: int = 16, targets=ALL_LINEARS) -> "torch.nn.Module":
+def build(quant: Optional[str], double: bool, dtype=None, rank: int = 16, targets=ALL_LINEARS) -> "torch.nn.Module":
     """A tiny Llama in bf16 with random weights, its decoder linears
-    quantized, and PEFT's rank-rank adapters (fp32, its default) over
+    quantized (unless quant is None), and PEFT's rank-rank adapters (fp32,
+    its default) over
     targets. The sizes make some adapters' tensors small enough for fp32
     optimizer state (< 4096 elements) and some large enough for 8-bit, and
     give weights whose 64-blocks do not fill a 256-block of maxima."""
@@ -73,7 +75,8 @@ def build(quant: str, double: bool, dtype=None, rank: int = 16, targets=ALL_LINE
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                           torch_dtype=dtype or torch.bfloat16)
-    quantize(model, quant, double)
+    if quant is not None:
+        quantize(model, quant, double)
     cfg = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), lora_dropout=0.0)
     return peft.get_peft_model(model, cfg)
 
@@ -141,14 +144,7 @@ def test_int8_weights_are_what_bitsandbytes_stores(ckptplan_binary):
     model = build("int8", False)
     with pytest.raises(ValueError, match="8 bits"):
         describe(model, batch=BATCH, seq=SEQ)
-    plain = build("nf4", False)  # the same model, to describe: its 4-bit flags are replaced
-    setup = describe(plain, batch=BATCH, seq=SEQ)
-    setup.quant = None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.json")
-        with open(path, "w") as f:
-            json.dump(setup.config, f)
-        got = json.loads(_binary.call(["cost", "--format", "json", *setup.flags(), "--quant", "int8", path]))
+    got = cost(build(None, False), "--quant", "int8")  # the same model before quantization
     assert got["static"]["weights_bytes"] == held_by_model(model)
 
 
