@@ -8,9 +8,10 @@ import "github.com/ckptplan/ckptplan/ir"
 // recomputation recomputes (Korthikanti et al. 2022, §4.2): their outputs
 // grow with s², their FLOPs are small.
 //
-// The core is found from each softmax, walking back through scale, mask
-// and reshape to a matmul and forward through cast, dropout and reshape
-// while each node has one consumer. O(nodes).
+// The core is found from each softmax that a matmul feeds, walking back
+// through scale, soft-capping (Gemma 2), mask and reshape to the matmul,
+// and forward through cast, dropout and reshape while each node has one
+// consumer: a router's softmax is not attention. O(nodes).
 func AttentionCore(g *ir.Graph) []bool {
 	core := make([]bool, len(g.Nodes))
 	consumers := g.Consumers()
@@ -18,16 +19,25 @@ func AttentionCore(g *ir.Graph) []bool {
 		if g.Nodes[i].Op != ir.Softmax {
 			continue
 		}
-		core[i] = true
+		// Back to QKᵀ; a softmax of anything else (a router's) is not
+		// attention.
+		chain := []int{i}
 		for id := g.Nodes[i].Inputs[0]; ; id = g.Nodes[id].Inputs[0] {
 			op := g.Nodes[id].Op
-			if op != ir.Scale && op != ir.CausalMask && op != ir.Reshape && op != ir.MatMul {
+			if op != ir.Scale && op != ir.Tanh && op != ir.CausalMask && op != ir.Reshape && op != ir.MatMul {
+				chain = nil
 				break
 			}
-			core[id] = true
+			chain = append(chain, id)
 			if op == ir.MatMul {
 				break
 			}
+		}
+		if chain == nil {
+			continue
+		}
+		for _, id := range chain {
+			core[id] = true
 		}
 		for id := i; len(consumers[id]) == 1; {
 			id = consumers[id][0]

@@ -130,23 +130,23 @@ func (k *search) needs(p int, kept func(int) bool) []int {
 }
 
 // rerun returns what the backward reruns under keep set nb: R(K), and
-// under the megatron profile, for megatron-selective, the product with V
-// too. Megatron-LM checkpoints the whole core attention module
-// (DotProductAttention: QKᵀ through dropout, then the product with V), so
-// its backward reruns that product although its output is kept.
-func (k *search) rerun(nb namedBits, core []bool) []int {
+// under the megatron profile, for a Megatron-LM policy, every node of its
+// modules too. Megatron-LM checkpoints whole modules: the core attention
+// (QKᵀ through dropout, then the product with V) and the MLP (through its
+// output projection) rerun whole, although the product with V and the
+// projection's outputs are kept.
+func (k *search) rerun(nb namedBits, mods *costmodel.ModuleMap) []int {
 	r := k.recompute(nb.kept)
-	if k.c.Profile != costmodel.Megatron || nb.policy != "megatron-selective" {
+	m, ok := MegatronPolicyModules(nb.policy)
+	if k.c.Profile != costmodel.Megatron || !ok {
 		return r
 	}
-	g := k.c.Graph
 	in := make(map[int]bool, len(r))
 	for _, id := range r {
 		in[id] = true
 	}
 	for _, id := range k.st.Nodes {
-		n := &g.Nodes[id]
-		if n.Op == ir.MatMul && !core[id] && slices.ContainsFunc(n.Inputs, func(i int) bool { return core[i] }) {
+		if mods.Of(id)&m != 0 {
 			in[id] = true
 		}
 	}
@@ -339,20 +339,20 @@ func paretoFront(es []frontEntry) []frontEntry {
 }
 
 // policy returns the kept candidates of a named policy.
-func (k *search) policy(name string, core []bool) bitset {
+func (k *search) policy(name string, mods *costmodel.ModuleMap) bitset {
 	g := k.c.Graph
+	megatron, isMegatron := MegatronPolicyModules(name)
 	b := newBitset(len(k.st.Saved))
 	for j, s := range k.st.Saved {
-		op := g.Nodes[k.c.Storages[s].Node].Op
+		n := &g.Nodes[k.c.Storages[s].Node]
 		var keep bool
-		switch name {
-		case "keep-all":
+		switch {
+		case name == "keep-all":
 			keep = true
-		case "megatron-selective":
-			keep = !k.c.SelectiveDrops(s, core)
-		case "matmuls-only":
-			n := &g.Nodes[k.c.Storages[s].Node]
-			keep = op == ir.MatMul || op == ir.Linear || op == ir.Aten && n.Attrs.IsProduct()
+		case isMegatron:
+			keep = !mods.Drops(k.c, s, megatron)
+		case name == "matmuls-only":
+			keep = n.Op == ir.MatMul || n.Op == ir.Linear || n.Op == ir.Aten && n.Attrs.IsProduct()
 		}
 		if keep {
 			b.set(j)
@@ -382,7 +382,7 @@ type searched struct {
 // keepSets returns the keep sets of a stage: the policies, then the points
 // of the front no policy already is. cache maps stage signatures to what
 // the search found.
-func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
+func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched) []KeepSet {
 	k := newSearch(st)
 	sig := fmt.Sprintf("%s\ninput %d", k.signature(), st.InputBytes)
 	found, ok := cache[sig]
@@ -397,7 +397,7 @@ func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 		}
 		for _, name := range Policies {
 			if !st.Routed || name == "keep-all" {
-				add(name, k.closeOutputs(k.policy(name, core)))
+				add(name, k.closeOutputs(k.policy(name, mods)))
 			}
 		}
 		complete := true
@@ -423,11 +423,11 @@ func (st *Stage) keepSets(core []bool, cache map[string]*searched) []KeepSet {
 			// The same stage but for its nodes' names: the same sizes and
 			// transients, its own nodes to rerun.
 			ks := found.sets[i]
-			ks.Recompute = k.rerun(nb, core)
+			ks.Recompute = k.rerun(nb, mods)
 			out = append(out, ks)
 			continue
 		}
-		out = append(out, k.keepSet(nb, core))
+		out = append(out, k.keepSet(nb, mods))
 	}
 	if len(found.sets) == 0 {
 		found.sets = out
@@ -447,7 +447,7 @@ func (st *Stage) keepAll() KeepSet {
 
 // keepSet turns kept candidates into a KeepSet with its name, costs and
 // transients.
-func (k *search) keepSet(nb namedBits, core []bool) KeepSet {
+func (k *search) keepSet(nb namedBits, mods *costmodel.ModuleMap) KeepSet {
 	st := k.st
 	ks := KeepSet{Name: nb.policy, kept: nb.kept, TapeBytes: st.TapeBytes}
 	if ks.Name == "" {
@@ -458,7 +458,7 @@ func (k *search) keepSet(nb namedBits, core []bool) KeepSet {
 			ks.TapeBytes -= mem.Bytes(k.c.Storages[s].Bytes)
 		}
 	}
-	ks.Recompute = k.rerun(nb, core)
+	ks.Recompute = k.rerun(nb, mods)
 	if k.c.Profile == costmodel.Transformers {
 		ks.ExtraFLOPs = k.sacFLOPs(nb.kept)
 	} else {

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/mem"
 )
 
@@ -11,8 +12,43 @@ import (
 // keep-all, megatron-selective (drop the attention core: QKᵀ, scale, mask,
 // softmax, cast, dropout; Korthikanti et al. 2022, §4.2), matmuls-only
 // (keep the tensors products and linear layers own, recompute the
-// pointwise ops) and keep-nothing.
-var Policies = []string{"keep-all", "megatron-selective", "matmuls-only", "keep-nothing"}
+// pointwise ops), keep-nothing, and Megatron-LM's selective recomputation
+// of its other modules (MegatronPolicy).
+var Policies = append([]string{"keep-all", "megatron-selective", "matmuls-only", "keep-nothing"}, megatronPolicies()...)
+
+// MegatronPolicy names the keep set of Megatron-LM's selective
+// recomputation of modules m (--recompute-granularity selective
+// --recompute-modules …): megatron-selective for the attention core alone,
+// Megatron-LM's default, else megatron-selective(layernorm,mlp) listing
+// the modules.
+func MegatronPolicy(m costmodel.Module) string {
+	if m == costmodel.CoreAttn {
+		return "megatron-selective"
+	}
+	return "megatron-selective(" + strings.Join(m.Names(), ",") + ")"
+}
+
+// MegatronPolicyModules returns the modules of a MegatronPolicy name,
+// and whether it is one.
+func MegatronPolicyModules(name string) (costmodel.Module, bool) {
+	for m := costmodel.Module(1); m <= costmodel.AllModules; m++ {
+		if MegatronPolicy(m) == name {
+			return m, true
+		}
+	}
+	return 0, false
+}
+
+// megatronPolicies names every set of modules but the default.
+func megatronPolicies() []string {
+	var out []string
+	for m := costmodel.Module(1); m <= costmodel.AllModules; m++ {
+		if m != costmodel.CoreAttn {
+			out = append(out, MegatronPolicy(m))
+		}
+	}
+	return out
+}
 
 // KeepSet is one way a stage's storing forward may run: which of the
 // stage's saved storages it keeps, what the backward reruns first, and

@@ -3,6 +3,7 @@ package stage
 import (
 	"cmp"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 	"testing"
@@ -362,4 +363,118 @@ func graphStages(t *testing.T, text string) []*Stage {
 	}
 	SearchKeepSets(c, stages)
 	return stages
+}
+
+// TestMegatronModules: each set of Megatron-LM's --recompute-modules, on a
+// GPT-3 175B layer (s 2048, b 1, tp 8, with and without sequence
+// parallelism) under the megatron profile, drops what Korthikanti et al.
+// 2022 (§4, Eq. 2 and §4.2) count for its modules and reruns the modules'
+// products whole:
+//   - core_attn: the 5·a·s²·b/t bytes of QKᵀ's output, softmax, its
+//     dropout and mask; reruns QKᵀ and ·V, 2·2·b·s²·h/t FLOPs;
+//   - layernorm: the two norms' outputs, the inputs of the QKV and first
+//     MLP linears, 2·2·s·b·h bytes (split over t with sequence
+//     parallelism); no products;
+//   - mlp: GELU's input and output, 8·s·b·h/t bytes each; reruns both
+//     MLP linears, fc2 included, 2·2·b·s·h·4h/t FLOPs.
+func TestMegatronModules(t *testing.T) {
+	const s, b, h, a, tp = 2048, 1, 12288, 96, 8
+	for _, sp := range []bool{false, true} {
+		st := build(t, "gpt3-175b", func(tr *ir.Setup) {
+			tr.Seq, tr.Batch, tr.Profile, tr.Parallel.TP, tr.Parallel.SP = s, b, "megatron", tp, sp
+		})[1]
+		norms := int64(2 * 2 * s * b * h)
+		if sp {
+			norms /= tp
+		}
+		for m := costmodel.Module(1); m <= costmodel.AllModules; m++ {
+			var drops, flops int64
+			if m&costmodel.CoreAttn != 0 {
+				drops += 5 * a * s * s * b / tp
+				flops += 2 * 2 * b * s * s * h / tp
+			}
+			if m&costmodel.LayerNorm != 0 {
+				drops += norms
+			}
+			if m&costmodel.MLP != 0 {
+				drops += 2 * 8 * s * b * h / tp
+				flops += 2 * 2 * b * s * h * 4 * h / tp
+			}
+			name := MegatronPolicy(m)
+			j, ok := st.KeepSet(name)
+			if !ok {
+				t.Errorf("sp %v: no %s keep set", sp, name)
+				continue
+			}
+			ks := st.KeepSets[j]
+			if got := int64(st.TapeBytes - ks.TapeBytes); got != drops {
+				t.Errorf("sp %v: %s drops %d bytes, want %d", sp, name, got, drops)
+			}
+			if ks.ExtraFLOPs != flops {
+				t.Errorf("sp %v: %s reruns %d FLOPs, want %d", sp, name, ks.ExtraFLOPs, flops)
+			}
+			if back, ok := MegatronPolicyModules(name); !ok || back != m {
+				t.Errorf("MegatronPolicyModules(%q) = %v, %v; want %v", name, back, ok, m)
+			}
+		}
+	}
+}
+
+// TestMegatronModulesFound: the modules are found by structure in every
+// family: the pre-norms only (not Gemma 2's norms of the attention's and
+// the MLP's outputs, nor Qwen 3's norms of q and k), the dense MLP from
+// its first linear through its output projection (not the residual
+// dropout after it), and no MLP in a layer that routes to experts.
+func TestMegatronModulesFound(t *testing.T) {
+	tests := []struct {
+		model   string
+		norms   []string
+		mlp     []string // nil: none
+		dropout float64
+		profile string
+	}{
+		{"gpt3-175b", []string{"ln_1", "ln_2"}, []string{"mlp.fc1", "mlp.gelu", "mlp.fc2"}, 0.1, "megatron"},
+		{"llama-3-8b", []string{"input_layernorm", "post_attention_layernorm"},
+			[]string{"mlp.gate_proj", "mlp.silu", "mlp.up_proj", "mlp.mul", "mlp.down_proj"}, 0, "megatron"},
+		{"gemma-2-9b", []string{"input_layernorm", "pre_feedforward_layernorm"},
+			[]string{"mlp.gate_proj", "mlp.gelu", "mlp.up_proj", "mlp.mul", "mlp.down_proj"}, 0, "megatron"},
+		{"qwen3-8b", []string{"input_layernorm", "post_attention_layernorm"},
+			[]string{"mlp.gate_proj", "mlp.silu", "mlp.up_proj", "mlp.mul", "mlp.down_proj"}, 0, "megatron"},
+		{"mixtral-8x7b", []string{"input_layernorm", "post_attention_layernorm"}, nil, 0, "torch-eager"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.model, func(t *testing.T) {
+			st := build(t, tt.model, func(tr *ir.Setup) {
+				tr.Seq, tr.Profile, tr.Attention, tr.Dropout = 256, tt.profile, "eager", tt.dropout
+			})[1]
+			g := st.c.Graph
+			mods := costmodel.FindModules(g)
+			var norms, mlp, core []string
+			for _, id := range st.Nodes {
+				name := strings.TrimPrefix(g.Nodes[id].Name, st.prefix)
+				m := mods.Of(id)
+				if m&costmodel.LayerNorm != 0 {
+					norms = append(norms, name)
+				}
+				if m&costmodel.MLP != 0 {
+					mlp = append(mlp, name)
+				}
+				if m&costmodel.CoreAttn != 0 {
+					core = append(core, name)
+				}
+				if bits.OnesCount8(uint8(m)) > 1 {
+					t.Errorf("%s is in modules %v", name, m)
+				}
+			}
+			if !slices.Equal(norms, tt.norms) {
+				t.Errorf("pre-norms %v, want %v", norms, tt.norms)
+			}
+			if !slices.Equal(mlp, tt.mlp) {
+				t.Errorf("MLP %v, want %v", mlp, tt.mlp)
+			}
+			if len(core) == 0 || !strings.HasSuffix(core[len(core)-1], "av_matmul") {
+				t.Errorf("core attention %v, want it to end in the product with V", core)
+			}
+		})
+	}
 }

@@ -106,10 +106,10 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 // policies and the exact front; Build gives only keep-all. Identical
 // stages (every layer of a model) share one search.
 func SearchKeepSets(c *costmodel.Costs, stages []*Stage) {
-	core := costmodel.AttentionCore(c.Graph)
+	mods := costmodel.FindModules(c.Graph)
 	cache := map[string]*searched{}
 	for _, st := range stages {
-		st.KeepSets = st.keepSets(core, cache)
+		st.KeepSets = st.keepSets(mods, cache)
 	}
 }
 
