@@ -6,12 +6,15 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // Megatron writes the Megatron-LM flags that run the plan, when they can:
-// Megatron recomputes either the attention core of every layer
-// (--recompute-granularity selective) or whole layers, the first N of each
+// Megatron recomputes either the same modules of every layer
+// (--recompute-granularity selective: the attention core, or the
+// --recompute-modules the plan's keep sets name) or whole layers, the first N of each
 // pipeline stage (--recompute-method block) or groups of N layers from a
 // checkpoint at each group's input (uniform). Otherwise it writes the
 // flags of r, the closest setting, whose plan (the cheapest that fits:
@@ -59,8 +62,8 @@ func (e *Export) megatronExact() (flags string, uniform bool, why string) {
 	switch {
 	case all(modes, "store"):
 		return "# (no flags: the plan stores every layer, Megatron-LM's default)", false, ""
-	case all(modes, "selective:megatron-selective"):
-		return recomputeFlags(planner.MegatronRecompute{Selective: true}), false, ""
+	case selectiveModules(modes) != 0:
+		return recomputeFlags(planner.MegatronRecompute{Modules: selectiveModules(modes)}), false, ""
 	case e.block(modes) > 0:
 		return recomputeFlags(planner.MegatronRecompute{Block: e.block(modes)}), false, ""
 	case e.uniform() > 0:
@@ -74,6 +77,21 @@ func (e *Export) megatronExact() (flags string, uniform bool, why string) {
 func (e *Export) MegatronExact() bool {
 	_, _, why := e.megatronExact()
 	return why == ""
+}
+
+// selectiveModules returns the modules when every layer runs the keep
+// set of Megatron-LM's selective recomputation of the same modules, else
+// 0.
+func selectiveModules(modes []string) costmodel.Module {
+	if len(modes) == 0 {
+		return 0
+	}
+	policy, ok := strings.CutPrefix(modes[0], "selective:")
+	if !ok || !all(modes, modes[0]) {
+		return 0
+	}
+	m, _ := stage.MegatronPolicyModules(policy)
+	return m
 }
 
 func all(modes []string, m string) bool {
@@ -133,7 +151,7 @@ func (e *Export) whyNot(modes []string) string {
 	for _, m := range order {
 		parts = append(parts, fmt.Sprintf("%s %s", m, ints(counts[m])))
 	}
-	return fmt.Sprintf("Megatron applies one granularity to every layer (selective: the attention core of all; full: the first N layers, or groups of N), and the plan has %s; export from the model (not a saved plan) for the closest setting, export --to pytorch runs it as planned, or plan with --solver megatron-selective or --solver every-k", strings.Join(parts, "; "))
+	return fmt.Sprintf("Megatron applies one granularity to every layer (selective: the same modules of all, of core_attn, layernorm and mlp; full: the first N layers, or groups of N), and the plan has %s; export from the model (not a saved plan) for the closest setting, export --to pytorch runs it as planned, or plan with --solver megatron-selective or --solver every-k", strings.Join(parts, "; "))
 }
 
 // MegatronPipeline writes the Megatron-LM flags of a pipeline: its stages,
@@ -173,11 +191,20 @@ func MegatronPipeline(w io.Writer, m *planner.MegatronPipeline) error {
 	return err
 }
 
-// recomputeFlags are a setting's Megatron-LM flags ("" for none).
+// recomputeFlags are a setting's Megatron-LM flags ("" for none): for
+// modules other than the default, --recompute-modules, after a comment
+// where they act only on some of Megatron-LM's layers.
 func recomputeFlags(r planner.MegatronRecompute) string {
 	switch {
-	case r.Selective:
+	case r.Modules == costmodel.CoreAttn:
 		return "--recompute-granularity selective"
+	case r.Selective():
+		var note string
+		if r.Modules&costmodel.LayerNorm != 0 {
+			note = "# layernorm recomputes the norms where they are modules of their own (--transformer-impl local);\n" +
+				"# Transformer Engine's layers fuse each norm into the next linear, which keeps the norm's output.\n"
+		}
+		return note + "--recompute-granularity selective --recompute-modules " + r.Modules.String()
 	case r.Block > 0:
 		return fmt.Sprintf("--recompute-granularity full --recompute-method block --recompute-num-layers %d", r.Block)
 	}

@@ -89,9 +89,10 @@ func MegatronSettings(n int) []LayerSetting {
 
 // CheapestMegatron returns the plan of the cheapest Megatron-LM setting
 // that fits on one pipeline stage, and the setting: none or block k
-// (MegatronSettings, planned as Megatron runs them), or selective (the
-// megatron-selective strategy, where the layers have an attention core).
-// The plan is nil when none fits.
+// (MegatronSettings, planned as Megatron runs them), or selective of a set
+// of modules (the megatron-selective strategy, where the layers have
+// them; MegatronSelectiveSettings). Of equal costs the first wins. The
+// plan is nil when none fits.
 func (p *Problem) CheapestMegatron(o *Options) (*Plan, MegatronRecompute, error) {
 	n, err := p.layers()
 	if err != nil {
@@ -102,10 +103,12 @@ func (p *Problem) CheapestMegatron(o *Options) (*Plan, MegatronRecompute, error)
 		return nil, MegatronRecompute{}, err
 	}
 	r := MegatronRecompute{Block: max(at, 0)}
-	sel := *o
-	sel.Strategy = MegatronSelective
-	if plan, err := p.Plan(&sel); err == nil && plan.Feasible && (best == nil || plan.Cost < best.Cost) {
-		best, r = plan, MegatronRecompute{Selective: true}
+	for _, s := range MegatronSelectiveSettings() {
+		sel := *o
+		sel.Strategy, sel.Modules = MegatronSelective, s.Modules
+		if plan, err := p.Plan(&sel); err == nil && plan.Feasible && (best == nil || plan.Cost < best.Cost) {
+			best, r = plan, s
+		}
 	}
 	return best, r, nil
 }

@@ -264,23 +264,41 @@ func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
 }
 
 // MegatronRecompute is one of Megatron-LM's activation recomputation
-// settings, as every pipeline stage runs it: none, the attention core of
-// every layer (Selective), or full recomputation of the first Block
-// layers of each stage's chunk (--recompute-method block).
+// settings, as every pipeline stage runs it: none, selective
+// recomputation of the same modules in every layer (Modules: its
+// --recompute-modules; core_attn alone is its default), or full
+// recomputation of the first Block layers of each stage's chunk
+// (--recompute-method block).
 type MegatronRecompute struct {
-	Selective bool
-	Block     int
+	Modules costmodel.Module
+	Block   int
 }
 
-// String names the setting: "none", "selective", "block N".
+// Selective reports whether the setting is selective recomputation.
+func (r MegatronRecompute) Selective() bool { return r.Modules != 0 }
+
+// String names the setting: "none", "selective", "selective layernorm
+// mlp", "block N".
 func (r MegatronRecompute) String() string {
 	switch {
-	case r.Selective:
+	case r.Modules == costmodel.CoreAttn:
 		return "selective"
+	case r.Selective():
+		return "selective " + r.Modules.String()
 	case r.Block > 0:
 		return fmt.Sprintf("block %d", r.Block)
 	}
 	return "none"
+}
+
+// MegatronSelectiveSettings are Megatron-LM's selective settings: every
+// set of the modules ckptplan models, core_attn alone first.
+func MegatronSelectiveSettings() []MegatronRecompute {
+	var out []MegatronRecompute
+	for m := costmodel.CoreAttn; m <= costmodel.AllModules; m++ {
+		out = append(out, MegatronRecompute{Modules: m})
+	}
+	return out
 }
 
 // PlanPipelineWith is the pipeline's plan when every device runs the
@@ -289,10 +307,10 @@ func (r MegatronRecompute) String() string {
 func (p *Problem) PlanPipelineWith(o *Options, pp Pipeline, r MegatronRecompute) (*PipelinePlan, error) {
 	name := "megatron " + r.String()
 	var sel []int
-	if r.Selective {
-		opts, ok := p.policyEverywhere("megatron-selective")
-		if !ok {
-			return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+	if r.Selective() {
+		opts, err := p.megatronEverywhere(r.Modules)
+		if err != nil {
+			return nil, err
 		}
 		sel = opts
 	}
@@ -305,7 +323,7 @@ func (p *Problem) PlanPipelineWith(o *Options, pp Pipeline, r MegatronRecompute)
 			first++
 		}
 		switch {
-		case r.Selective:
+		case r.Selective():
 			return []int{sel[i]}
 		case i-first < r.Block:
 			return []int{solver.Checkpoint}
@@ -325,10 +343,10 @@ type MegatronPipeline struct {
 	Exact bool
 }
 
-// PlanPipelineWith plans the pipeline and finds the Megatron-LM
+// PlanPipelineForMegatron plans the pipeline and finds the Megatron-LM
 // setting that runs it: the plan's own when one setting makes its
-// decisions, else the cheapest of none, selective and block 1 … the most
-// layers of a chunk that fits every device. The plan not fitting is not
+// decisions, else the cheapest of none, selective (each set of modules)
+// and block 1 … the most layers of a chunk that fits every device. The plan not fitting is not
 // an error (Plan.Feasible false, Runs nil); no setting fitting is.
 func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPipeline, error) {
 	plan, err := p.PlanPipeline(o, pp)
@@ -336,7 +354,7 @@ func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPip
 		return &MegatronPipeline{Plan: plan}, err
 	}
 	most := slices.Max(plan.Pipeline.Layers)
-	settings := []MegatronRecompute{{}, {Selective: true}}
+	settings := append([]MegatronRecompute{{}}, MegatronSelectiveSettings()...)
 	for n := 1; n <= most; n++ {
 		settings = append(settings, MegatronRecompute{Block: n})
 	}
@@ -344,7 +362,7 @@ func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPip
 	for _, r := range settings {
 		runs, err := p.PlanPipelineWith(o, pp, r)
 		if err != nil || !runs.Feasible {
-			continue // selective without an attention core, or too large
+			continue // selective without the modules, or too large
 		}
 		if sameDecisions(runs, plan) {
 			out.Setting, out.Runs, out.Exact = r, runs, true
@@ -355,7 +373,7 @@ func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPip
 		}
 	}
 	if out.Runs == nil {
-		return nil, fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective, or block with 1 to %d layers) fits every pipeline stage in %v, though the %s plan does", p.Name, most, plan.BudgetBytes, plan.Solver)
+		return nil, fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to %d layers) fits every pipeline stage in %v, though the %s plan does", p.Name, most, plan.BudgetBytes, plan.Solver)
 	}
 	return out, nil
 }
@@ -548,9 +566,9 @@ func (p *Problem) pipelineChoices(opt Options) (func(i int) []int, error) {
 			return []int{0}
 		}, nil
 	case MegatronSelective.Name:
-		opts, ok := p.policyEverywhere("megatron-selective")
-		if !ok {
-			return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+		opts, err := p.megatronEverywhere(opt.modules())
+		if err != nil {
+			return nil, err
 		}
 		return func(i int) []int { return []int{opts[i]} }, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
@@ -272,7 +273,7 @@ func TestPipelineForMegatron(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !exact.Exact || !exact.Setting.Selective || exact.Runs.Cost != exact.Plan.Cost {
+	if !exact.Exact || exact.Setting != (MegatronRecompute{Modules: costmodel.CoreAttn}) || exact.Runs.Cost != exact.Plan.Cost {
 		t.Errorf("megatron-selective plan: exact %v, setting %v, cost %v against the plan's %v", exact.Exact, exact.Setting, exact.Runs.Cost, exact.Plan.Cost)
 	}
 	o := &Options{Budget: 55 * mem.GiB}
@@ -283,7 +284,7 @@ func TestPipelineForMegatron(t *testing.T) {
 	if closest.Exact || !closest.Runs.Feasible || closest.Runs.PeakBytes > o.Budget {
 		t.Fatalf("in 55 GiB: exact %v, feasible %v, peak %v", closest.Exact, closest.Runs.Feasible, closest.Runs.PeakBytes)
 	}
-	for _, r := range []MegatronRecompute{{}, {Selective: true}, {Block: 1}, {Block: 6}, {Block: 12}} {
+	for _, r := range append([]MegatronRecompute{{}, {Block: 1}, {Block: 6}, {Block: 12}}, MegatronSelectiveSettings()...) {
 		other, err := p.PlanPipelineWith(o, pp, r)
 		if err != nil {
 			t.Fatal(err)

@@ -28,12 +28,23 @@ type Options struct {
 	Strategy Strategy  // zero: Selective
 	Slots    int       // optimal and selective: the table's slots (0: solver.DefaultSlots)
 	K        int       // every-k: k (0: 1)
-	Device   string    // optional: a costmodel device name, for its memory
+	// Modules are megatron-selective's modules, Megatron-LM's
+	// --recompute-modules (0: core_attn, its default).
+	Modules costmodel.Module
+	Device  string // optional: a costmodel device name, for its memory
 	// Reserve is the part of the budget kept for what is not a tensor
 	// (CUDA context, workspaces, allocator slack): the plan's peak plus
 	// it fits the budget. 0: the device's default reserve
 	// (costmodel.Device.Reserve), none without a device; NoReserve: none.
 	Reserve mem.Bytes
+}
+
+// modules returns megatron-selective's modules, the default filled in.
+func (o *Options) modules() costmodel.Module {
+	if o == nil || o.Modules == 0 {
+		return costmodel.CoreAttn
+	}
+	return o.Modules
 }
 
 // NoReserve, as Options.Reserve, plans with no reserve even on a device.
@@ -70,6 +81,12 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if opt.Reserve < 0 {
 		opt.Reserve = 0
+	}
+	if opt.Modules&^costmodel.AllModules != 0 {
+		return opt, fmt.Errorf("recompute modules %#x: not a set of %s", uint8(opt.Modules), strings.Join(costmodel.ModuleNames(), ", "))
+	}
+	if opt.Modules != 0 && opt.Strategy.Name != MegatronSelective.Name {
+		return opt, fmt.Errorf("recompute modules (%s) are megatron-selective's, not the %s solver's", opt.Modules, opt.Strategy.Name)
 	}
 	if opt.Budget <= 0 {
 		return opt, ErrNoBudget
@@ -220,16 +237,19 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 }
 
 // Compare plans the problem with every strategy at the same budget,
-// leaving out megatron-selective where no stage has an attention core.
+// leaving out megatron-selective where no stage has its modules.
 func (p *Problem) Compare(o *Options) ([]*Plan, error) {
 	var out []*Plan
 	for _, s := range Strategies {
-		if _, ok := p.policyEverywhere("megatron-selective"); s.Name == MegatronSelective.Name && !ok {
-			continue
-		}
 		var opt Options
 		if o != nil {
 			opt = *o
+		}
+		if _, ok := p.policyEverywhere(stage.MegatronPolicy(opt.modules())); s.Name == MegatronSelective.Name && !ok {
+			continue
+		}
+		if s.Name != MegatronSelective.Name {
+			opt.Modules = 0
 		}
 		opt.Strategy = s
 		plan, err := p.Plan(&opt)

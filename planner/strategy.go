@@ -5,9 +5,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // A Strategy is a way of choosing a schedule. Strategies lists them; the
@@ -31,13 +33,15 @@ var (
 	ChenGreedy = Strategy{"chen-greedy", "Chen et al.'s greedy segments, the cheapest threshold that fits", solveChenGreedy}
 	Revolve    = Strategy{"revolve", "Griewank's binomial checkpointing, the cheapest snapshot count that fits", solveRevolve}
 	// MegatronSelective stores every stage keeping its tape less its
-	// attention core (Megatron-LM's --recompute-granularity selective).
-	MegatronSelective = Strategy{"megatron-selective", "store every stage, recomputing its attention core (Megatron-LM's selective recomputation)", solveMegatronSelective}
+	// attention core, or less the modules of Options.Modules
+	// (Megatron-LM's --recompute-granularity selective, and its
+	// --recompute-modules).
+	MegatronSelective = Strategy{"megatron-selective", "store every stage, recomputing its attention core or other modules (Megatron-LM's selective recomputation)", solveMegatronSelective}
 	// Optimal is solver.Optimal on whole stages: each stage is stored,
 	// checkpointed or recomputed.
 	Optimal = Strategy{"optimal", "the optimal schedule of whole stages (store, checkpoint, recompute)", solveOptimal}
-	// Selective is solver.Optimal with every stage's keep sets, and
-	// megatron-selective everywhere as one more candidate.
+	// Selective is solver.Optimal with every stage's keep sets, and each
+	// of Megatron-LM's selective settings everywhere as more candidates.
 	Selective = Strategy{"selective", "the optimal schedule with keep sets inside stages, chosen together (the default)", solveSelective}
 )
 
@@ -106,17 +110,47 @@ func solveRevolve(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, e
 	return solver.BestRevolve(p.Chain, budget)
 }
 
-func solveMegatronSelective(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
-	opts, ok := p.policyEverywhere("megatron-selective")
-	if !ok {
-		for _, st := range p.Stages {
-			if st.Routed {
-				return nil, fmt.Errorf("%s has no layer whose attention core megatron-selective can recompute: layers that route to experts are stored or recomputed whole (try --solver optimal)", p.Name)
-			}
-		}
-		return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+func solveMegatronSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+	opts, err := p.megatronEverywhere(o.modules())
+	if err != nil {
+		return nil, err
 	}
 	return solver.Fixed(p.Chain, solver.StoreAllWith(p.Chain, opts), budget)
+}
+
+// megatronEverywhere returns, per stage, the index of the keep set of
+// Megatron-LM's selective recomputation of modules m (0, keep-all, where
+// a stage has none of them), or why no stage has one.
+func (p *Problem) megatronEverywhere(m costmodel.Module) ([]int, error) {
+	if opts, ok := p.policyEverywhere(stage.MegatronPolicy(m)); ok {
+		return opts, nil
+	}
+	for _, st := range p.Stages {
+		if st.Routed {
+			return nil, fmt.Errorf("%s has no layer whose %s megatron-selective can recompute: layers that route to experts are stored or recomputed whole (try --solver optimal)", p.Name, moduleWords(m))
+		}
+	}
+	if m&^costmodel.CoreAttn == 0 {
+		return nil, fmt.Errorf("%s has no attention core to recompute: megatron-selective needs eager attention in its layers", p.Name)
+	}
+	return nil, fmt.Errorf("%s has no %s to recompute", p.Name, moduleWords(m))
+}
+
+// moduleWords names modules in words: "attention core, pre-norms and MLP".
+func moduleWords(m costmodel.Module) string {
+	var w []string
+	for _, x := range []struct {
+		m    costmodel.Module
+		name string
+	}{{costmodel.CoreAttn, "attention core"}, {costmodel.LayerNorm, "pre-norms"}, {costmodel.MLP, "dense MLP"}} {
+		if m&x.m != 0 {
+			w = append(w, x.name)
+		}
+	}
+	if len(w) > 1 {
+		return strings.Join(w[:len(w)-1], ", ") + " or " + w[len(w)-1]
+	}
+	return strings.Join(w, "")
 }
 
 func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
@@ -125,13 +159,15 @@ func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, e
 	return solver.Optimal(&plain, budget, o.Slots)
 }
 
-// solveSelective also weighs megatron-selective everywhere, so that slot
-// rounding never makes it worse than that policy.
+// solveSelective also weighs each of Megatron-LM's selective settings
+// everywhere, so that slot rounding never makes it worse than one.
 func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
 	p.SearchKeepSets()
 	var alt []solver.Schedule
-	if opts, ok := p.policyEverywhere("megatron-selective"); ok {
-		alt = append(alt, solver.StoreAllWith(p.Chain, opts))
+	for m := costmodel.CoreAttn; m <= costmodel.AllModules; m++ {
+		if opts, ok := p.policyEverywhere(stage.MegatronPolicy(m)); ok {
+			alt = append(alt, solver.StoreAllWith(p.Chain, opts))
+		}
 	}
 	return solver.Optimal(p.Chain, budget, o.Slots, alt...)
 }

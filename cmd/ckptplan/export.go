@@ -92,7 +92,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		if closest == nil {
-			return fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective, or block with 1 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
+			return fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
 		}
 	}
 	if p != nil { // only the model can say what the plan holds layer by layer

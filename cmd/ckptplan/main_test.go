@@ -123,7 +123,12 @@ func TestPlanGolden(t *testing.T) {
 		// Groups of k layers are Megatron's uniform method.
 		// Megatron-LM's closest setting on one stage: selective, or block N.
 		{"export-megatron-closest", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb", "--profile", "megatron", "--attention", "eager", "--to", "megatron"}},
-		{"export-megatron-closest-block", []string{"export", "llama-3-8b", "--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "90GiB", "--to", "megatron"}},
+		{"export-megatron-closest-block", []string{"export", "llama-3-8b", "--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "86GiB", "--to", "megatron"}},
+		// Selective recomputation of modules (--recompute-modules): the
+		// closest setting, and a plan that is one.
+		{"export-megatron-closest-modules", []string{"export", "llama-3-8b", "--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "90GiB", "--to", "megatron"}},
+		{"export-megatron-modules", []string{"export", "gpt3-175b", "--tp", "8", "--sp", "--device", "h100-80gb", "--pp", "8", "--microbatches", "64", "--solver", "megatron-selective", "--recompute-modules", "core_attn,mlp", "--to", "megatron"}},
+		{"plan-megatron-modules", []string{"plan", "llama-3-8b", "--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "90GiB", "--solver", "megatron-selective", "--recompute-modules", "core_attn,layernorm,mlp"}},
 		{"export-megatron-every-2", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "2", "--to", "megatron"}},
 		{"export-megatron-every-3", []string{"export", "llama-3-8b", "--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB", "--solver", "every-k", "--k", "3", "--to", "megatron"}},
 	}
@@ -229,6 +234,13 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "1MiB"}, false, "tiny-llama does not fit in 1 MiB with the selective solver: it needs at least 4.62 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB"}, false, "tiny-llama does not fit in 4.50 MiB with the selective solver: it needs at least"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, true, `unknown strategy "magic"`},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--recompute-modules", "mlp"}, true, "the modules are megatron-selective's: add --solver megatron-selective"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "attn"}, true, `unknown module "attn" (valid: core_attn, layernorm, mlp)`},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "moe_act"}, true, "moe_act is a module of Megatron-LM's that ckptplan does not model"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "mlp,mlp"}, true, "mlp is given twice"},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", ","}, true, `no module in ","`},
+		{[]string{"plan", "tiny-llama", "--attention", "sdpa", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "core_attn"}, false, "has no attention core to recompute: megatron-selective needs eager attention"},
+		{[]string{"plan", "mixtral-8x7b", "--budget", "500GiB", "--solver", "megatron-selective", "--recompute-modules", "mlp"}, false, "has no layer whose dense MLP megatron-selective can recompute: layers that route to experts"},
 		{[]string{"plan", "tiny-llama", "--device", "tpu"}, true, `unknown device "tpu"`},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--device", "tpu"}, true, `unknown device "tpu"`},
 		{[]string{"cost", "tiny-llama", "--profile", "pytorch"}, true, `--profile: unknown value "pytorch"`},
@@ -241,7 +253,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"run", "tiny-gpt2", "--budget", "64MiB", "--tp", "2"}, false, "the executor runs one device"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB"}, true, "export: need --to pytorch, fsdp2, hf, megatron, torchtitan, deepspeed or json"},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--to", "jax"}, true, ""},
-		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "megatron"}, false, "no Megatron-LM recomputation setting (none, selective, or block with 1 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "megatron"}, false, "no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, or selective every 2 to 4 layers) fits in 4.65 MiB, though the selective plan does"},

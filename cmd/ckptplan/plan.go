@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"unicode"
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
@@ -27,6 +29,7 @@ type planFlags struct {
 	reserve reserveFlag
 	slots   int
 	k       int
+	modules string // --recompute-modules
 }
 
 // reserveFlag is --reserve: unset, the device's default reserve.
@@ -62,6 +65,28 @@ func (r *reserveFlag) value() mem.Bytes {
 	return r.bytes
 }
 
+// parseModules reads --recompute-modules: Megatron-LM's module names,
+// separated by commas or spaces; "" for none given.
+func parseModules(s string) (costmodel.Module, error) {
+	var m costmodel.Module
+	for _, name := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+		x, ok := costmodel.ParseModule(name)
+		switch {
+		case !ok && slices.Contains([]string{"moe_act", "mla_up_proj", "moe"}, name):
+			return 0, fmt.Errorf("%s is a module of Megatron-LM's that ckptplan does not model (it models %s)", name, strings.Join(costmodel.ModuleNames(), ", "))
+		case !ok:
+			return 0, fmt.Errorf("unknown module %q (valid: %s)", name, strings.Join(costmodel.ModuleNames(), ", "))
+		case m&x != 0:
+			return 0, fmt.Errorf("%s is given twice", name)
+		}
+		m |= x
+	}
+	if m == 0 && strings.TrimSpace(s) != "" {
+		return 0, fmt.Errorf("no module in %q", s)
+	}
+	return m, nil
+}
+
 func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p := &planFlags{setup: addSetupFlags(fs)}
 	p.setup.addTrainingFlags(fs)
@@ -72,6 +97,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 			names = append(names, s.Name)
 		}
 		fs.StringVar(&p.solver, "solver", planner.Selective.Name, "strategy: "+strings.Join(names, " | "))
+		fs.StringVar(&p.modules, "recompute-modules", "", "megatron-selective: the modules every layer recomputes, Megatron-LM's --recompute-modules, comma-separated: "+strings.Join(costmodel.ModuleNames(), " | ")+" (default: core_attn)")
 	}
 	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
@@ -102,6 +128,13 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if err != nil {
 		return nil, nil, usagef("--solver: %v", err)
 	}
+	modules, err := parseModules(p.modules)
+	if err != nil {
+		return nil, nil, usagef("--recompute-modules: %v", err)
+	}
+	if modules != 0 && strategy.Name != planner.MegatronSelective.Name {
+		return nil, nil, usagef("--recompute-modules: the modules are megatron-selective's: add --solver megatron-selective")
+	}
 	if p.device != "" {
 		if _, err := costmodel.LookupDevice(p.device); err != nil {
 			return nil, nil, usagef("--device: %v", err)
@@ -114,7 +147,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if err := p.setup.applyTrainingTo(fs, src, arg); err != nil {
 		return nil, nil, err
 	}
-	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value()}, nil
+	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Modules: modules, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value()}, nil
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
