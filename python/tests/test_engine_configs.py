@@ -103,7 +103,9 @@ SHAPES = {
 
 def megatron_args(text: str) -> dict:
     """The flags of a Megatron-LM export, by argparse's dest: '--a-b 3'
-    gives {'a_b': 3}; a flag alone is True. Comments are skipped."""
+    gives {'a_b': 3}; a flag alone is True; the values of a flag Megatron-LM
+    declares nargs='*' (--recompute-modules) are a list. Comments are
+    skipped."""
     args: dict = {}
     words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
     name = None
@@ -116,7 +118,14 @@ def megatron_args(text: str) -> dict:
             assert name is not None, f"a value {w!r} without a flag"
             v = int(w) if w.isdigit() else w
             args[name] = v if args[name] is True else [*(args[name] if isinstance(args[name], list) else [args[name]]), v]
+    for name in LIST_FLAGS:
+        if name in args and not isinstance(args[name], list):
+            args[name] = [] if args[name] is True else [args[name]]
     return args
+
+
+# Megatron-LM's flags of nargs='*' (megatron/training/arguments.py).
+LIST_FLAGS = ("recompute_modules",)
 
 
 def megatron_config(args: dict, shape: dict, tp: int, sp: bool):
@@ -163,11 +172,16 @@ def layers_built(config, monkeypatch) -> list:
 
 
 MEGATRON_CASES = {
-    # name: (model, tp, sp, flags, the recompute it must read, the layers of each rank)
+    # name: (model, tp, sp, flags, the recompute it must read (selective:
+    # its modules last), the layers of each rank)
     "selective": ("llama-3-70b", 8, True,
                   ["--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb",
                    "--profile", "megatron", "--attention", "eager", "--solver", "megatron-selective"],
-                  ("selective", None, None), None),
+                  ("selective", None, None, ["core_attn"]), None),
+    "modules": ("llama-3-8b", 1, False,
+                ["--profile", "megatron", "--seq", "8192", "--zero", "1", "--dp", "8", "--budget", "120GiB",
+                 "--solver", "megatron-selective", "--recompute-modules", "mlp,layernorm"],
+                ("selective", None, None, ["layernorm", "mlp"]), None),
     "uniform-2": ("llama-3-8b", 1, False,
                   ["--profile", "megatron", "--seq", "8192", "--batch", "4", "--budget", "200GiB",
                    "--solver", "every-k", "--k", "2"],
@@ -177,22 +191,29 @@ MEGATRON_CASES = {
     "closest-selective": ("llama-3-70b", 8, True,
                           ["--tp", "8", "--sp", "--seq", "4096", "--zero", "1", "--dp", "64", "--device", "h100-80gb",
                            "--profile", "megatron", "--attention", "eager"],
-                          ("selective", None, None), None),
+                          ("selective", None, None, ["core_attn"]), None),
+    "closest-modules": ("llama-3-8b", 1, False,
+                        ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
+                         "--budget", "90GiB"],
+                        ("selective", None, None, ["core_attn", "layernorm", "mlp"]), None),
     "closest-block": ("llama-3-8b", 1, False,
                       ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
-                       "--budget", "90GiB"],
+                       "--budget", "86GiB"],
                       ("full", "block", "1 to 32"), None),
     "pp8": ("gpt3-175b", 8, True,
             ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb",
              "--solver", "megatron-selective"],
-            ("selective", None, None), [12] * 8),
+            ("selective", None, None, ["core_attn"]), [12] * 8),
     "pp8-closest": ("gpt3-175b", 8, True,
                     ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--budget", "55GiB"],
-                    ("full", "block", 10), [12] * 8),
+                    ("selective", None, None, ["core_attn", "mlp"]), [12] * 8),
+    "pp8-closest-block": ("gpt3-175b", 8, True,
+                          ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--budget", "50GiB"],
+                          ("full", "block", "1 to 12"), [12] * 8),
     "pp8-uneven": ("gpt3-175b", 8, True,
                    ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "16", "--pp-layers", "10,12,12,12,12,12,12,14",
                     "--device", "h100-80gb", "--solver", "megatron-selective"],
-                   ("selective", None, None), [10, 12, 12, 12, 12, 12, 12, 14]),
+                   ("selective", None, None, ["core_attn"]), [10, 12, 12, 12, 12, 12, 12, 14]),
     "pp4-interleaved": ("llama-3-70b", 8, True,
                         ["--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4",
                          "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2",
@@ -208,15 +229,17 @@ def test_megatron_core_reads_the_flags(ckptplan_binary, monkeypatch, case):
     args = megatron_args(text)
     config = megatron_config(args, SHAPES[model], tp, sp)
     got = (config.recompute_granularity, config.recompute_method, config.recompute_num_layers)
-    if recompute[2] == "1 to 32":
-        assert got[:2] == recompute[:2] and 1 <= got[2] <= 32, text
+    if isinstance(recompute[2], str):
+        most = int(recompute[2].split()[-1])
+        assert got[:2] == recompute[:2] and 1 <= got[2] <= most, text
         assert "closest setting" in text, text
     else:
-        assert got == recompute, text
+        assert got == recompute[:3], text
     if recompute[0] == "selective":
-        # The attention core, Megatron Core's default module, and ckptplan's
-        # megatron-selective keep set.
-        assert config.recompute_modules == ["core_attn"], text
+        # core_attn alone is Megatron Core's default (no flag); the other
+        # modules ckptplan's keep sets name.
+        assert config.recompute_modules == recompute[3], text
+        assert ("recompute_modules" in args) == (recompute[3] != ["core_attn"]), text
     if split is None:
         assert "pipeline_model_parallel_size" not in args
         return
