@@ -245,7 +245,7 @@ func (p *Problem) Compare(o *Options) ([]*Plan, error) {
 		if o != nil {
 			opt = *o
 		}
-		if _, ok := p.policyEverywhere(stage.MegatronPolicy(opt.modules())); s.Name == MegatronSelective.Name && !ok {
+		if _, err := p.megatronEverywhere(opt.modules()); s.Name == MegatronSelective.Name && err != nil {
 			continue
 		}
 		if s.Name != MegatronSelective.Name {

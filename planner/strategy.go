@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 
@@ -120,9 +121,29 @@ func solveMegatronSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.S
 
 // megatronEverywhere returns, per stage, the index of the keep set of
 // Megatron-LM's selective recomputation of modules m (0, keep-all, where
-// a stage has none of them), or why no stage has one.
+// a stage has none of them), or why no stage has one. A module a stage
+// lacks (no attention core under sdpa) drops nothing there, so its keep
+// set is the one of the modules it has, named so.
 func (p *Problem) megatronEverywhere(m costmodel.Module) ([]int, error) {
-	if opts, ok := p.policyEverywhere(stage.MegatronPolicy(m)); ok {
+	p.SearchKeepSets()
+	var subsets []costmodel.Module // of m, the most modules first
+	for sub := m; sub != 0; sub = (sub - 1) & m {
+		subsets = append(subsets, sub)
+	}
+	slices.SortStableFunc(subsets, func(a, b costmodel.Module) int {
+		return bits.OnesCount8(uint8(b)) - bits.OnesCount8(uint8(a))
+	})
+	opts := make([]int, p.Chain.Len())
+	found := false
+	for i, st := range p.Stages {
+		for _, sub := range subsets {
+			if k, ok := st.KeepSet(stage.MegatronPolicy(sub)); ok && k > 0 {
+				opts[i], found = k, true
+				break
+			}
+		}
+	}
+	if found {
 		return opts, nil
 	}
 	for _, st := range p.Stages {

@@ -2,9 +2,12 @@ package planner
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 )
 
@@ -40,5 +43,37 @@ func TestEveryKGroupsLayers(t *testing.T) {
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("k = %d: checkpoints at stages %v, want %v", tt.k, got, tt.want)
 		}
+	}
+}
+
+// TestMegatronModulesAbsent: a module a layer lacks (the attention core,
+// under sdpa) drops nothing, so megatron-selective of it and others runs
+// the keep set of the others; of it alone, it is an error.
+func TestMegatronModulesAbsent(t *testing.T) {
+	p := load(t, "llama-3-8b") // sdpa attention: no eager core
+	o := &Options{Budget: 200 * mem.GiB, Strategy: MegatronSelective}
+	plan := func(m costmodel.Module) (*Plan, error) {
+		opt := *o
+		opt.Modules = m
+		return p.Plan(&opt)
+	}
+	both, err := plan(costmodel.CoreAttn | costmodel.MLP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mlp, err := plan(costmodel.MLP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both.Cost != mlp.Cost || both.PeakBytes != mlp.PeakBytes {
+		t.Errorf("core_attn mlp: cost %v, peak %v; mlp: %v, %v", both.Cost, both.PeakBytes, mlp.Cost, mlp.PeakBytes)
+	}
+	for _, st := range both.Stages {
+		if st.Decision == "selective" && st.Option != "megatron-selective(mlp)" {
+			t.Errorf("%s runs %s, want megatron-selective(mlp)", st.Name, st.Option)
+		}
+	}
+	if _, err := plan(costmodel.CoreAttn); err == nil || !strings.Contains(err.Error(), "no attention core") {
+		t.Errorf("core_attn alone under sdpa: error %v", err)
 	}
 }
