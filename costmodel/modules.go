@@ -28,7 +28,8 @@ import (
 	"github.com/ckptplan/ckptplan/ir"
 )
 
-// Module is a set of Megatron-LM's recompute modules.
+// Module is one of Megatron-LM's recompute modules, a bit each; a set of
+// them is their union.
 type Module uint8
 
 // The modules, in the order Megatron-LM's --recompute-modules lists them.

@@ -14,9 +14,9 @@ import (
 // Megatron writes the Megatron-LM flags that run the plan, when they can:
 // Megatron recomputes either the same modules of every layer
 // (--recompute-granularity selective: the attention core, or the
-// --recompute-modules the plan's keep sets name) or whole layers, the first N of each
-// pipeline stage (--recompute-method block) or groups of N layers from a
-// checkpoint at each group's input (uniform). Otherwise it writes the
+// --recompute-modules the plan's keep sets name) or whole layers, the
+// first N of each pipeline stage (--recompute-method block) or groups of
+// N layers from a checkpoint at each group's input (uniform). Otherwise it writes the
 // flags of r, the closest setting, whose plan (the cheapest that fits:
 // planner.CheapestMegatron) is runs, with a header comparing it with the
 // plan; without runs it says why not and returns an error.

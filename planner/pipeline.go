@@ -346,8 +346,9 @@ type MegatronPipeline struct {
 // PlanPipelineForMegatron plans the pipeline and finds the Megatron-LM
 // setting that runs it: the plan's own when one setting makes its
 // decisions, else the cheapest of none, selective (each set of modules)
-// and block 1 … the most layers of a chunk that fits every device. The plan not fitting is not
-// an error (Plan.Feasible false, Runs nil); no setting fitting is.
+// and block 1 … the most layers of a chunk that fits every device. The
+// plan not fitting is not an error (Plan.Feasible false, Runs nil); no
+// setting fitting is.
 func (p *Problem) PlanPipelineForMegatron(o *Options, pp Pipeline) (*MegatronPipeline, error) {
 	plan, err := p.PlanPipeline(o, pp)
 	if err != nil || !plan.Feasible {
