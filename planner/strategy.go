@@ -146,6 +146,9 @@ func (p *Problem) megatronEverywhere(m costmodel.Module) ([]int, error) {
 	if found {
 		return opts, nil
 	}
+	if m&^costmodel.CoreAttn != 0 && p.Costs != nil && p.Costs.Profile != costmodel.Megatron {
+		return nil, fmt.Errorf("%s: recomputing %s is Megatron-LM's, which the megatron profile plans: add --profile megatron", p.Name, (m &^ costmodel.CoreAttn).String())
+	}
 	for _, st := range p.Stages {
 		if st.Routed {
 			return nil, fmt.Errorf("%s has no layer whose %s megatron-selective can recompute: layers that route to experts are stored or recomputed whole (try --solver optimal)", p.Name, moduleWords(m))

@@ -50,7 +50,15 @@ func TestEveryKGroupsLayers(t *testing.T) {
 // under sdpa) drops nothing, so megatron-selective of it and others runs
 // the keep set of the others; of it alone, it is an error.
 func TestMegatronModulesAbsent(t *testing.T) {
-	p := load(t, "llama-3-8b") // sdpa attention: no eager core
+	src, err := graphio.Load("llama-3-8b") // sdpa attention: no eager core
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Profile = "megatron"
+	p, err := New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
 	o := &Options{Budget: 200 * mem.GiB, Strategy: MegatronSelective}
 	plan := func(m costmodel.Module) (*Plan, error) {
 		opt := *o
@@ -75,5 +83,10 @@ func TestMegatronModulesAbsent(t *testing.T) {
 	}
 	if _, err := plan(costmodel.CoreAttn); err == nil || !strings.Contains(err.Error(), "no attention core") {
 		t.Errorf("core_attn alone under sdpa: error %v", err)
+	}
+	// Under PyTorch's selective checkpointing the other modules are not
+	// Megatron-LM's runtime.
+	if _, err := load(t, "llama-3-8b").Plan(&Options{Budget: 200 * mem.GiB, Strategy: MegatronSelective, Modules: costmodel.MLP}); err == nil || !strings.Contains(err.Error(), "add --profile megatron") {
+		t.Errorf("mlp under the transformers profile: error %v", err)
 	}
 }

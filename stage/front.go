@@ -396,6 +396,9 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 			}
 		}
 		for _, name := range Policies {
+			if m, ok := MegatronPolicyModules(name); ok && m != costmodel.CoreAttn && k.c.Profile != costmodel.Megatron {
+				continue // Megatron-LM's runtime, not selective checkpointing's
+			}
 			if !st.Routed || name == "keep-all" {
 				add(name, k.closeOutputs(k.policy(name, mods)))
 			}

@@ -12,8 +12,9 @@ import (
 // keep-all, megatron-selective (drop the attention core: QKᵀ, scale, mask,
 // softmax, cast, dropout; Korthikanti et al. 2022, §4.2), matmuls-only
 // (keep the tensors products and linear layers own, recompute the
-// pointwise ops), keep-nothing, and Megatron-LM's selective recomputation
-// of its other modules (MegatronPolicy).
+// pointwise ops), keep-nothing, and, under the megatron profile,
+// Megatron-LM's selective recomputation of its other modules
+// (MegatronPolicy), which reruns whole modules as Megatron-LM does.
 var Policies = append([]string{"keep-all", "megatron-selective", "matmuls-only", "keep-nothing"}, megatronPolicies()...)
 
 // MegatronPolicy names the keep set of Megatron-LM's selective

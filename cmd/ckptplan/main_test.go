@@ -240,7 +240,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "mlp,mlp"}, true, "mlp is given twice"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", ","}, true, `no module in ","`},
 		{[]string{"plan", "tiny-llama", "--attention", "sdpa", "--budget", "5MiB", "--solver", "megatron-selective", "--recompute-modules", "core_attn"}, false, "has no attention core to recompute: megatron-selective needs eager attention"},
-		{[]string{"plan", "mixtral-8x7b", "--budget", "500GiB", "--solver", "megatron-selective", "--recompute-modules", "mlp"}, false, "has no layer whose dense MLP megatron-selective can recompute: layers that route to experts"},
+		{[]string{"plan", "mixtral-8x7b", "--budget", "500GiB", "--solver", "megatron-selective", "--recompute-modules", "mlp"}, false, "recomputing mlp is Megatron-LM's, which the megatron profile plans: add --profile megatron"},
 		{[]string{"plan", "tiny-llama", "--device", "tpu"}, true, `unknown device "tpu"`},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--device", "tpu"}, true, `unknown device "tpu"`},
 		{[]string{"cost", "tiny-llama", "--profile", "pytorch"}, true, `--profile: unknown value "pytorch"`},
