@@ -22,6 +22,7 @@ package costmodel
 // fed by it. O(nodes + edges).
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -43,6 +44,10 @@ const (
 
 var moduleNames = []string{"core_attn", "layernorm", "mlp"}
 
+// unmodelled are Megatron-LM's other recompute modules (0.12), parts of
+// layers ckptplan does not build.
+var unmodelled = []string{"moe_act", "mla_up_proj", "moe"}
+
 // Names returns the modules' names as Megatron-LM spells them, in its
 // order.
 func (m Module) Names() []string {
@@ -59,14 +64,16 @@ func (m Module) Names() []string {
 // them.
 func (m Module) String() string { return strings.Join(m.Names(), " ") }
 
-// ParseModule returns the module named as Megatron-LM names it.
-func ParseModule(name string) (Module, bool) {
-	for i, n := range moduleNames {
-		if n == name {
-			return 1 << i, true
-		}
+// ParseModule returns the module named as Megatron-LM names it, or an
+// error saying why the name is not one ckptplan models.
+func ParseModule(name string) (Module, error) {
+	if i := slices.Index(moduleNames, name); i >= 0 {
+		return 1 << i, nil
 	}
-	return 0, false
+	if slices.Contains(unmodelled, name) {
+		return 0, fmt.Errorf("%s is a module of Megatron-LM's that ckptplan does not model (it models %s)", name, strings.Join(moduleNames, ", "))
+	}
+	return 0, fmt.Errorf("unknown module %q (valid: %s)", name, strings.Join(moduleNames, ", "))
 }
 
 // ModuleNames lists the names ParseModule takes.
@@ -149,9 +156,6 @@ func FindModules(g *ir.Graph) *ModuleMap {
 
 // Of returns the module node id belongs to, 0 for none.
 func (m *ModuleMap) Of(id int) Module { return m.of[id] }
-
-// Core returns the attention core (AttentionCore).
-func (m *ModuleMap) Core() []bool { return m.core }
 
 // preNorm reports whether node id is a norm that reads its layer's input
 // (from another block) or a residual sum.

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"unicode"
@@ -70,13 +69,11 @@ func (r *reserveFlag) value() mem.Bytes {
 func parseModules(s string) (costmodel.Module, error) {
 	var m costmodel.Module
 	for _, name := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
-		x, ok := costmodel.ParseModule(name)
-		switch {
-		case !ok && slices.Contains([]string{"moe_act", "mla_up_proj", "moe"}, name):
-			return 0, fmt.Errorf("%s is a module of Megatron-LM's that ckptplan does not model (it models %s)", name, strings.Join(costmodel.ModuleNames(), ", "))
-		case !ok:
-			return 0, fmt.Errorf("unknown module %q (valid: %s)", name, strings.Join(costmodel.ModuleNames(), ", "))
-		case m&x != 0:
+		x, err := costmodel.ParseModule(name)
+		if err != nil {
+			return 0, err
+		}
+		if m&x != 0 {
 			return 0, fmt.Errorf("%s is given twice", name)
 		}
 		m |= x
