@@ -95,7 +95,7 @@ def apply_plan(model, plan=None):
         run = functools.partial(_run_checkpoint, entry["name"], shape)
         if entry["mode"] == "selective":
             saved = [(s["name"], int(s["bytes"]), bool(s["keep"])) for s in entry["saved"]]
-            run = _Selective(entry["name"], shape, layer, saved)
+            run = _Selective(entry["name"], shape, layer, entry.get("policy", ""), saved)
         return checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=run)
 
     apply_activation_checkpointing(layers, checkpoint_wrapper_fn=wrap, check_fn=lambda m: id(m) in modes)
@@ -128,8 +128,8 @@ class _Selective:
     """checkpoint_wrapper's checkpoint_fn for a selective layer: finds the
     policy on the first call in training, then checkpoints with it."""
 
-    def __init__(self, name, shape, layer, saved):
-        self.name, self.shape, self.saved = name, shape, saved
+    def __init__(self, name, shape, layer, policy, saved):
+        self.name, self.shape, self.policy_name, self.saved = name, shape, policy, saved
         self.policy = None
 
     def __call__(self, layer, *args, **kwargs):
@@ -137,6 +137,6 @@ class _Selective:
             return layer(*args, **kwargs)
         _check_shape(self.name, self.shape, args, kwargs)
         if self.policy is None:
-            self.policy = SacPolicy.find(layer, layer, args, kwargs, self.name, self.saved)
+            self.policy = SacPolicy.for_layer(layer, layer, args, kwargs, self.name, self.policy_name, self.saved)
         fn = functools.partial(layer, **kwargs) if kwargs else layer
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, context_fn=self.policy.contexts)

@@ -10,6 +10,9 @@ storage the forward saves is the plan's k-th saved entry (sizes checked),
 and the calls that made the kept ones are the policy's. SacPolicy.contexts
 is then the checkpoint's context_fn: the forward and the recomputation
 number their calls alike, so call i is cached in one and taken in the other.
+A layer whose keep set is a runtime's own policy (torchtitan-op) numbers
+its calls the same way and caches those that policy names
+(SacPolicy.torchtitan_op).
 
 This file is shared: the ckptplan Python package imports it, and the FSDP2
 export carries it in the module it writes.
@@ -23,6 +26,16 @@ from torch.utils._pytree import tree_leaves
 
 # The ops selective checkpointing runs without asking its policy.
 _SAC_IGNORED = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", frozenset())
+
+# The keep set that is torchtitan's op-level policy, and the ops it caches
+# besides every other aten.mm.
+TORCHTITAN_OP = "torchtitan-op"
+_TORCHTITAN_CACHED = frozenset({
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten.max.default",
+})
 
 
 def sac_available() -> bool:
@@ -40,12 +53,14 @@ class _SacRecorder(TorchDispatchMode):
         self.made = {}  # storage address -> op number that last made it
         self.mutated = {}  # storage address -> op number that last wrote it in place
         self.count = 0
+        self.funcs = []  # the op of each number
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func in _SAC_IGNORED:
             return out  # the checkpoint's policy is not asked about these
         n, self.count = self.count, self.count + 1
+        self.funcs.append(func)
         inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.layout == torch.strided}
         mutable = func._schema.is_mutable
@@ -64,6 +79,41 @@ class SacPolicy:
 
     def __init__(self, save, name):
         self.save, self.name = frozenset(save), name
+
+    @classmethod
+    def for_layer(cls, forward, layer, args, kwargs, name: str, policy: str,
+                  saved: Sequence[Tuple[str, int, bool]]) -> "SacPolicy":
+        """The policy of a selective layer whose keep set is policy: a
+        runtime's own (torchtitan-op), or else the one that keeps the plan's
+        saved entries (find)."""
+        if policy == TORCHTITAN_OP:
+            return cls.torchtitan_op(forward, args, kwargs, name)
+        return cls.find(forward, layer, args, kwargs, name, saved)
+
+    @classmethod
+    def torchtitan_op(cls, forward, args, kwargs, name: str) -> "SacPolicy":
+        """torchtitan's op-level policy (selective_ac_option = "op"), the
+        plan's keep set torchtitan-op: of the ops forward(*args, **kwargs)
+        runs, every aten.mm but every second (the first, third, ...), the
+        fused attention kernels and maxima. The CPU's flash kernel counts as
+        CUDA's, which torchtitan caches, so that a layer holds on the CPU
+        what the plan says it holds on a GPU."""
+        rec = _SacRecorder()
+        # Nothing saved: a tensor packed as itself would keep the probe's
+        # graph alive (see find).
+        with torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
+                torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda t: t), rec:
+            out = forward(*args, **kwargs)
+        del out
+        save, products = set(), 0
+        for n, func in enumerate(rec.funcs):
+            if func is torch.ops.aten.mm.default:
+                products += 1
+                if products % 2 == 1:
+                    save.add(n)
+            elif str(func) in _TORCHTITAN_CACHED:
+                save.add(n)
+        return cls(save, name)
 
     @classmethod
     def find(cls, forward, layer, args, kwargs, name: str,

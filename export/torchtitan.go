@@ -8,34 +8,42 @@ import (
 	"strings"
 
 	"github.com/ckptplan/ckptplan/planner"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // torchtitan checkpoints layers by one setting, the [activation_checkpoint]
 // table of its job config: mode "none"; "full", every layer; or
 // "selective" with selective_ac_option N, a number: the N-th, 2N-th, …
 // layer counted from 1 (torchtitan's _apply_ac_to_transformer_block
-// counts the blocks it wraps), the others stored. Its other selective
-// option, "op", saves the outputs of op types (matrix products but every
-// second, attention, reductions), which no keep set of ckptplan's
-// describes, so it is never written.
+// counts the blocks it wraps), the others stored; or "selective" with
+// selective_ac_option "op": every layer under its op-level policy, the
+// keep set stage.TorchtitanOp.
 type torchtitanAC struct {
 	mode  string // none, full or selective
 	every int    // selective: checkpoint every N-th layer
+	op    bool   // selective: every layer under the op-level policy
 }
 
 func (a torchtitanAC) checkpoint(i, _ int) bool {
-	switch a.mode {
-	case "full":
+	switch {
+	case a.mode == "full":
 		return true
-	case "selective":
+	case a.mode == "selective" && !a.op:
 		return (i+1)%a.every == 0
 	}
 	return false
 }
 
+func (a torchtitanAC) option() string {
+	if a.op {
+		return "op"
+	}
+	return strconv.Itoa(a.every)
+}
+
 func (a torchtitanAC) String() string {
 	if a.mode == "selective" {
-		return "torchtitan selective " + strconv.Itoa(a.every)
+		return "torchtitan selective " + a.option()
 	}
 	return "torchtitan " + a.mode
 }
@@ -43,7 +51,7 @@ func (a torchtitanAC) String() string {
 func (a torchtitanAC) toml() string {
 	s := fmt.Sprintf("[activation_checkpoint]\nmode = %q\n", a.mode)
 	if a.mode == "selective" {
-		s += fmt.Sprintf("selective_ac_option = %q\n", strconv.Itoa(a.every))
+		s += fmt.Sprintf("selective_ac_option = %q\n", a.option())
 	}
 	return s
 }
@@ -53,7 +61,7 @@ func torchtitanSettings(n int) []torchtitanAC {
 	for k := 2; k <= n; k++ {
 		s = append(s, torchtitanAC{mode: "selective", every: k})
 	}
-	return s
+	return append(s, torchtitanAC{mode: "selective", op: true})
 }
 
 // TorchtitanSettings are torchtitan's settings for a model of n decoder
@@ -61,18 +69,27 @@ func torchtitanSettings(n int) []torchtitanAC {
 func TorchtitanSettings(n int) []planner.LayerSetting {
 	var out []planner.LayerSetting
 	for _, a := range torchtitanSettings(n) {
-		out = append(out, planner.LayerSetting{Name: a.String(), Checkpoint: a.checkpoint})
+		s := planner.LayerSetting{Name: a.String(), Checkpoint: a.checkpoint}
+		if a.op {
+			s.KeepSet = stage.TorchtitanOp
+		}
+		out = append(out, s)
 	}
 	return out
 }
 
-// torchtitanExact returns the setting that checkpoints exactly the plan's
-// checkpointed layers, each keeping its input, and stores the rest.
+// torchtitanExact returns the setting that runs exactly the plan's
+// layers: its checkpointed ones, each keeping its input, and the rest
+// stored, or every layer under the op-level policy.
 func (e *Export) torchtitanExact() (torchtitanAC, bool) {
 	n := len(e.Layers)
 	for _, a := range torchtitanSettings(n) {
 		same := true
 		for i, l := range e.Layers {
+			if a.op {
+				same = same && l.Mode == "selective" && l.Policy == stage.TorchtitanOp
+				continue
+			}
 			ck := l.Mode == "checkpoint" && !e.nothing[i]
 			same = same && (l.Mode == "store" || ck) && ck == a.checkpoint(i, n)
 		}

@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // TestTorchtitan writes every way of checkpointing tiny-llama's four
@@ -64,8 +66,65 @@ func TestTorchtitan(t *testing.T) {
 // layer and storing all.
 func TestTorchtitanClosest(t *testing.T) {
 	p := tinyLlama(t)
-	// The chain stages each setting checkpoints.
-	checkClosest(t, p, TorchtitanSettings(4), [][]int{{}, {1, 2, 3, 4}, {2, 4}, {3}, {4}})
+	// The chain stages each setting checkpoints; the last setting, op, is
+	// a keep set of the transformers profile (TestTorchtitanOp), which
+	// tiny-llama's torch-eager plan has none of.
+	settings := TorchtitanSettings(4)
+	if last := settings[len(settings)-1]; last.Name != "torchtitan selective op" || last.KeepSet != stage.TorchtitanOp {
+		t.Fatalf("the last setting is %+v", last)
+	}
+	checkClosest(t, p, settings[:5], [][]int{{}, {1, 2, 3, 4}, {2, 4}, {3}, {4}})
+	if _, at, err := p.CheapestLayers(&planner.Options{Budget: 1 << 40}, settings[5:]); err != nil || at != -1 {
+		t.Errorf("op without its keep set: setting %d, %v", at, err)
+	}
+}
+
+// TestTorchtitanOp: under the transformers profile, torchtitan's op-level
+// setting is every layer under the keep set torchtitan-op. A plan that
+// runs it everywhere is written as it; otherwise it is the closest setting
+// where it is the cheapest that fits, its costs those of the schedule that
+// stores every layer under that keep set.
+func TestTorchtitanOp(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Profile = "transformers"
+	p, err := planner.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := p.Plan(&planner.Options{Budget: 1 << 40, Strategy: planner.TorchtitanOp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := FromPlan(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := e.Torchtitan(&b, nil, -1); err != nil || !strings.HasSuffix(b.String(), "mode = \"selective\"\nselective_ac_option = \"op\"\n") {
+		t.Errorf("the torchtitan-op plan: %v\n%s", err, b.String())
+	}
+	// Stored under the keep set everywhere, replayed directly.
+	opts := make([]int, p.Chain.Len())
+	for i, st := range p.Stages {
+		if k, ok := st.KeepSet(stage.TorchtitanOp); ok {
+			opts[i] = k
+		}
+	}
+	r, err := solver.Simulate(p.Chain, solver.StoreAllWith(p.Chain, opts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.PeakBytes != p.Static+r.Peak {
+		t.Errorf("peak %v, replayed %v", plan.PeakBytes, p.Static+r.Peak)
+	}
+	settings := TorchtitanSettings(4)
+	chosen, at, err := p.CheapestLayers(&planner.Options{Budget: plan.PeakBytes}, settings)
+	if err != nil || at != len(settings)-1 || chosen == nil || chosen.Cost != plan.Cost {
+		t.Errorf("at the op setting's peak: setting %d (%+v), %v", at, chosen, err)
+	}
 }
 
 // checkClosest checks, at 41 budgets from a fifth of storing everything's

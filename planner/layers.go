@@ -20,6 +20,9 @@ import (
 type LayerSetting struct {
 	Name       string
 	Checkpoint func(i, n int) bool
+	// KeepSet names the keep set the layers not checkpointed run (a
+	// runtime's policy, stage.TorchtitanOp); "": they store everything.
+	KeepSet string
 }
 
 // PlanLayers plans setting s under the options' budget; the plan says
@@ -40,7 +43,14 @@ func (p *Problem) PlanLayers(o *Options, s LayerSetting) (*Plan, error) {
 			ck[i] = s.Checkpoint(k, n)
 		}
 	}
-	plan, err := p.PlanSchedule(s.Name, max(opt.Budget-opt.Reserve, 1), solver.PerStage(ck, nil))
+	var opts []int
+	if s.KeepSet != "" {
+		var ok bool
+		if opts, ok = p.policyEverywhere(s.KeepSet); !ok {
+			return nil, fmt.Errorf("%s: no layer has the keep set %s", p.Name, s.KeepSet)
+		}
+	}
+	plan, err := p.PlanSchedule(s.Name, max(opt.Budget-opt.Reserve, 1), solver.PerStage(ck, opts))
 	if err != nil {
 		return nil, err
 	}
@@ -114,11 +124,17 @@ func (p *Problem) CheapestMegatron(o *Options) (*Plan, MegatronRecompute, error)
 }
 
 // CheapestLayers plans every setting and returns the cheapest that fits,
-// with its index; nil and -1 when none does.
+// with its index; nil and -1 when none does. A setting whose keep set no
+// layer has is passed over.
 func (p *Problem) CheapestLayers(o *Options, settings []LayerSetting) (*Plan, int, error) {
 	var best *Plan
 	at := -1
 	for k, s := range settings {
+		if s.KeepSet != "" {
+			if _, ok := p.policyEverywhere(s.KeepSet); !ok {
+				continue
+			}
+		}
 		plan, err := p.PlanLayers(o, s)
 		if err != nil {
 			return nil, -1, err

@@ -544,7 +544,9 @@ func (p *Problem) pipelineChoices(opt Options) (func(i int) []int, error) {
 	all := func(i int) []int {
 		cs := []int{0}
 		for k := 1; k < p.Chain.NumOptions(i); k++ {
-			cs = append(cs, k)
+			if !p.Chain.Option(i, k).Named {
+				cs = append(cs, k)
+			}
 		}
 		return append(cs, solver.Checkpoint)
 	}
@@ -572,8 +574,14 @@ func (p *Problem) pipelineChoices(opt Options) (func(i int) []int, error) {
 			return nil, err
 		}
 		return func(i int) []int { return []int{opts[i]} }, nil
+	case TorchtitanOp.Name:
+		opts, err := p.torchtitanOpEverywhere()
+		if err != nil {
+			return nil, err
+		}
+		return func(i int) []int { return []int{opts[i]} }, nil
 	}
-	return nil, fmt.Errorf("the %s solver plans one schedule of the whole chain; under pipeline parallelism each device runs its stages for several microbatches: it does not apply: use selective, optimal, megatron-selective, every-k (k 1) or none", opt.Strategy.Name)
+	return nil, fmt.Errorf("the %s solver plans one schedule of the whole chain; under pipeline parallelism each device runs its stages for several microbatches: it does not apply: use selective, optimal, megatron-selective, torchtitan-op, every-k (k 1) or none", opt.Strategy.Name)
 }
 
 // decided is a stage's record with the decision a choice makes.

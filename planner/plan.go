@@ -190,6 +190,9 @@ type KeepSet struct {
 	// Saved lists the activation storages the stage's ops save for
 	// backward, in the order they are first saved, and which are kept.
 	Saved []SavedTensor `json:"saved" yaml:"saved"`
+	// Held lists the storages no op saves that the keep set's runtime
+	// holds to the backward all the same (torchtitan-op's cached products).
+	Held []SavedTensor `json:"held,omitempty" yaml:"held,omitempty"`
 }
 
 // SavedTensor is one activation storage a stage saves for backward.
@@ -237,7 +240,8 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 }
 
 // Compare plans the problem with every strategy at the same budget,
-// leaving out megatron-selective where no stage has its modules.
+// leaving out megatron-selective where no stage has its modules, and
+// torchtitan-op where no layer has its keep set.
 func (p *Problem) Compare(o *Options) ([]*Plan, error) {
 	var out []*Plan
 	for _, s := range Strategies {
@@ -245,7 +249,14 @@ func (p *Problem) Compare(o *Options) ([]*Plan, error) {
 		if o != nil {
 			opt = *o
 		}
-		if _, err := p.megatronEverywhere(opt.modules()); s.Name == MegatronSelective.Name && err != nil {
+		var unavailable error
+		switch s.Name {
+		case MegatronSelective.Name:
+			_, unavailable = p.megatronEverywhere(opt.modules())
+		case TorchtitanOp.Name:
+			_, unavailable = p.torchtitanOpEverywhere()
+		}
+		if unavailable != nil {
 			continue
 		}
 		if s.Name != MegatronSelective.Name {
@@ -376,6 +387,9 @@ func keepSetRecord(st *stage.Stage, k *stage.KeepSet) KeepSet {
 	}
 	for _, s := range st.SavedOrder() {
 		r.Saved = append(r.Saved, SavedTensor{Name: c.StorageName(s), Bytes: mem.Bytes(c.Storages[s].Bytes), Keep: st.Holds(k, s)})
+	}
+	for _, s := range k.Held() {
+		r.Held = append(r.Held, SavedTensor{Name: c.StorageName(s), Bytes: mem.Bytes(c.Storages[s].Bytes), Keep: true})
 	}
 	return r
 }

@@ -153,7 +153,7 @@ func chainOptions(stages []*stage.Stage) [][]solver.Option {
 	for i, st := range stages {
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
 			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes})
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes, Named: k.Named})
 		}
 	}
 	return out

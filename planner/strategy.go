@@ -38,6 +38,9 @@ var (
 	// (Megatron-LM's --recompute-granularity selective, and its
 	// --recompute-modules).
 	MegatronSelective = Strategy{"megatron-selective", "store every stage, recomputing its attention core or other modules (Megatron-LM's selective recomputation)", solveMegatronSelective}
+	// TorchtitanOp stores every decoder layer under torchtitan's op-level
+	// selective checkpointing (stage.TorchtitanOp).
+	TorchtitanOp = Strategy{"torchtitan-op", "store every layer under torchtitan's op-level selective checkpointing (selective_ac_option = \"op\")", solveTorchtitanOp}
 	// Optimal is solver.Optimal on whole stages: each stage is stored,
 	// checkpointed or recomputed.
 	Optimal = Strategy{"optimal", "the optimal schedule of whole stages (store, checkpoint, recompute)", solveOptimal}
@@ -47,7 +50,7 @@ var (
 )
 
 // Strategies lists every strategy, cheapest to compute first.
-var Strategies = []Strategy{StoreAll, EveryK, Sqrt, ChenGreedy, Revolve, MegatronSelective, Optimal, Selective}
+var Strategies = []Strategy{StoreAll, EveryK, Sqrt, ChenGreedy, Revolve, MegatronSelective, TorchtitanOp, Optimal, Selective}
 
 // ParseStrategy returns the strategy with the given name; "" is Selective.
 func ParseStrategy(name string) (Strategy, error) {
@@ -177,6 +180,33 @@ func moduleWords(m costmodel.Module) string {
 	return strings.Join(w, "")
 }
 
+func solveTorchtitanOp(p *Problem, budget mem.Bytes, _ *Options) (*solver.Solution, error) {
+	opts, err := p.torchtitanOpEverywhere()
+	if err != nil {
+		return nil, err
+	}
+	return solver.Fixed(p.Chain, solver.StoreAllWith(p.Chain, opts), budget)
+}
+
+// torchtitanOpEverywhere returns, per stage, the index of its
+// torchtitan-op keep set (0, keep-all, in the stages that are not
+// layers), or why the layers have none.
+func (p *Problem) torchtitanOpEverywhere() ([]int, error) {
+	if opts, ok := p.policyEverywhere(stage.TorchtitanOp); ok {
+		return opts, nil
+	}
+	c := p.Costs
+	switch {
+	case c == nil:
+		return nil, fmt.Errorf("%s is a profiled chain: it has no layers for torchtitan's op-level selective checkpointing", p.Name)
+	case c.Profile != costmodel.Transformers:
+		return nil, fmt.Errorf("%s: torchtitan's op-level selective checkpointing is PyTorch's selective checkpointing, which the transformers profile plans: add --profile transformers", p.Name)
+	case c.Graph.Setup.Quant != "" || c.Graph.Setup.LoRA.Rank > 0:
+		return nil, fmt.Errorf("%s: torchtitan trains no adapters or quantized weights, so it has no op-level selective checkpointing for them", p.Name)
+	}
+	return nil, fmt.Errorf("%s has no layer torchtitan's op-level selective checkpointing applies to: layers that route to experts are stored or recomputed whole", p.Name)
+}
+
 func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
 	plain := *p.Chain
 	plain.Options = nil
@@ -184,16 +214,29 @@ func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, e
 }
 
 // solveSelective also weighs each of Megatron-LM's selective settings
-// everywhere, so that slot rounding never makes it worse than one.
+// and torchtitan's op-level policy everywhere, so that slot rounding never
+// makes it worse than one of them, nor the search's passing over what
+// torchtitan-op holds (KeepSet.Held).
 func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
+	return solver.Optimal(p.Chain, budget, o.Slots, p.selectiveAlternatives()...)
+}
+
+// selectiveAlternatives are the schedules the selective strategy weighs
+// beside its table's: every stage stored under one named keep set, for
+// each of Megatron-LM's module sets and torchtitan-op.
+func (p *Problem) selectiveAlternatives() []solver.Schedule {
 	p.SearchKeepSets()
 	var alt []solver.Schedule
+	names := []string{stage.TorchtitanOp}
 	for m := costmodel.CoreAttn; m <= costmodel.AllModules; m++ {
-		if opts, ok := p.policyEverywhere(stage.MegatronPolicy(m)); ok {
+		names = append(names, stage.MegatronPolicy(m))
+	}
+	for _, name := range names {
+		if opts, ok := p.policyEverywhere(name); ok {
 			alt = append(alt, solver.StoreAllWith(p.Chain, opts))
 		}
 	}
-	return solver.Optimal(p.Chain, budget, o.Slots, alt...)
+	return alt
 }
 
 // policyEverywhere returns, per stage, the index of the named keep set

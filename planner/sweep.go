@@ -7,6 +7,7 @@ import (
 
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/stage"
 )
 
 // Sweep is the memory/compute trade-off of a model: the optimal overhead
@@ -62,8 +63,10 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		add(fmt.Sprintf("every-%d", k), solver.EveryK(c, k))
 	}
 	add("sqrt", solver.Sqrt(c))
-	if opts, ok := p.policyEverywhere("megatron-selective"); ok {
-		add("megatron-selective", solver.StoreAllWith(c, opts))
+	for _, name := range []string{"megatron-selective", stage.TorchtitanOp} {
+		if opts, ok := p.policyEverywhere(name); ok {
+			add(name, solver.StoreAllWith(c, opts))
+		}
 	}
 	for snaps := 1; snaps <= min(c.Len(), 8); snaps++ {
 		add(fmt.Sprintf("revolve-%d", snaps), solver.Revolve(c, snaps))
@@ -112,8 +115,8 @@ func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.
 		return nil, err
 	}
 	scheds := solver.Baselines(c)
-	if opts, ok := p.policyEverywhere("megatron-selective"); ok && selective {
-		scheds = append(scheds, solver.StoreAllWith(c, opts))
+	if selective {
+		scheds = append(scheds, p.selectiveAlternatives()...)
 	}
 	var cands []solver.Result
 	for _, sc := range scheds {

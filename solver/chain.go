@@ -37,6 +37,10 @@ type Option struct {
 	FAllTempBytes     mem.Bytes // transient bytes during F_all(i) beyond the tape
 	Backward          float64   // cost of B(i), its recomputation included
 	BackwardTempBytes mem.Bytes // transient bytes during B(i), the recomputed tensors included
+	// Named: the option runs only where a schedule names it; the searches
+	// (Optimal, its table, the pipeline's) pass it over. A runtime's own
+	// policy is such an option: a plan runs it when asked for it.
+	Named bool
 }
 
 // MaxStages is the most stages ckptplan plans from its inputs (a chain

@@ -189,7 +189,8 @@ func (t *Table) prepare() error {
 // stageOptions returns the options of stage i in slots, without those
 // another option dominates: one with no larger tape, no larger peak
 // during F_all or B, and no larger backward cost is never worse in the
-// recurrence, since C is nonincreasing in m. O(V²).
+// recurrence, since C is nonincreasing in m. Named options are left
+// out. O(V²).
 func (t *Table) stageOptions(i int) []slotOption {
 	n := t.c.NumOptions(i)
 	all := make([]slotOption, n)
@@ -202,9 +203,12 @@ func (t *Table) stageOptions(i int) []slotOption {
 	}
 	var out []slotOption
 	for k, p := range all {
+		if t.c.Option(i, k).Named {
+			continue
+		}
 		dominated := false
 		for j, q := range all {
-			if j != k && dominates(q, p) && (j < k || !dominates(p, q)) {
+			if j != k && !t.c.Option(i, j).Named && dominates(q, p) && (j < k || !dominates(p, q)) {
 				dominated = true
 				break
 			}

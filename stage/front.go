@@ -136,7 +136,7 @@ func (k *search) needs(p int, kept func(int) bool) []int {
 // output projection) rerun whole, although the product with V and the
 // projection's outputs are kept.
 func (k *search) rerun(nb namedBits, mods *costmodel.ModuleMap) []int {
-	r := k.recompute(nb.kept)
+	r := k.recompute(nb.kept, nb.held)
 	m, ok := MegatronPolicyModules(nb.policy)
 	if k.c.Profile != costmodel.Megatron || !ok {
 		return r
@@ -159,10 +159,11 @@ func (k *search) rerun(nb namedBits, mods *costmodel.ModuleMap) []int {
 	return out
 }
 
-// recompute returns R(K) in graph order for the kept candidates.
-func (k *search) recompute(kept bitset) []int {
+// recompute returns R(K) in graph order for the kept candidates; held
+// are the storages selective checkpointing's policy caches besides them.
+func (k *search) recompute(kept bitset, held []int) []int {
 	if k.c.Profile == costmodel.Transformers {
-		return k.sacRerun(kept)
+		return k.sacRerun(kept, held)
 	}
 	isKept := func(s int) bool {
 		j, ok := k.st.index[s]
@@ -369,6 +370,7 @@ const frontTooWide = "\x00too wide"
 type namedBits struct {
 	policy string
 	kept   bitset
+	held   []int // storages no op saves that the policy caches, sorted
 }
 
 // searched is what the search found for a stage signature: the keep
@@ -392,7 +394,7 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 		add := func(policy string, b bitset) {
 			if !seen[b.key()] {
 				seen[b.key()] = true
-				found.found = append(found.found, namedBits{policy, b})
+				found.found = append(found.found, namedBits{policy: policy, kept: b})
 			}
 		}
 		for _, name := range Policies {
@@ -435,6 +437,13 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 	if len(found.sets) == 0 {
 		found.sets = out
 	}
+	// A runtime's own policy, which holds storages of this stage's own:
+	// computed per stage, offered only by name.
+	if nb, ok := k.torchtitanOp(); ok {
+		ks := k.keepSet(nb, mods)
+		ks.Named = true
+		out = append(out, ks)
+	}
 	return out
 }
 
@@ -452,7 +461,7 @@ func (st *Stage) keepAll() KeepSet {
 // transients.
 func (k *search) keepSet(nb namedBits, mods *costmodel.ModuleMap) KeepSet {
 	st := k.st
-	ks := KeepSet{Name: nb.policy, kept: nb.kept, TapeBytes: st.TapeBytes}
+	ks := KeepSet{Name: nb.policy, kept: nb.kept, held: nb.held, TapeBytes: st.TapeBytes}
 	if ks.Name == "" {
 		ks.Name = st.contentName(nb.kept)
 	}
@@ -461,9 +470,12 @@ func (k *search) keepSet(nb namedBits, mods *costmodel.ModuleMap) KeepSet {
 			ks.TapeBytes -= mem.Bytes(k.c.Storages[s].Bytes)
 		}
 	}
+	for _, s := range nb.held {
+		ks.TapeBytes += mem.Bytes(k.c.Storages[s].Bytes)
+	}
 	ks.Recompute = k.rerun(nb, mods)
 	if k.c.Profile == costmodel.Transformers {
-		ks.ExtraFLOPs = k.sacFLOPs(nb.kept)
+		ks.ExtraFLOPs = k.sacFLOPs(nb.kept, nb.held)
 	} else {
 		for _, id := range ks.Recompute {
 			ks.ExtraFLOPs += k.c.Nodes[id].ForwardFLOPs

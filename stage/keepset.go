@@ -62,6 +62,13 @@ type KeepSet struct {
 	// identical stages have the same name.
 	Name string
 	kept bitset // over Stage.Saved
+	// held are storages no op saves for backward that the keep set's
+	// runtime holds to the backward all the same (a policy that caches an
+	// op's outputs whether or not anything reads them), sorted.
+	held []int
+	// Named: the keep set is a runtime's own policy, which a plan runs
+	// only where asked to (TorchtitanOp); the searches pass it over.
+	Named bool
 	// Recompute lists the nodes the backward reruns forward first, in
 	// graph order.
 	Recompute         []int
@@ -74,6 +81,10 @@ type KeepSet struct {
 // Keeps reports whether the keep set keeps saved storage j (an index into
 // Stage.Saved).
 func (k *KeepSet) Keeps(j int) bool { return k.kept.has(j) }
+
+// Held returns the storages the keep set holds to the backward although
+// no op saves them, sorted.
+func (k *KeepSet) Held() []int { return k.held }
 
 // Kept returns the names of the saved storages the keep set keeps, in the
 // order of Stage.Saved.

@@ -72,7 +72,7 @@ func TestKeepSetFrontIsExhaustive(t *testing.T) {
 						p.bytes += st.c.Storages[s].Bytes
 					}
 				}
-				for _, id := range k.recompute(kept) {
+				for _, id := range k.recompute(kept, nil) {
 					p.flops += st.c.Nodes[id].ForwardFLOPs
 				}
 				return p
@@ -477,4 +477,68 @@ func TestMegatronModulesFound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTorchtitanOpKeepSet: torchtitan's op-level policy caches Llama's
+// first, third, fifth and seventh products, in the order its layer runs
+// them (q, k, v, o; gate, up, down): the projections q, v, gate and down.
+// Their outputs are held, saved or not (q's only a rotation by constant
+// tables reads, down's only the residual sum), and the replay reruns the
+// other three products. Under the torch-eager profile it is no keep set.
+func TestTorchtitanOpKeepSet(t *testing.T) {
+	for _, profile := range []string{"transformers", "torch-eager"} {
+		stages := build(t, "tiny-llama", func(s *ir.Setup) { s.Profile = profile })
+		st := stages[1]
+		c := st.Costs()
+		g := c.Graph
+		k, ok := st.KeepSet(TorchtitanOp)
+		if ok != (profile == "transformers") {
+			t.Fatalf("%s: keep set %v", profile, ok)
+		}
+		if !ok {
+			continue
+		}
+		ks := &st.KeepSets[k]
+		if !ks.Named {
+			t.Errorf("torchtitan-op is not named")
+		}
+		rerun := map[string]bool{}
+		for _, id := range ks.Recompute {
+			rerun[g.Nodes[id].Name] = true
+		}
+		var heldBytes int64
+		for _, s := range ks.Held() {
+			heldBytes += c.Storages[s].Bytes
+		}
+		for _, proj := range []string{"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"} {
+			id := nodeNamed(t, g, "layers.0."+proj)
+			cached := proj == "attn.q_proj" || proj == "attn.v_proj" || proj == "mlp.gate_proj" || proj == "mlp.down_proj"
+			if st.Holds(ks, c.OutputStorage(id)) != cached {
+				t.Errorf("%s: held %v, want %v", proj, !cached, cached)
+			}
+			if rerun[g.Nodes[id].Name] == cached && proj != "mlp.down_proj" {
+				t.Errorf("%s: rerun %v", proj, !cached)
+			}
+		}
+		// q's, v's (copied to repeat its heads) and down's outputs, which
+		// no op saves.
+		var want int64
+		for _, proj := range []string{"attn.q_proj", "attn.v_proj", "mlp.down_proj"} {
+			want += g.Nodes[nodeNamed(t, g, "layers.0."+proj)].Bytes()
+		}
+		if heldBytes != want {
+			t.Errorf("held %d bytes, want %d", heldBytes, want)
+		}
+	}
+}
+
+func nodeNamed(t *testing.T, g *ir.Graph, name string) int {
+	t.Helper()
+	for i := range g.Nodes {
+		if g.Nodes[i].Name == name {
+			return i
+		}
+	}
+	t.Fatalf("no node %s", name)
+	return -1
 }

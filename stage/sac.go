@@ -1,6 +1,8 @@
 package stage
 
 import (
+	"slices"
+
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -21,8 +23,9 @@ import (
 // so a keep set keeps such outputs together.
 
 // sacRerun returns the nodes the checkpoint reruns under keep set kept,
-// in order; none when everything is kept.
-func (k *search) sacRerun(kept bitset) []int {
+// in order; none when everything is kept. held are the storages the
+// policy caches besides the kept candidates (sorted).
+func (k *search) sacRerun(kept bitset, held []int) []int {
 	all := true
 	for j := range k.st.Saved {
 		all = all && kept.has(j)
@@ -30,13 +33,10 @@ func (k *search) sacRerun(kept bitset) []int {
 	if all {
 		return nil
 	}
-	isKept := func(s int) bool {
-		j, ok := k.st.index[s]
-		return ok && kept.has(j)
-	}
+	cached := k.cached(kept, held)
 	var out []int
 	for _, id := range k.st.rerunUpToStop() {
-		if len(k.c.Owned(id)) > 0 && isKept(k.c.OutputStorage(id)) {
+		if len(k.c.Owned(id)) > 0 && cached(k.c.OutputStorage(id)) {
 			continue // cached
 		}
 		out = append(out, id)
@@ -45,8 +45,9 @@ func (k *search) sacRerun(kept bitset) []int {
 }
 
 // sacFLOPs returns the FLOPs the checkpoint's replay spends under keep
-// set kept: none when it keeps everything (no checkpoint).
-func (k *search) sacFLOPs(kept bitset) int64 {
+// set kept and held storages: none when it keeps everything (no
+// checkpoint).
+func (k *search) sacFLOPs(kept bitset, held []int) int64 {
 	all := true
 	for j := range k.st.Saved {
 		all = all && kept.has(j)
@@ -54,10 +55,19 @@ func (k *search) sacFLOPs(kept bitset) int64 {
 	if all {
 		return 0
 	}
-	return k.st.replayFLOPs(func(s int) bool {
-		j, ok := k.st.index[s]
-		return ok && kept.has(j)
-	})
+	return k.st.replayFLOPs(k.cached(kept, held))
+}
+
+// cached reports whether the policy caches storage s: a kept candidate,
+// or one of held (sorted).
+func (k *search) cached(kept bitset, held []int) func(s int) bool {
+	return func(s int) bool {
+		if j, ok := k.st.index[s]; ok {
+			return kept.has(j)
+		}
+		_, ok := slices.BinarySearch(held, s)
+		return ok
+	}
 }
 
 // rerunUpToStop returns the stage's nodes a checkpoint's replay reaches

@@ -221,11 +221,15 @@ func (st *Stage) TensorName(s int) string {
 }
 
 // Holds reports whether a storing forward under keep set k keeps storage
-// s until the backward: a_{i+1}, a kept saved storage, or any other tape
-// storage (one the stage's nodes do not allocate).
+// s until the backward: a_{i+1}, a kept saved storage, a storage the keep
+// set's runtime caches although no op saves it (KeepSet.Held), or any
+// other tape storage (one the stage's nodes do not allocate).
 func (st *Stage) Holds(k *KeepSet, s int) bool {
 	if j, ok := st.index[s]; ok {
 		return k.Keeps(j)
+	}
+	if _, ok := slices.BinarySearch(k.held, s); ok {
+		return true
 	}
 	return st.inTape(s)
 }

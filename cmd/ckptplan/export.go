@@ -76,7 +76,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		if closest == nil {
-			return fmt.Errorf("%s: no torchtitan setting (none, full, or selective every 2 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
+			return fmt.Errorf("%s: no torchtitan setting (none, full, selective every 2 to %d layers, or op) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
 		}
 	}
 	if to.value == "deepspeed" && !e.DeepSpeedExact() && p != nil {

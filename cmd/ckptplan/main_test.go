@@ -117,6 +117,12 @@ func TestPlanGolden(t *testing.T) {
 		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "every-k", "--to", "torchtitan"}},
 		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
 		{"llama-3-8b-zero3-no-sync", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--no-sync"}},
+		// torchtitan's op-level policy: the plan's, and the closest
+		// setting to a selective plan in 150 GiB.
+		{"export-torchtitan-op", []string{"export", "llama-3-8b", "--budget", "150GiB", "--solver", "torchtitan-op", "--to", "torchtitan"}},
+		{"export-torchtitan-closest-op", []string{"export", "llama-3-8b", "--budget", "150GiB", "--to", "torchtitan"}},
+		{"plan-torchtitan-op", []string{"plan", "llama-3-8b", "--budget", "150GiB", "--solver", "torchtitan-op"}},
+		{"plan-pp-torchtitan-op", []string{"plan", "llama-3-8b", "--budget", "80GiB", "--pp", "2", "--microbatches", "4", "--solver", "torchtitan-op"}},
 		{"export-torchtitan-optimal", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "optimal", "--to", "torchtitan"}},
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
@@ -256,7 +262,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "megatron"}, false, "no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--to", "hf"}, false, "has no layers.N stages"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--to", "hf"}, false, "does not fit in 1 MiB"},
-		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, or selective every 2 to 4 layers) fits in 4.65 MiB, though the selective plan does"},
+		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "torchtitan"}, false, "no torchtitan setting (none, full, selective every 2 to 4 layers, or op) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "tiny-llama", "--budget", "4.65MiB", "--to", "deepspeed"}, false, "no DeepSpeed setting (no layer checkpointed, or the first 1 to 4) fits in 4.65 MiB, though the selective plan does"},
 		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
 		// Training flags change a model's setup; a graph or chain has none.

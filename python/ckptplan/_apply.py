@@ -144,7 +144,8 @@ class _Planned:
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         if self.policy is None:
             saved = [(s.name, s.bytes, s.keep) for s in self.entry.saved]
-            self.policy = SacPolicy.find(self.inner, self.layer, args, kwargs, self.entry.name, saved)
+            self.policy = SacPolicy.for_layer(self.inner, self.layer, args, kwargs, self.entry.name,
+                                              self.entry.policy, saved)
             if _autocasting(args):
                 torch.clear_autocast_cache()  # the probe's casts
         return torch.utils.checkpoint.checkpoint(

@@ -88,6 +88,27 @@ def test_torchtitan_reads_the_plan(ckptplan_binary, tmp_path, case):
     assert all(l["mode"] in ("store", "checkpoint") for l in layers)
 
 
+@pytest.mark.parametrize("flags", [pytest.param(f, marks=ENGINES) for f in (
+    ["--solver", "torchtitan-op"],  # the plan is torchtitan's op-level policy
+    [],  # the selective plan, whose closest setting in 150 GiB is it
+)])
+def test_torchtitan_reads_the_op_setting(ckptplan_binary, tmp_path, flags):
+    """torchtitan reads selective_ac_option "op" as written for Llama 3 8B
+    (the transformers profile); the plan it stands for runs every layer
+    under the keep set torchtitan-op."""
+    out = tmp_path / "job.toml"
+    run(ckptplan_binary, "export", "llama-3-8b", "--budget", "150GiB", *flags, "--to", "torchtitan", "-o", str(out))
+    ac = torchtitan_config(str(out)).activation_checkpoint
+    assert (ac.mode, ac.selective_ac_option) == ("selective", "op")
+    op = json.loads(run(ckptplan_binary, "export", "llama-3-8b", "--budget", "150GiB", "--solver", "torchtitan-op",
+                        "--to", "json"))
+    assert {(l["mode"], l.get("policy")) for l in op["layers"]} == {("selective", "torchtitan-op")}
+    if flags:
+        assert "Every layer runs as planned" in out.read_text()
+    else:
+        assert "closest setting" in out.read_text() and f"{100 * op['overhead']:+.1f}% compute" in out.read_text()
+
+
 ENGINE_PARSERS = [pytest.mark.engines,
                   pytest.mark.skipif(importlib.util.find_spec("megatron") is None and not os.environ.get("CKPTPLAN_ENGINES"),
                                      reason="Megatron Core is not installed (.ci/run installs it from python/requirements-engines.txt)")]
