@@ -28,6 +28,12 @@ type Static struct {
 	// two decoder layers' unsharded weights, communication buffers and
 	// gradients. Counted for the whole step, it bounds the gathers.
 	GatheredBytes int64
+	// LayerParams and LayerTrainable are the largest decoder layer's
+	// parameters and trainable parameters on one tensor-parallel rank,
+	// counted under ZeRO stage 3: the sizes the engines' gathering and
+	// gradient buckets are set from (the DeepSpeed export's stage3_*
+	// settings).
+	LayerParams, LayerTrainable int64
 	// Paged: the optimizer state is in CUDA unified memory (bitsandbytes'
 	// paged optimizers), which the driver moves to the host when the GPU
 	// runs short; counted on the GPU.
@@ -106,6 +112,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	// The unsharded weights and gradients of each decoder layer, and of
 	// the rest (the root, to FSDP), for ZeRO stage 3's working set.
 	layerW, layerG := map[int]int64{}, map[int]int64{}
+	layerP, layerT := map[int]int64{}, map[int]int64{}
 	var rootW, rootG int64
 	for i := range g.Nodes {
 		if !held(i) {
@@ -162,6 +169,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		if k, ok := ir.LayerIndex(n.Block); ok {
 			layerW[k] += weights - w0
 			layerG[k] += tr * gradSize
+			layerP[k] += p
+			layerT[k] += tr
 		} else {
 			rootW += weights - w0
 			rootG += tr * gradSize
@@ -202,6 +211,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 			w, g = max(w, layerW[k]), max(g, layerG[k])
 		}
 		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, g, dp)
+		for k := range layerP {
+			st.LayerParams, st.LayerTrainable = max(st.LayerParams, layerP[k]), max(st.LayerTrainable, layerT[k])
+		}
 	}
 	st.BuffersBytes = ropeTables(g, held)
 	return st, nil

@@ -116,8 +116,45 @@ type enabled struct {
 	Enabled bool `json:"enabled"`
 }
 
+// zeroStage is the zero_optimization section. Under stage 3 it sets the
+// buckets (deepSpeedZeRO3) instead of leaving DeepSpeed's defaults.
 type zeroStage struct {
-	Stage int64 `json:"stage"`
+	Stage                int64  `json:"stage"`
+	ReduceBucket         *int64 `json:"reduce_bucket_size,omitempty"`
+	PrefetchBucket       *int64 `json:"stage3_prefetch_bucket_size,omitempty"`
+	MaxLiveParameters    *int64 `json:"stage3_max_live_parameters,omitempty"`
+	MaxReuseDistance     *int64 `json:"stage3_max_reuse_distance,omitempty"`
+	PersistenceThreshold *int64 `json:"stage3_param_persistence_threshold,omitempty"`
+}
+
+// DeepSpeed's ZeRO stage 3 gathers parameters module by module, as its
+// forward and backward hooks reach them, in the order it traced in the
+// first step, and prefetches those the trace says come next. Its defaults
+// hold far more than the working set ckptplan counts (fsdpWorkingSet: two
+// unsharded layers, their buffers and the root): a parameter whose next
+// use is fewer than stage3_max_reuse_distance (10⁹) parameters away is not
+// released, which on a model of under 10⁹ parameters keeps every
+// parameter gathered from the second step on; parameters of at most
+// stage3_param_persistence_threshold (10⁵) elements are never sharded; and
+// the gradients are reduced through one buffer of reduce_bucket_size
+// (5·10⁸) elements, allocated whole (1 GB in 16 bits) whatever the model.
+// The export therefore sets them: a module's parameters are released once
+// it has run (reuse distance 0) and none persist; at most the largest
+// layer's parameters are gathered ahead (the prefetch bucket and the live
+// limit, which bounds what the prefetch adds to what is gathered); the
+// gradient buffer holds the largest layer's trainable parameters. What
+// DeepSpeed then gathers is measured, on the CPU in a two-rank gloo group
+// (python/tests/test_deepspeed_zero3.py), within the plan's gathered
+// bytes; with the defaults it is not.
+
+// deepSpeedZeRO3 returns the stage 3 section for layers of at most params
+// parameters, trainable of them trained.
+func deepSpeedZeRO3(params, trainable int64) *zeroStage {
+	var zero int64
+	live := max(params, 1)
+	bucket := max(trainable, 1)
+	return &zeroStage{Stage: 3, ReduceBucket: &bucket, PrefetchBucket: &live, MaxLiveParameters: &live,
+		MaxReuseDistance: &zero, PersistenceThreshold: &zero}
 }
 
 type deepSpeedACJSON struct {
@@ -139,6 +176,9 @@ type deepSpeedACJSON struct {
 // is runs, compared with the plan. Without either it says why not and
 // returns an error.
 func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, error) {
+	if e.Zero >= 3 && !e.zero3.known {
+		return nil, fmt.Errorf("the plan for %s is for ZeRO stage 3, whose DeepSpeed buckets the export sets from the layers' sizes, which a saved plan does not record: export from the model", comment(e.Model))
+	}
 	a, exact := e.deepSpeedExact()
 	var notes []string
 	if exact {
@@ -171,8 +211,13 @@ func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, e
 	case "fp16":
 		c.FP16 = &enabled{true}
 	}
-	if e.Zero > 0 {
-		c.ZeRO = &zeroStage{e.Zero}
+	switch {
+	case e.Zero >= 3:
+		c.ZeRO = deepSpeedZeRO3(e.zero3.params, e.zero3.trainable)
+		notes = append(notes, fmt.Sprintf("ZeRO 3: the config sets DeepSpeed's buckets to gather no more than the plan counts: at most the largest layer's %d parameters prefetched, each module's released once it has run, none left unsharded, %d gradients reduced at a time; DeepSpeed's defaults keep up to 10^9 parameters gathered and a bucket of 5*10^8 gradients",
+			*c.ZeRO.PrefetchBucket, *c.ZeRO.ReduceBucket))
+	case e.Zero > 0:
+		c.ZeRO = &zeroStage{Stage: e.Zero}
 	}
 	if n := a.groups(); n > 0 {
 		c.AC.NumberCheckpoints = &n

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -109,4 +112,75 @@ func TestDeepSpeedClosest(t *testing.T) {
 	first := [][]int{{}, {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}} // chain stages 1 … k
 	checkClosest(t, p, DeepSpeedSettings(4), first)
 	checkClosest(t, p, planner.MegatronSettings(4), first)
+}
+
+// TestDeepSpeedZeRO3: under ZeRO stage 3 the export sets DeepSpeed's
+// buckets from the largest layer, counted here from tiny-llama's shapes
+// (the four attention projections, the gated MLP's three, two norms),
+// instead of DeepSpeed's defaults; stages 1 and 2 keep theirs; a plan read
+// back from JSON, which does not record the layers' sizes, is refused.
+// What DeepSpeed gathers under these settings is measured in
+// python/tests/test_deepspeed_zero3.py.
+func TestDeepSpeedZeRO3(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := src.Model
+	hd := m.Hidden / m.Heads
+	layer := 2*m.Hidden*m.Hidden + 2*m.Hidden*m.KVHeads*hd + 3*m.Hidden*m.FFN + 2*m.Hidden
+	for _, zero := range []int64{1, 2, 3} {
+		src, err := graphio.Load("tiny-llama")
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Model.Training.Parallel.DP, src.Model.Training.Parallel.Zero = 2, zero
+		p, err := planner.New(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := p.PlanSchedule("hand", 0, grouped([]int{0, ck, ck, ck, ck, 0}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := FromPlan(plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, notes := deepSpeedOf(t, e)
+		z := cfg["zero_optimization"].(map[string]any)
+		want := map[string]any{"stage": float64(zero)}
+		if zero == 3 {
+			for _, k := range []string{"stage3_prefetch_bucket_size", "stage3_max_live_parameters", "reduce_bucket_size"} {
+				want[k] = float64(layer)
+			}
+			want["stage3_max_reuse_distance"], want["stage3_param_persistence_threshold"] = 0.0, 0.0
+			if !strings.Contains(notes, fmt.Sprintf("largest layer's %d parameters", layer)) {
+				t.Errorf("zero 3: the notes do not say the bucket:\n%s", notes)
+			}
+		}
+		if diff := cmp.Diff(want, z); diff != "" {
+			t.Errorf("zero %d: zero_optimization (-want +got):\n%s", zero, diff)
+		}
+
+		var saved bytes.Buffer
+		if err := json.NewEncoder(&saved).Encode(plan); err != nil {
+			t.Fatal(err)
+		}
+		back, err := planner.ReadPlan(&saved)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err = FromPlan(back)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.DeepSpeed(new(bytes.Buffer), nil, -1)
+		if zero == 3 && (err == nil || !strings.Contains(err.Error(), "export from the model")) {
+			t.Errorf("zero 3, a saved plan: %v, want an error saying to export from the model", err)
+		}
+		if zero < 3 && err != nil {
+			t.Errorf("zero %d, a saved plan: %v", zero, err)
+		}
+	}
 }
