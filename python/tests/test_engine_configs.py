@@ -304,6 +304,13 @@ def test_deepspeed_reads_the_config(ckptplan_binary, tmp_path, case):
     assert config.bfloat16_enabled == (plan["dtype"] == "bf16")
     assert config.fp16_enabled == (plan["dtype"] == "fp16")
     assert config.zero_optimization_stage == plan.get("zero", 0)
+    if plan.get("zero", 0) == 3:
+        # The buckets set from the largest layer (test_deepspeed_zero3.py
+        # measures what DeepSpeed gathers under them): tiny-llama's has
+        # 64·64·2 + 64·32·2 + 3·64·192 + 2·64 parameters, all trained.
+        z, layer = config.zero_config, 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 192 + 2 * 64
+        assert (z.prefetch_bucket_size, z.max_live_parameters, z.reduce_bucket_size) == (layer, layer, layer)
+        assert (z.max_reuse_distance, z.param_persistence_threshold) == (0, 0)
     ac = config.activation_checkpointing_config
     # Every checkpoint whole on the GPU, as the plan keeps it.
     assert not (ac.partition_activations or ac.cpu_checkpointing or ac.contiguous_memory_optimization)

@@ -1,0 +1,159 @@
+"""DeepSpeed's ZeRO stage 3, run as the DeepSpeed export configures it,
+gathers no more than the plan counts.
+
+The plan counts what stage 3 gathers beside its shards (``gathered_bytes``
+in ``ckptplan cost --format json``): the root's weights and gradients, two
+unsharded layers, their all-gather buffers and two layers' gradients.
+DeepSpeed's defaults hold far more: on a model of under 10⁹ parameters it
+keeps every parameter gathered from the second step on (a parameter used
+again within ``stage3_max_reuse_distance`` parameters is not released),
+and its gradient bucket is ``reduce_bucket_size`` = 5·10⁸ elements
+whatever the model. The export sets both from the largest layer.
+
+Each case trains a transformers Llama for three steps under DeepSpeed's
+own engine (``deepspeed.initialize`` over ``deepspeed.zero.Init``) in a
+two-rank gloo group on the CPU, and measures on rank 0, from the second
+step on (when DeepSpeed prefetches by the trace it recorded in the first):
+the parameters DeepSpeed holds gathered or in flight (each parameter's
+``ds_status``), sampled after every fetch of a module and before every
+release, at their 16-bit size, plus the gradient bucket it allocated.
+That sum stays within the plan's gathered bytes under the exported config,
+and passes them under DeepSpeed's defaults (``{"stage": 3}``).
+
+DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
+it starts; the cases run gloo's instead (``build_shm_op`` returns None, as
+it does where DeepSpeed finds the op incompatible).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.skipif(not os.environ.get("CKPTPLAN_ENGINES"),
+                       reason="CKPTPLAN_ENGINES is not set: DeepSpeed comes from python/requirements-engines.txt"),
+]
+
+CONFIG = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=256)
+SEQ = 16
+FLAGS = ["--seq", str(SEQ), "--batch", "1", "--dtype", "bf16", "--dp", "2", "--zero", "3"]
+
+
+def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
+    """One rank: three training steps of the Llama under DeepSpeed; rank 0
+    writes what it held at most from the second step on."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import importlib
+
+    import torch
+    import transformers
+
+    import deepspeed
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config,
+                                           optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    params = list(model.parameters())
+    peak = [0]
+
+    def sample() -> None:
+        held = sum(p.ds_numel * p.ds_tensor.element_size() for p in params
+                   if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
+        peak[0] = max(peak[0], held)
+
+    cls = coordinator.PartitionedParameterCoordinator
+    fetch, release = cls.fetch_sub_module, cls.release_sub_module
+
+    def fetched(self, *args, **kwargs):
+        out = fetch(self, *args, **kwargs)
+        sample()
+        return out
+
+    def releasing(self, *args, **kwargs):
+        sample()
+        return release(self, *args, **kwargs)
+
+    cls.fetch_sub_module, cls.release_sub_module = fetched, releasing
+    x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        if step == 1:
+            peak[0] = 0  # the first step records the trace; DeepSpeed prefetches by it from the second
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss)
+        engine.step()
+    bucket = getattr(engine.optimizer, "_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer", None)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"gathered": peak[0],
+                       "bucket": 0 if bucket is None else bucket.numel() * bucket.element_size(),
+                       "parameters": sum(p.ds_numel for p in params)}, f)
+
+
+def run_deepspeed(tmp_path, zero: dict, checkpointing: bool) -> dict:
+    """Runs _worker on two ranks in processes of their own and returns rank
+    0's measurement."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "measured.json"
+    code = ("import sys, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
+            "import test_deepspeed_zero3 as t; import json; "
+            "mp.spawn(t._worker, args=(int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == '1', sys.argv[5]), nprocs=2)")
+    p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), str(port), json.dumps(zero),
+                        "1" if checkpointing else "0", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory):
+    import transformers
+    path = tmp_path_factory.mktemp("llama")
+    transformers.LlamaConfig(**CONFIG).save_pretrained(path)
+    return str(path / "config.json")
+
+
+def ckptplan_json(binary: str, *args: str) -> dict:
+    p = subprocess.run([binary, *args], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("solver", ["none", "every-k"])
+def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_path, solver):
+    """Under the exported config (every layer stored, or every layer
+    checkpointed, which replays each layer's modules in backward), what
+    DeepSpeed gathers is within the plan's gathered bytes; under its
+    defaults, with the same model and checkpointing, it is not."""
+    gathered = ckptplan_json(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json")["static"]["gathered_bytes"]
+    exported = ckptplan_json(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
+                            "--to", "deepspeed")
+    zero = exported["zero_optimization"]
+    checkpointing = solver == "every-k"
+
+    planned = run_deepspeed(tmp_path, zero, checkpointing)
+    assert planned["bucket"] == 2 * zero["reduce_bucket_size"]
+    assert planned["gathered"] + planned["bucket"] <= gathered, planned
+    # DeepSpeed gathered layers' parameters under it: a module's at least.
+    assert planned["gathered"] >= 2 * CONFIG["hidden_size"] * CONFIG["intermediate_size"], planned
+
+    defaults = run_deepspeed(tmp_path, {"stage": 3}, checkpointing)
+    assert defaults["gathered"] == 2 * defaults["parameters"], defaults  # every parameter, all step long
+    assert defaults["gathered"] + defaults["bucket"] > gathered, defaults
