@@ -26,6 +26,7 @@ it does where DeepSpeed finds the op incompatible).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -34,11 +35,11 @@ import sys
 
 import pytest
 
-pytestmark = [
-    pytest.mark.engines,
-    pytest.mark.skipif(not os.environ.get("CKPTPLAN_ENGINES"),
-                       reason="CKPTPLAN_ENGINES is not set: DeepSpeed comes from python/requirements-engines.txt"),
-]
+from test_engine_configs import run
+
+pytestmark = [pytest.mark.engines,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None and not os.environ.get("CKPTPLAN_ENGINES"),
+                                 reason="DeepSpeed is not installed (.ci/run installs it from python/requirements-engines.txt)")]
 
 CONFIG = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=256)
@@ -130,21 +131,15 @@ def model_config(tmp_path_factory):
     return str(path / "config.json")
 
 
-def ckptplan_json(binary: str, *args: str) -> dict:
-    p = subprocess.run([binary, *args], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
 @pytest.mark.parametrize("solver", ["none", "every-k"])
 def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_path, solver):
     """Under the exported config (every layer stored, or every layer
     checkpointed, which replays each layer's modules in backward), what
     DeepSpeed gathers is within the plan's gathered bytes; under its
     defaults, with the same model and checkpointing, it is not."""
-    gathered = ckptplan_json(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json")["static"]["gathered_bytes"]
-    exported = ckptplan_json(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
-                            "--to", "deepspeed")
+    gathered = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]["gathered_bytes"]
+    exported = json.loads(run(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
+                              "--to", "deepspeed"))
     zero = exported["zero_optimization"]
     checkpointing = solver == "every-k"
 
