@@ -28,11 +28,17 @@ type Static struct {
 	// two decoder layers' unsharded weights, communication buffers and
 	// gradients. Counted for the whole step, it bounds the gathers.
 	GatheredBytes int64
+	// ReduceBytes is what ZeRO stages 1 and 2 hold while they reduce the
+	// gradients (zeroReduceSet): the gradient bucket, and under stage 2
+	// the unsharded gradients waiting for it, or under stage 1 the
+	// gradients' shard the reduction fills while the whole gradients
+	// still live. Counted for the whole step, it bounds the reduction.
+	ReduceBytes int64
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
-	// counted under ZeRO stage 3: the sizes the engines' gathering and
-	// gradient buckets are set from (the DeepSpeed export's stage3_*
-	// settings).
+	// counted under ZeRO: the sizes the engines' gathering and gradient
+	// buckets are set from (the DeepSpeed export's reduce_bucket_size and
+	// stage3_* settings).
 	LayerParams, LayerTrainable int64
 	// Paged: the optimizer state is in CUDA unified memory (bitsandbytes'
 	// paged optimizers), which the driver moves to the host when the GPU
@@ -42,7 +48,7 @@ type Static struct {
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes
 }
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
@@ -204,16 +210,21 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 2 && !s.Parallel.NoSync {
 		st.GradientsBytes = ceilDiv(st.GradientsBytes, dp)
 	}
-	if s.Parallel.Zero >= 3 {
-		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
-		var w, g int64
-		for k := range layerW {
-			w, g = max(w, layerW[k]), max(g, layerG[k])
-		}
-		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, g, dp)
+	var w, lg int64 // the largest layer's unsharded weight and gradient bytes
+	for k := range layerW {
+		w, lg = max(w, layerW[k]), max(lg, layerG[k])
+	}
+	if s.Parallel.Zero >= 1 {
 		for k := range layerP {
 			st.LayerParams, st.LayerTrainable = max(st.LayerParams, layerP[k]), max(st.LayerTrainable, layerT[k])
 		}
+	}
+	switch {
+	case s.Parallel.Zero >= 3:
+		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
+		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, lg, dp)
+	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
+		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
 	st.BuffersBytes = ropeTables(g, held)
 	return st, nil
@@ -234,6 +245,29 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // largest layer's unsharded weight and gradient bytes.
 func fsdpWorkingSet(rootW, rootG, layerW, layerG, dp int64) int64 {
 	return rootW + rootG + 2*layerW + 2*ceilDiv(layerW, dp) + 2*layerG
+}
+
+// zeroReduceSet is what ZeRO stage 1 or 2 holds beside the gradients it
+// keeps (grads: the shard under stage 2, the whole under stage 1) while it
+// reduces them, as DeepSpeed runs it with a layer's gradients a bucket
+// (the DeepSpeed export's reduce_bucket_size, contiguous gradients, no
+// overlap) and FSDP with SHARD_GRAD_OP (FSDP2's reshard_after_forward
+// False) over decoder layers and the root. layerG is the largest layer's
+// gradient bytes, rootG the root's.
+//
+// Stage 2: a layer's gradients in the bucket (DeepSpeed's ipg buffer,
+// FSDP's reduce-scatter input) and the gradients produced since and not
+// yet copied into it (at most another layer's, or the root's, which
+// DeepSpeed reduces apart when a tensor outgrows the bucket and FSDP
+// holds until the backward ends): 2·layerG + rootG. Stage 1 keeps the
+// whole gradients until the backward ends, then reduces them bucket by
+// bucket into the rank's shard, and frees them only once it is full: the
+// bucket and the shard, layerG + grads/dp.
+func zeroReduceSet(stage, grads, rootG, layerG, dp int64) int64 {
+	if stage == 1 {
+		return layerG + ceilDiv(grads, dp)
+	}
+	return 2*layerG + rootG
 }
 
 // An optimizer is what an optimizer keeps for the weights it trains.

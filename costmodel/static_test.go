@@ -40,18 +40,25 @@ func TestStaticZeRO(t *testing.T) {
 		opt   string
 		want  Static
 	}{
-		{"bf16 adamw", "bf16", 0, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi, 0, 0, 0, 0, 0, false}},
-		{"fp32 adamw", "fp32", 0, "adamw", Static{psi, psi, 4 * psi, 4 * psi, 8 * psi, 0, 0, 0, 0, 0, false}},
-		{"bf16 sgd", "bf16", 0, "sgd", Static{psi, psi, 2 * psi, 2 * psi, 4 * psi, 0, 0, 0, 0, 0, false}},
-		{"fp32 none", "fp32", 0, "none", Static{psi, psi, 4 * psi, 4 * psi, 0, 0, 0, 0, 0, 0, false}},
-		{"zero 1", "bf16", 1, "adamw", Static{psi, psi, 2 * psi, 2 * psi, 12 * psi / 4, 0, 0, 0, 0, 0, false}},
-		{"zero 2", "bf16", 2, "adamw", Static{psi, psi, 2 * psi, 2 * psi / 4, 12 * psi / 4, 0, 0, 0, 0, 0, false}},
+		{"bf16 adamw", "bf16", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi}},
+		{"fp32 adamw", "fp32", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi}},
+		{"bf16 sgd", "bf16", 0, "sgd", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 4 * psi}},
+		{"fp32 none", "fp32", 0, "none", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi}},
+		// Stages 1 and 2 reduce through a bucket of a layer's gradients
+		// (DeepSpeed's ipg buffer, FSDP's reduce-scatter input). Stage 1
+		// fills the rank's shard of the gradients before it frees the
+		// whole ones; stage 2 holds, beside the bucket, the gradients
+		// produced since: another layer's, or the root's.
+		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
+			ReduceBytes: 2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer}},
+		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
+			ReduceBytes: 2*2*layer + 2*root, LayerParams: layer, LayerTrainable: layer}},
 		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
 		// the root (embedding, head, final norm) whole with its gradients,
 		// two layers' weights unsharded and two all-gather buffers of a
 		// layer's shard, two of a layer's unsharded gradients.
-		{"zero 3", "bf16", 3, "adamw", Static{psi, psi, 2 * psi / 4, 2 * psi / 4, 12 * psi / 4, 0, 0,
-			2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, layer, layer, false}},
+		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
+			GatheredBytes: 2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, LayerParams: layer, LayerTrainable: layer}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,7 +145,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{c.Static.Parameters, adapters, 2 * c.Static.Parameters, 2 * adapters, 12 * adapters, 2 * 2048 * 16 * 2, 0, 0, 0, 0, false}
+	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2 * 2048 * 16 * 2}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}

@@ -116,10 +116,13 @@ type enabled struct {
 	Enabled bool `json:"enabled"`
 }
 
-// zeroStage is the zero_optimization section. Under stage 3 it sets the
-// buckets (deepSpeedZeRO3) instead of leaving DeepSpeed's defaults.
+// zeroStage is the zero_optimization section. It sets the buckets
+// (deepSpeedZeRO12, deepSpeedZeRO3) instead of leaving DeepSpeed's
+// defaults.
 type zeroStage struct {
 	Stage                int64  `json:"stage"`
+	ContiguousGradients  *bool  `json:"contiguous_gradients,omitempty"`
+	OverlapComm          *bool  `json:"overlap_comm,omitempty"`
 	ReduceBucket         *int64 `json:"reduce_bucket_size,omitempty"`
 	PrefetchBucket       *int64 `json:"stage3_prefetch_bucket_size,omitempty"`
 	MaxLiveParameters    *int64 `json:"stage3_max_live_parameters,omitempty"`
@@ -146,6 +149,26 @@ type zeroStage struct {
 // DeepSpeed then gathers is measured, on the CPU in a two-rank gloo group
 // (python/tests/test_deepspeed_zero3.py), within the plan's gathered
 // bytes; with the defaults it is not.
+
+// DeepSpeed's ZeRO stages 1 and 2 reduce the gradients through a buffer
+// of reduce_bucket_size (5·10⁸) elements allocated whole when the
+// backward starts, two with overlap_comm, whatever the model: 1 GB in 16
+// bits, which the plan's reduce buffers (costmodel's zeroReduceSet: a
+// layer's gradients a bucket) do not hold. The export sets the bucket to
+// the largest layer's trainable parameters, one at a time (overlap_comm
+// off), the gradients copied into it as they come (contiguous_gradients).
+// All-gathering the updated weights after the step writes into the
+// weights in place, whatever allgather_bucket_size says: it is left
+// alone. What DeepSpeed then holds is measured on the CPU in a two-rank
+// gloo group (python/tests/test_deepspeed_zero12.py).
+
+// deepSpeedZeRO12 returns the stage 1 or 2 section for layers of at most
+// trainable trained parameters.
+func deepSpeedZeRO12(stage, trainable int64) *zeroStage {
+	yes, no := true, false
+	bucket := max(trainable, 1)
+	return &zeroStage{Stage: stage, ContiguousGradients: &yes, OverlapComm: &no, ReduceBucket: &bucket}
+}
 
 // deepSpeedZeRO3 returns the stage 3 section for layers of at most params
 // parameters, trainable of them trained.
@@ -176,8 +199,8 @@ type deepSpeedACJSON struct {
 // is runs, compared with the plan. Without either it says why not and
 // returns an error.
 func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, error) {
-	if e.Zero >= 3 && !e.zero3.known {
-		return nil, fmt.Errorf("the plan for %s is for ZeRO stage 3, whose DeepSpeed buckets the export sets from the layers' sizes, which a saved plan does not record: export from the model", comment(e.Model))
+	if e.Zero >= 1 && !e.zeroLayer.known {
+		return nil, fmt.Errorf("the plan for %s is for ZeRO stage %d, whose DeepSpeed buckets the export sets from the layers' sizes, which a saved plan does not record: export from the model", comment(e.Model), e.Zero)
 	}
 	a, exact := e.deepSpeedExact()
 	var notes []string
@@ -213,11 +236,13 @@ func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, e
 	}
 	switch {
 	case e.Zero >= 3:
-		c.ZeRO = deepSpeedZeRO3(e.zero3.params, e.zero3.trainable)
+		c.ZeRO = deepSpeedZeRO3(e.zeroLayer.params, e.zeroLayer.trainable)
 		notes = append(notes, fmt.Sprintf("ZeRO 3: the config sets DeepSpeed's buckets to gather no more than the plan counts: at most the largest layer's %d parameters prefetched, each module's released once it has run, none left unsharded, %d gradients reduced at a time; DeepSpeed's defaults keep up to 10^9 parameters gathered and a bucket of 5*10^8 gradients",
 			*c.ZeRO.PrefetchBucket, *c.ZeRO.ReduceBucket))
 	case e.Zero > 0:
-		c.ZeRO = &zeroStage{Stage: e.Zero}
+		c.ZeRO = deepSpeedZeRO12(e.Zero, e.zeroLayer.trainable)
+		notes = append(notes, fmt.Sprintf("ZeRO %d: the config sets DeepSpeed's gradient bucket to the largest layer's %d gradients, one bucket at a time, as the plan counts; DeepSpeed's default bucket is 5*10^8 gradients (1 GB in 16 bits), two with overlap_comm",
+			e.Zero, *c.ZeRO.ReduceBucket))
 	}
 	if n := a.groups(); n > 0 {
 		c.AC.NumberCheckpoints = &n

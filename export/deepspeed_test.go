@@ -114,14 +114,16 @@ func TestDeepSpeedClosest(t *testing.T) {
 	checkClosest(t, p, planner.MegatronSettings(4), first)
 }
 
-// TestDeepSpeedZeRO3: under ZeRO stage 3 the export sets DeepSpeed's
+// TestDeepSpeedZeRO: under every ZeRO stage the export sets DeepSpeed's
 // buckets from the largest layer, counted here from tiny-llama's shapes
 // (the four attention projections, the gated MLP's three, two norms),
-// instead of DeepSpeed's defaults; stages 1 and 2 keep theirs; a plan read
-// back from JSON, which does not record the layers' sizes, is refused.
-// What DeepSpeed gathers under these settings is measured in
-// python/tests/test_deepspeed_zero3.py.
-func TestDeepSpeedZeRO3(t *testing.T) {
+// instead of DeepSpeed's defaults: under stage 3 the gathering and the
+// gradient bucket, under stages 1 and 2 the gradient bucket, one at a
+// time. A plan read back from JSON, which does not record the layers'
+// sizes, is refused. What DeepSpeed holds under these settings is
+// measured in python/tests/test_deepspeed_zero3.py and
+// test_deepspeed_zero12.py.
+func TestDeepSpeedZeRO(t *testing.T) {
 	src, err := graphio.Load("tiny-llama")
 	if err != nil {
 		t.Fatal(err)
@@ -149,9 +151,15 @@ func TestDeepSpeedZeRO3(t *testing.T) {
 		}
 		cfg, notes := deepSpeedOf(t, e)
 		z := cfg["zero_optimization"].(map[string]any)
-		want := map[string]any{"stage": float64(zero)}
+		want := map[string]any{"stage": float64(zero), "reduce_bucket_size": float64(layer)}
+		if zero < 3 {
+			want["contiguous_gradients"], want["overlap_comm"] = true, false
+			if !strings.Contains(notes, fmt.Sprintf("largest layer's %d gradients", layer)) {
+				t.Errorf("zero %d: the notes do not say the bucket:\n%s", zero, notes)
+			}
+		}
 		if zero == 3 {
-			for _, k := range []string{"stage3_prefetch_bucket_size", "stage3_max_live_parameters", "reduce_bucket_size"} {
+			for _, k := range []string{"stage3_prefetch_bucket_size", "stage3_max_live_parameters"} {
 				want[k] = float64(layer)
 			}
 			want["stage3_max_reuse_distance"], want["stage3_param_persistence_threshold"] = 0.0, 0.0
@@ -176,11 +184,8 @@ func TestDeepSpeedZeRO3(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = e.DeepSpeed(new(bytes.Buffer), nil, -1)
-		if zero == 3 && (err == nil || !strings.Contains(err.Error(), "export from the model")) {
-			t.Errorf("zero 3, a saved plan: %v, want an error saying to export from the model", err)
-		}
-		if zero < 3 && err != nil {
-			t.Errorf("zero %d, a saved plan: %v", zero, err)
+		if err == nil || !strings.Contains(err.Error(), "export from the model") {
+			t.Errorf("zero %d, a saved plan: %v, want an error saying to export from the model", zero, err)
 		}
 	}
 }

@@ -66,10 +66,10 @@ type Export struct {
 	sacRerun    []float64 // per layer: what it reruns under selective activation checkpointing
 	baseline    float64   // the step's work without recomputation
 	nested      bool      // the plan recomputes a layer more than once
-	// zero3 are the sizes ZeRO stage 3's buckets are set from (the
-	// largest layer's parameters and trainable parameters); zero when the
-	// plan was read back from JSON, which does not record them.
-	zero3 struct {
+	// zeroLayer are the sizes ZeRO's buckets are set from (the largest
+	// layer's parameters and trainable parameters); zero when the plan
+	// was read back from JSON, which does not record them.
+	zeroLayer struct {
 		known             bool
 		params, trainable int64
 	}
@@ -90,8 +90,8 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
 		e.Zero = s.Parallel.Zero
 	}
-	if st := plan.Static; st != nil && e.Zero >= 3 {
-		e.zero3.known, e.zero3.params, e.zero3.trainable = true, st.LayerParams, st.LayerTrainable
+	if st := plan.Static; st != nil && e.Zero >= 1 {
+		e.zeroLayer.known, e.zeroLayer.params, e.zeroLayer.trainable = true, st.LayerParams, st.LayerTrainable
 	}
 	forwards := make([]int, len(plan.Stages))
 	recomputedWith := map[int]string{}

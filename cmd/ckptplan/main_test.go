@@ -116,6 +116,8 @@ func TestPlanGolden(t *testing.T) {
 		// that fits.
 		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "every-k", "--to", "torchtitan"}},
 		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
+		{"llama-3-8b-zero1-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "1"}},
+		{"llama-3-8b-zero2-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "2"}},
 		{"llama-3-8b-zero3-no-sync", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--no-sync"}},
 		// torchtitan's op-level policy: the plan's, and the closest
 		// setting to a selective plan in 150 GiB.
@@ -389,6 +391,8 @@ func TestExportDeepSpeed(t *testing.T) {
 		{"export-deepspeed", []string{"--solver", "every-k"}},
 		{"export-deepspeed-optimal", []string{"--solver", "optimal"}},
 		{"export-deepspeed-closest", nil},
+		// ZeRO 2 (the last --zero wins): the gradient bucket of a layer.
+		{"export-deepspeed-zero2", []string{"--solver", "every-k", "--zero", "2"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "deepspeed"}, tt.args...)

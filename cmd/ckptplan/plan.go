@@ -351,5 +351,8 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	if st.GatheredBytes > 0 {
 		out += fmt.Sprintf(", gathered by ZeRO 3 %v", mem.Bytes(st.GatheredBytes))
 	}
+	if st.ReduceBytes > 0 {
+		out += fmt.Sprintf(", ZeRO %d's reduce buffers %v", s.Parallel.Zero, mem.Bytes(st.ReduceBytes))
+	}
 	return out
 }
