@@ -255,19 +255,21 @@ func fsdpWorkingSet(rootW, rootG, layerW, layerG, dp int64) int64 {
 // False) over decoder layers and the root. layerG is the largest layer's
 // gradient bytes, rootG the root's.
 //
-// Stage 2: a layer's gradients in the bucket (DeepSpeed's ipg buffer,
-// FSDP's reduce-scatter input) and the gradients produced since and not
-// yet copied into it (at most another layer's, or the root's, which
-// DeepSpeed reduces apart when a tensor outgrows the bucket and FSDP
-// holds until the backward ends): 2·layerG + rootG. Stage 1 keeps the
-// whole gradients until the backward ends, then reduces them bucket by
-// bucket into the rank's shard, and frees them only once it is full: the
-// bucket and the shard, layerG + grads/dp.
+// Both stages fill a bucket of a layer's gradients (DeepSpeed's ipg
+// buffer, FSDP's unsharded gradients) and reduce it through a copy
+// (DeepSpeed flattens the bucket's slices for each rank they go to, FSDP
+// copies the gradients into its reduce-scatter input): 2·layerG. Stage 2
+// also holds the gradients produced since and not yet in the bucket: a
+// tensor at most a layer's, or the root's, which DeepSpeed reduces apart
+// when it outgrows the bucket and FSDP holds until the backward ends.
+// Stage 1 keeps the whole gradients until the backward ends, then reduces
+// them bucket by bucket into the rank's shard, and frees them only once
+// the shard is full: grads/dp.
 func zeroReduceSet(stage, grads, rootG, layerG, dp int64) int64 {
 	if stage == 1 {
-		return layerG + ceilDiv(grads, dp)
+		return 2*layerG + ceilDiv(grads, dp)
 	}
-	return 2*layerG + rootG
+	return 2*layerG + max(rootG, layerG)
 }
 
 // An optimizer is what an optimizer keeps for the weights it trains.

@@ -45,14 +45,15 @@ func TestStaticZeRO(t *testing.T) {
 		{"bf16 sgd", "bf16", 0, "sgd", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 4 * psi}},
 		{"fp32 none", "fp32", 0, "none", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
-		// (DeepSpeed's ipg buffer, FSDP's reduce-scatter input). Stage 1
-		// fills the rank's shard of the gradients before it frees the
-		// whole ones; stage 2 holds, beside the bucket, the gradients
-		// produced since: another layer's, or the root's.
+		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
+		// of it. Stage 1 fills the rank's shard of the gradients before it
+		// frees the whole ones; stage 2 holds, beside the bucket, the
+		// gradients produced since: a layer's (here more than the root's,
+		// whose embedding and head are 100 wide), or the root's.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer}},
+			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*root, LayerParams: layer, LayerTrainable: layer}},
+			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer}},
 		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
 		// the root (embedding, head, final norm) whole with its gradients,
 		// two layers' weights unsharded and two all-gather buffers of a
@@ -105,6 +106,39 @@ func TestFSDPWorkingSet(t *testing.T) {
 	adapters := int64(16*(4096+4096) + 16*(4096+1024))
 	if got, want := analyzeModel(t, m).Static.GatheredBytes, 2*root+2*(2*layer+2*adapters)+2*((2*layer+2*adapters+7)/8)+2*2*adapters; got != want {
 		t.Errorf("llama-3-8b LoRA, ZeRO 3 over 8: gathered %d, want %d", got, want)
+	}
+}
+
+// TestZeROReduceSet: Llama 3 8B in bf16 over 8 ranks, its layer and root
+// counted from its shapes. Stage 1 holds a layer's bucket and its copy and
+// the rank's shard of the gradients (2Ψ/8); stage 2 the bucket, its copy
+// and the root's gradients (its embedding and head, each larger than a
+// layer). Under the megatron profile Megatron-LM's gradient buffer is the
+// bucket: nothing more.
+func TestZeROReduceSet(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const layer = 2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096
+	const root = 2*128256*4096 + 4096
+	const psi = 32*layer + root
+	for _, tt := range []struct {
+		zero    int64
+		profile string
+		want    int64
+	}{
+		{1, "transformers", 2*2*layer + 2*psi/8},
+		{2, "transformers", 2*2*layer + 2*root},
+		{1, "megatron", 0},
+		{3, "transformers", 0}, // gathered_bytes counts stage 3's
+	} {
+		m := *src.Model
+		m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: tt.zero}
+		m.Training.Profile = tt.profile
+		if got := analyzeModel(t, &m).Static.ReduceBytes; got != tt.want {
+			t.Errorf("ZeRO %d, profile %q: reduce %d, want %d", tt.zero, tt.profile, got, tt.want)
+		}
 	}
 }
 

@@ -107,20 +107,26 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
                        "parameters": sum(p.ds_numel for p in params)}, f)
 
 
-def run_deepspeed(tmp_path, zero: dict, checkpointing: bool) -> dict:
-    """Runs _worker on two ranks in processes of their own and returns rank
-    0's measurement."""
+def spawn(tmp_path, module: str, *args) -> dict:
+    """Runs module's _worker(rank, port, *args, out) on two ranks in
+    processes of their own (args made of JSON) and returns what rank 0
+    wrote to out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "measured.json"
-    code = ("import sys, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
-            "import test_deepspeed_zero3 as t; import json; "
-            "mp.spawn(t._worker, args=(int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == '1', sys.argv[5]), nprocs=2)")
-    p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), str(port), json.dumps(zero),
-                        "1" if checkpointing else "0", str(out)], capture_output=True, text=True, timeout=600)
+    code = ("import sys, json, importlib, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
+            "t = importlib.import_module(sys.argv[2]); "
+            "mp.spawn(t._worker, args=(int(sys.argv[3]), *json.loads(sys.argv[4]), sys.argv[5]), nprocs=2)")
+    p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), module, str(port), json.dumps(args),
+                        str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(out.read_text())
+
+
+def run_deepspeed(tmp_path, zero: dict, checkpointing: bool) -> dict:
+    """Runs _worker on two ranks and returns rank 0's measurement."""
+    return spawn(tmp_path, "test_deepspeed_zero3", zero, checkpointing)
 
 
 @pytest.fixture(scope="module")

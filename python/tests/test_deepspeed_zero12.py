@@ -1,0 +1,142 @@
+"""DeepSpeed's ZeRO stages 1 and 2, run as the DeepSpeed export configures
+them, hold no more than the plan's peak through forward and backward.
+
+Stages 1 and 2 reduce the gradients through a buffer of
+``reduce_bucket_size`` elements that DeepSpeed allocates whole when the
+backward starts: 5·10⁸ by default, 1 GB in bf16 whatever the model. The
+plan counts a layer's gradients a bucket (``reduce_bytes`` in ``ckptplan
+cost --format json``: under stage 2 the bucket and the gradients waiting
+for it, under stage 1 the bucket and the shard the reduction fills before
+the whole gradients are freed), and the export sets the bucket to the
+largest layer's trainable parameters, one at a time.
+
+Each case trains a transformers Llama for three steps under DeepSpeed's
+own engine in a two-rank gloo group on the CPU, under PyTorch's profiler
+with ``profile_memory``: from before the model is made, PyTorch's CPU
+allocator counts what it holds on rank 0 and reports the sum with every
+allocation (the CPU's ``torch.cuda.max_memory_allocated``). Its
+peak over the forward and backward of the second and third steps (the
+first makes the optimizer's state) stays within the plan's peak under the
+exported config, and passes it under DeepSpeed's defaults. The optimizer
+step, after the backward, is measured and reported, not compared: the
+plan does not count the update's own working memory.
+
+One allowance, for the CPU's communication only: DeepSpeed reduces each
+bucket through a flattened copy (``allreduce_bucket``), and with gloo that
+copy sometimes outlives the reduction into the next step's backward, one
+or two of them (gloo runs two worker threads), whichever run it is: the
+measured peak is the plan's less nothing, or one or two buckets more than
+the steady run. The bound allows two buckets' bytes over the plan's peak
+for it.
+
+DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
+it starts; the cases run gloo's instead, as in test_deepspeed_zero3.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+
+import pytest
+
+from test_deepspeed_zero3 import CONFIG, SEQ, model_config, spawn  # noqa: F401 (model_config: a fixture)
+from test_engine_configs import run
+
+pytestmark = [pytest.mark.engines,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None and not os.environ.get("CKPTPLAN_ENGINES"),
+                                 reason="DeepSpeed is not installed (.ci/run installs it from python/requirements-engines.txt)")]
+
+
+def flags(stage: int) -> list[str]:
+    return ["--seq", str(SEQ), "--batch", "1", "--dtype", "bf16", "--dp", "2", "--zero", str(stage)]
+
+
+def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
+    """One rank: three training steps of the Llama under DeepSpeed, under
+    the profiler; rank 0 writes the most its CPU allocator held in the
+    forward and backward of the second and third steps, and in their
+    optimizer steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import importlib
+
+    import torch
+    import transformers
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from torch._C._profiler import _EventType
+
+    import deepspeed
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        deepspeed.init_distributed(dist_backend="gloo")
+        config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config,
+                                               optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+        x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+        for step in range(3):
+            gc.collect()
+            with record_function(f"backward {step}"):
+                loss = engine(input_ids=x, labels=x).loss
+                engine.backward(loss)
+            with record_function(f"update {step}"):
+                engine.step()
+    # Each allocation event carries what the CPU allocator holds after it
+    # (total_allocated): the allocator keeps that sum over every thread,
+    # so a tensor a gloo thread frees, which the profiler records no event
+    # for, leaves it.
+    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
+    spans, held = {}, []
+    while nodes:
+        n = nodes.pop()
+        nodes.extend(n.children)
+        if n.name.startswith(("backward ", "update ")):
+            spans[n.name] = (n.start_time_ns, n.end_time_ns)
+        elif n.tag == _EventType.Allocation:
+            held.append((n.start_time_ns, n.extra_fields.total_allocated))
+    peak = {name: max(b for t, b in held if start <= t <= end) for name, (start, end) in spans.items()}
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"backward": max(peak["backward 1"], peak["backward 2"]),
+                       "update": max(peak["update 1"], peak["update 2"])}, f)
+
+
+@pytest.mark.parametrize("solver", ["none", "every-k"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_holds_within_the_plan(ckptplan_binary, model_config, tmp_path, stage, solver):
+    """Under the exported config (every layer stored, or every layer
+    checkpointed) DeepSpeed's forward and backward hold at most the plan's
+    peak; under its defaults, with the same model and checkpointing, they
+    hold more (the 1 GB bucket)."""
+    plan_flags = [*flags(stage), "--budget", "1GiB", "--solver", solver]
+    plan = json.loads(run(ckptplan_binary, "plan", model_config, *plan_flags, "--format", "json"))
+    static = json.loads(run(ckptplan_binary, "cost", model_config, *flags(stage), "--format", "json"))["static"]
+    exported = json.loads(run(ckptplan_binary, "export", model_config, *plan_flags, "--to", "deepspeed"))
+    zero = exported["zero_optimization"]
+    # The bucket is the largest layer's parameters: q, k, v, o, the MLP's
+    # three and two norms, counted from the config.
+    h, f = CONFIG["hidden_size"], CONFIG["intermediate_size"]
+    kv = h // CONFIG["num_attention_heads"] * CONFIG["num_key_value_heads"]
+    assert zero == {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
+                    "reduce_bucket_size": 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h}
+    checkpointing = solver == "every-k"
+
+    planned = spawn(tmp_path, "test_deepspeed_zero12", zero, checkpointing)
+    print(f"stage {stage}, {solver}: plan peak {plan['peak_bytes']} B (reduce buffers {static['reduce_bytes']} B); "
+          f"DeepSpeed holds {planned['backward']} B in forward and backward, {planned['update']} B in its step")
+    gloo = 2 * 2 * zero["reduce_bucket_size"]  # two flattened bf16 buckets gloo may still hold (see above)
+    assert planned["backward"] <= plan["peak_bytes"] + gloo, planned
+    # What DeepSpeed holds includes every weight, the optimizer's state and
+    # the gradients: at least the plan's static memory less its bucket.
+    assert planned["backward"] >= plan["static_bytes"] - static["reduce_bytes"], planned
+
+    defaults = spawn(tmp_path, "test_deepspeed_zero12", {"stage": stage}, checkpointing)
+    assert defaults["backward"] > plan["peak_bytes"], defaults
+    assert defaults["backward"] >= 10**9, defaults  # the bucket: 5·10⁸ bf16 gradients
