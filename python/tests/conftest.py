@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "fsdp2: runs FSDP2 on the CPU, which needs PyTorch 2.7 or later (python/requirements-fsdp.txt); "
         ".ci/run runs these with it")
     config.addinivalue_line(
-        "markers", "engines: reads an export with an engine's own configuration parser, or runs Megatron Core's layer or DeepSpeed's ZeRO 3 on the CPU (DeepSpeed, Megatron Core: "
+        "markers", "engines: reads an export with an engine's own configuration parser, or runs Megatron Core's layer or DeepSpeed's ZeRO 1, 2 and 3 on the CPU (DeepSpeed, Megatron Core: "
         "python/requirements-engines.txt); .ci/run runs these with it")
     config.addinivalue_line(
         "markers", "quant: measures bitsandbytes' 4- and 8-bit weights and optimizers on the CPU "
