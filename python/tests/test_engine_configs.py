@@ -286,6 +286,7 @@ DEEPSPEED_FLAGS = {
     "optimal": ["--budget", "5.2MiB", "--solver", "optimal"],
     "closest": ["--budget", "5.2MiB", "--solver", "selective"],
     "fp16-zero3": ["--budget", "5.2MiB", "--solver", "every-k", "--dtype", "fp16", "--batch", "2", "--zero", "3", "--dp", "2"],
+    "zero2": ["--budget", "6MiB", "--solver", "every-k", "--zero", "2", "--dp", "2"],
 }
 
 
@@ -311,6 +312,11 @@ def test_deepspeed_reads_the_config(ckptplan_binary, tmp_path, case):
         z, layer = config.zero_config, 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 192 + 2 * 64
         assert (z.prefetch_bucket_size, z.max_live_parameters, z.reduce_bucket_size) == (layer, layer, layer)
         assert (z.max_reuse_distance, z.param_persistence_threshold) == (0, 0)
+    if plan.get("zero", 0) in (1, 2):
+        # One gradient bucket of the largest layer at a time
+        # (test_deepspeed_zero12.py measures what DeepSpeed holds).
+        z, layer = config.zero_config, 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 192 + 2 * 64
+        assert (z.reduce_bucket_size, z.contiguous_gradients, z.overlap_comm) == (layer, True, False)
     ac = config.activation_checkpointing_config
     # Every checkpoint whole on the GPU, as the plan keeps it.
     assert not (ac.partition_activations or ac.cpu_checkpointing or ac.contiguous_memory_optimization)
