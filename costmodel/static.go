@@ -29,10 +29,11 @@ type Static struct {
 	// gradients. Counted for the whole step, it bounds the gathers.
 	GatheredBytes int64
 	// ReduceBytes is what ZeRO stages 1 and 2 hold while they reduce the
-	// gradients (zeroReduceSet): the gradient bucket, and under stage 2
-	// the unsharded gradients waiting for it, or under stage 1 the
-	// gradients' shard the reduction fills while the whole gradients
-	// still live. Counted for the whole step, it bounds the reduction.
+	// gradients (zeroReduceSet): the gradient bucket and the copy it is
+	// reduced through, and under stage 2 the gradients waiting for it, or
+	// under stage 1 the gradients' shard the reduction fills while the
+	// whole gradients still live. Not under the megatron profile.
+	// Counted for the whole step, it bounds the reduction.
 	ReduceBytes int64
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
