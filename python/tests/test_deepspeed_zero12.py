@@ -21,13 +21,15 @@ exported config, and passes it under DeepSpeed's defaults. The optimizer
 step, after the backward, is measured and reported, not compared: the
 plan does not count the update's own working memory.
 
-One allowance, for the CPU's communication only: DeepSpeed reduces each
-bucket through a flattened copy (``allreduce_bucket``), and with gloo that
-copy sometimes outlives the reduction into the next step's backward, one
-or two of them (gloo runs two worker threads), whichever run it is: the
-measured peak is the plan's less nothing, or one or two buckets more than
-the steady run. The bound allows two buckets' bytes over the plan's peak
-for it.
+One allowance, for what the CPU run holds beyond its steady state:
+DeepSpeed reduces each bucket through a flattened copy
+(``allreduce_bucket``), and on gloo such copies of earlier buckets are
+sometimes still alive at the peak, whichever run it is (traced to
+``flatten_dense_tensors`` by matching the allocations' addresses; running
+small collectives after each step, so that gloo's two worker threads drop
+their last ones, does not remove it). The measured peak is the steady one
+or up to about two buckets more. The bound allows two buckets' bytes over
+the plan's peak for it: a steady run stays within the plan itself.
 
 DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
 it starts; the cases run gloo's instead, as in test_deepspeed_zero3.
