@@ -331,7 +331,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 // kernel makes of it.
 func (a *analyzer) operand(n *ir.Node, i int) int {
 	id := n.Inputs[i]
-	if a.lay.contig[id] {
+	if a.lay.contig[id] || n.Op == ir.MatMul && i == 1 && BroadcastKV(&a.g.Nodes[id]) {
 		return a.lay.out[id]
 	}
 	role := CopyRole(i)
@@ -340,6 +340,15 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 	}
 	in := &a.g.Nodes[id]
 	return a.extra(n, role, in.Shape, in.DType, a.shard[id])
+}
+
+// BroadcastKV reports whether x, a product's second operand, is one
+// key/value head repeated, as a view, for a batch of one: torch.matmul
+// folds its batch and head axes into one of stride 0, which bmm takes as
+// it is, every head's product reading the same matrix. With more
+// sequences the fold cannot be a view, and matmul copies.
+func BroadcastKV(x *ir.Node) bool {
+	return x.Op == ir.RepeatKV && x.Shape[0] == 1
 }
 
 // copyOperands makes the contiguous copies a product kernel needs of its

@@ -60,10 +60,10 @@ func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 	case ir.Cast:
 		return n.Attrs.To == g.Nodes[n.Inputs[0]].DType, inContig
 	case ir.RepeatKV:
-		// expand + reshape stays a view only when there is one kv head and
-		// one sequence in the batch; otherwise the reshape copies.
-		in := g.Nodes[n.Inputs[0]].Shape
-		if in[0] == 1 && in[1] == 1 {
+		// expand + reshape stays a view when there is one kv head, at any
+		// batch: the size-1 head axis merges with the stride-0 repeat
+		// axis. Otherwise the reshape copies.
+		if g.Nodes[n.Inputs[0]].Shape[1] == 1 {
 			return true, false
 		}
 	}

@@ -30,6 +30,18 @@ func (r *Runner) backward(id, stage int) {
 		a := r.node(n.Inputs[0]).Shape
 		m, k := int(a[len(a)-2]), int(a.Last())
 		db := r.gradIn(id, 1)
+		batch, b := int(a.NumElements())/(m*k), r.node(n.Inputs[1])
+		if costmodel.BroadcastKV(b) {
+			// Every head's product read the one key/value head; the
+			// gradient is per head, as the repeat's output is.
+			if dx != nil {
+				kernel.MatMulBackward(dx, nil, dy, nil, r.buf(b.ID).F[r.layout[b.ID].off:], 1, batch, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
+			}
+			if db != nil {
+				kernel.MatMulBackward(nil, db, dy, r.operand(id, 0, false), nil, batch, 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
+			}
+			break
+		}
 		var av, bv []float32
 		if db != nil {
 			av = r.operand(id, 0, false)
@@ -37,7 +49,7 @@ func (r *Runner) backward(id, stage int) {
 		if dx != nil {
 			bv = r.operand(id, 1, false)
 		}
-		kernel.MatMulBackward(dx, db, dy, av, bv, int(a.NumElements())/(m*k), 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
+		kernel.MatMulBackward(dx, db, dy, av, bv, batch, 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
 		if r.c.Profile == costmodel.Megatron { // statistics not kept: recompute

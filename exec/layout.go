@@ -49,7 +49,7 @@ func layouts(c *costmodel.Costs) []view {
 			off, _ := n.Attrs.SplitPart(g.Nodes[n.Inputs[0]].Shape.Last())
 			out[i] = view{off: in.off + int(off)*st[len(st)-1], strides: st, contig: n.Attrs.Parts == 1 && in.contig}
 		case ir.RepeatKV:
-			// One key/value head and one sequence: expand's view, every
+			// One key/value head: expand's view, every
 			// query head reading the same rows (stride 0 over heads).
 			st := append([]int(nil), in.strides...)
 			st[1] = 0

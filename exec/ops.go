@@ -138,7 +138,14 @@ func (r *Runner) forward(id int) {
 		a := r.node(n.Inputs[0]).Shape
 		m, k := int(a[len(a)-2]), int(a.Last())
 		nn := int(n.Shape.Last())
-		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), int(a.NumElements())/(m*k), 1, m, nn, k, n.Attrs.TransposeB)
+		batch, group, b := int(a.NumElements())/(m*k), 1, r.node(n.Inputs[1])
+		if costmodel.BroadcastKV(b) {
+			// One key/value head read by every query head's product.
+			batch, group = 1, batch
+			kernel.MatMul(r.data(id), r.operand(id, 0, true), r.buf(b.ID).F[r.layout[b.ID].off:], batch, group, m, nn, k, n.Attrs.TransposeB)
+			break
+		}
+		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), batch, group, m, nn, k, n.Attrs.TransposeB)
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
 		kernel.LayerNorm(r.data(id), r.extra(id, costmodel.Mean), r.extra(id, costmodel.Rstd), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))

@@ -184,8 +184,8 @@ func TestStridedPointwiseRefused(t *testing.T) {
 }
 
 // TestUnusualShapes runs setups that take paths of their own: one
-// key/value head and one sequence, where repeat_kv is a view with a zero
-// stride; and a GPT-2 whose vocabulary is smaller than its position
+// key/value head, where repeat_kv is a view with a zero stride (which the
+// products read as it is for one sequence and copy for two); and a GPT-2 whose vocabulary is smaller than its position
 // table, whose targets must stay within the vocabulary.
 func TestUnusualShapes(t *testing.T) {
 	for _, tt := range []struct {
@@ -194,6 +194,7 @@ func TestUnusualShapes(t *testing.T) {
 		edit  func(*graphio.Model)
 	}{
 		{"one kv head, batch 1", "tiny-llama", func(m *graphio.Model) { m.KVHeads, m.Training.Batch = 1, 1 }},
+		{"one kv head, batch 2", "tiny-llama", func(m *graphio.Model) { m.KVHeads, m.Training.Batch = 1, 2 }},
 		{"vocabulary below positions", "tiny-gpt2", func(m *graphio.Model) { m.Vocab = 16 }},
 		// Gemma's norm scales by 1 + w: the executor's weight plays 1 + w.
 		{"gemma", "tiny-llama", func(m *graphio.Model) { m.Family, m.HeadSize = "gemma", 32 }},

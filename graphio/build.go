@@ -216,20 +216,39 @@ func (b *builder) core(q, k, v int) int {
 	}
 	if t.Attention == "sdpa" {
 		// transformers expands K and V to every query head before
-		// F.scaled_dot_product_attention, whose fused kernels keep what
-		// flash keeps and return [b, s, heads, d] memory.
+		// F.scaled_dot_product_attention (from 4.54, where the layer has
+		// no mask, sdpa takes them unexpanded with enable_gqa), whose
+		// fused kernels keep what flash keeps and return [b, s, heads, d]
+		// memory.
+		kv, masked := m.Heads, b.sdpaMasked()
 		if m.KVHeads < m.Heads {
-			k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
-			v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+			if t.Numerics.SDPAGQA && !masked {
+				if t.Numerics.SDPAGQAMath {
+					// No fused kernel takes them: sdpa's math path
+					// repeats K and V.
+					return b.sdpaMath(q, k, v)
+				}
+				kv = m.KVHeads
+			} else {
+				k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
+				v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+			}
 		}
 		// Under autocast sdpa takes q, k and v in 16 bits (copies of the
 		// fp32 rotated q and k).
 		q, k, v = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k), b.autocast("attn.v_cast", v)
-		// Gemma 2 passes every layer's sdpa the model's mask, which sdpa
-		// keeps: the layer's own where a sliding layer windows it into a
-		// new one or torch.autocast copies it to 16 bits.
-		maskKept := m.Family == "gemma2" && (m.Sliding(b.layer) || b.half != ir.Invalid)
-		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.Heads, Flash: true, BSHD: !t.Numerics.SDPAContiguous, Causal: true, P: t.Dropout,
+		// Before the model made the masks, Gemma 2 passed every layer's
+		// sdpa the model's mask, which sdpa keeps: the layer's own where
+		// a sliding layer windows it into a new one or torch.autocast
+		// copies it to 16 bits.
+		// Where the model makes the masks, sdpa converts the boolean
+		// mask a layer is handed to q's dtype, and keeps the copy.
+		maskKept := masked && (t.Numerics.ModelMasks || m.Sliding(b.layer) || b.half != ir.Invalid)
+		// sdpa lays its output out as q: [b, s, heads, d] where q is
+		// the projection's transposed (rotary embeddings keep its
+		// strides), unless q was copied contiguous.
+		bshd := !t.Numerics.SDPAContiguous && !(m.Family == "phi3" && t.Numerics.Phi3RopeCat)
+		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: kv, Flash: true, BSHD: bshd, Causal: true, P: t.Dropout,
 			MaskKept: maskKept}, q, k, v)
 	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
@@ -247,12 +266,17 @@ func (b *builder) core(q, k, v int) int {
 	if grouped {
 		s = b.op("attn.ungroup_s", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq}}, s)
 	}
-	// GPT-2 divides by torch.full([], √d), a tensor; Llama by a float.
-	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: b.scoreScale(), TensorConst: m.Family == "gpt2"}, s)
+	// GPT-2 divides by torch.full([], √d), a tensor (before transformers
+	// 5.4); Llama multiplies by a float.
+	gpt2 := m.Family == "gpt2"
+	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: b.scoreScale(), TensorConst: gpt2 && !t.Numerics.GPT2FloatScale}, s)
 	s = b.softcap("attn.softcap", m.AttnSoftcap, s)
 	// Under autocast Llama's scores meet its fp32 additive mask and become
-	// fp32; GPT-2's torch.where fills in the scores' own dtype.
-	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && m.Family != "gpt2"}, s)
+	// fp32; GPT-2's torch.where (before transformers 5.2) fills in the
+	// scores' own dtype.
+	// From 4.53 GPT-2 adds the model's mask after its torch.where too.
+	additive := !gpt2 || t.Numerics.GPT2AdditiveMask || t.Numerics.ModelMasks
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && additive}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
 	s = b.cast("attn.softmax_cast", qdt, s)
 	s = b.dropout("attn.attn_dropout", s)
@@ -266,6 +290,19 @@ func (b *builder) core(q, k, v int) int {
 		o = b.op("attn.ungroup_o", ir.Reshape, ir.Attrs{Shape: ir.Shape{t.Batch, m.Heads, t.Seq, m.HeadDim()}}, o)
 	}
 	return o
+}
+
+// sdpaMasked reports whether transformers hands this layer's sdpa a mask
+// (a batch without padding): where the model makes the masks, only a
+// sliding layer whose window is no longer than the sequence gets one,
+// causal attention being sdpa's is_causal; before, Gemma 2's layers
+// always got one and the others none.
+func (b *builder) sdpaMasked() bool {
+	m, t := b.m, &b.m.Training
+	if t.Numerics.ModelMasks {
+		return m.Sliding(b.layer) && t.Seq >= m.SlidingWindow
+	}
+	return m.Family == "gemma2"
 }
 
 // scoreScale is the factor of the attention scores: 1/√head_dim,

@@ -186,9 +186,9 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	m.Training.Profile, m.Training.Attention = "transformers", "sdpa"
 	m.Training.Numerics.LogitsFP32 = true
 	m.Training.Numerics.ByteMasks = true // the GPU a config trains on
-	// transformers 4.48 and later, which hand sdpa contiguous copies;
-	// --sdpa-layout views plans an older one.
-	m.Training.Numerics.SDPAContiguous = true
+	// The newest transformers release verified; --transformers plans
+	// for another.
+	ApplyRelease(&m.Training, Newest)
 	m.Training.Numerics.SoftmaxFP32 = family != "gpt2"
 	r.keys["name"] = "_name_or_path"
 	if err := r.dtype(&c, m); err != nil {
@@ -203,6 +203,10 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 		return nil, err
 	}
 	m.fillDefaults()
+	if m.AttnSoftcap > 0 && rulesOf(Newest).softcapEager {
+		// What transformers picks where sdpa cannot soft-cap.
+		m.Training.Attention = "eager"
+	}
 	if err := m.Validate(); err != nil {
 		return nil, r.fieldError(err)
 	}

@@ -13,14 +13,19 @@ import (
 )
 
 // hfSetup is the default training setup with what a config.json sets.
-// hfSetup is what transformers does by default on PyTorch 2: sdpa, and a
-// loss that reads the logits in fp32 (LlamaForCausalLM's loss_function
-// calls logits.float()).
+// hfSetup is what transformers 5.24 does by default on PyTorch 2: sdpa,
+// handed q, k and v as they are and K and V unexpanded where the model's
+// masks leave a layer none (integrations/sdpa_attention.py,
+// masking_utils.py), GPT-2's eager attention scaled by a float and masked
+// by addition (models/gpt2/modeling_gpt2.py), and a loss that reads the
+// logits in fp32 (LlamaForCausalLM's loss_function calls logits.float()).
 func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s := ir.DefaultSetup()
 	s.DType, s.Dropout, s.Seq = dtype, dropout, seq
 	s.Profile, s.Attention, s.Numerics.LogitsFP32 = "transformers", "sdpa", true
-	s.Numerics.ByteMasks, s.Numerics.SDPAContiguous = true, true
+	s.Transformers = "5.24"
+	s.Numerics.ByteMasks, s.Numerics.SDPAGQA, s.Numerics.ModelMasks = true, true, true
+	s.Numerics.GPT2FloatScale, s.Numerics.GPT2AdditiveMask, s.Numerics.Phi3RopeCat = true, true, true
 	return s
 }
 
@@ -145,6 +150,7 @@ func TestParseHFConfigKeys(t *testing.T) {
 			small("llama", func(m *Model) {
 				m.Family, m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = "gemma2", 4, 256, true, 1e-6
 				m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = 50, 30, 256, 4096
+				m.Training.Attention = "eager" // transformers 5.21 and later run no sdpa with soft-capping
 			})},
 		{"gemma2 nulls", `{"attn_logit_softcapping": null, "final_logit_softcapping": null, "query_pre_attn_scalar": null, "sliding_window": null, "num_key_value_heads": 4, "head_dim": 16, ` +
 			strings.Replace(llama, `"llama"`, `"gemma2"`, 1) + `}`,
@@ -155,6 +161,7 @@ func TestParseHFConfigKeys(t *testing.T) {
 				m.Family, m.KVHeads, m.HeadSize, m.TiedEmbeddings, m.NormEps = "gemma2", 4, 256, true, 1e-6
 				m.AttnSoftcap, m.FinalSoftcap, m.QueryScalar, m.SlidingWindow = 20, 10.5, 144, 512
 				m.QKVBias, m.OBias = true, true
+				m.Training.Attention = "eager"
 			})},
 		// Qwen3Config's: heads of 128, ε = 1e-6; attention_bias biases
 		// q, k, v and o.

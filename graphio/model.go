@@ -152,6 +152,15 @@ func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
 			return nil, d.errField(f.name, "%s: must be positive and finite, got 0 (leave it out for %v)", f.name, f.def)
 		}
 	}
+	if v := m.Training.Transformers; v != "" {
+		// The release decides the numerics it changed, whatever
+		// training.numerics says of them.
+		r, err := ParseRelease(v)
+		if err != nil {
+			return nil, d.errField("training.transformers", "training.transformers: %v", err)
+		}
+		ApplyRelease(&m.Training, r)
+	}
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
 		if fe, ok := err.(*ir.FieldError); ok {
@@ -262,6 +271,9 @@ func (m *Model) Validate() error {
 		if m.Heads%t.Parallel.TP != 0 {
 			return fe("training.parallel.tp", "tensor parallel degree %d does not divide %d heads", t.Parallel.TP, m.Heads)
 		}
+	}
+	if err := m.checkRelease(); err != nil {
+		return err
 	}
 	return m.checkSizes()
 }

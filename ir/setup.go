@@ -16,6 +16,10 @@ type Setup struct {
 	Dropout   float64 `yaml:"dropout" json:"dropout"`     // in [0, 1)
 	Attention string  `yaml:"attention" json:"attention"` // eager | sdpa | flash
 	Profile   string  `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
+	// Transformers is the transformers release the transformers profile
+	// plans for ("5.24"), whose rules set the release-dependent numerics
+	// (graphio.Releases); "" where the numerics are given as written.
+	Transformers string `yaml:"transformers,omitempty" json:"transformers,omitempty"`
 	// Autocast is the 16-bit dtype torch.autocast computes products in
 	// over fp32 weights (DType fp32), "" without autocast.
 	Autocast  string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
@@ -55,6 +59,34 @@ type Numerics struct {
 	// merging the heads copies it (transformers 4.48 and later); before,
 	// sdpa took views and laid its output out [b, s, heads, d].
 	SDPAContiguous bool `yaml:"sdpa_contiguous,omitempty" json:"sdpa_contiguous,omitempty"`
+	// SDPAGQA: with fewer key/value heads than query heads, sdpa takes K
+	// and V unexpanded (enable_gqa) in a layer that passes it no mask,
+	// instead of their repeat_kv copies (transformers 4.54 and later).
+	SDPAGQA bool `yaml:"sdpa_gqa,omitempty" json:"sdpa_gqa,omitempty"`
+	// SDPAGQAMath: sdpa's fused kernel takes no enable_gqa (PyTorch's CPU
+	// kernel before 2.8 at least): where K and V come unexpanded, sdpa
+	// runs its math path, repeating them itself. The Python package asks
+	// the live PyTorch.
+	SDPAGQAMath bool `yaml:"sdpa_gqa_math,omitempty" json:"sdpa_gqa_math,omitempty"`
+	// ModelMasks: the model makes every layer's attention mask
+	// (transformers' masking_utils, 4.53 and later). Under sdpa a layer
+	// then gets none, causal attention being sdpa's is_causal, unless
+	// its window is no longer than the sequence, and keeps no mask of
+	// its own; before, Gemma 2's layers were always handed one.
+	ModelMasks bool `yaml:"model_masks,omitempty" json:"model_masks,omitempty"`
+	// Phi3RopeCat: Phi-3's rotary embedding concatenates its rotated and
+	// passed-through parts (transformers 4.48 and later), so its q is a
+	// contiguous [b, heads, s, d], not laid out as the projection's
+	// [b, s, heads, d]; sdpa lays its output out as its q.
+	Phi3RopeCat bool `yaml:"phi3_rope_cat,omitempty" json:"phi3_rope_cat,omitempty"`
+	// GPT2FloatScale: GPT-2's eager attention scales its scores by a
+	// Python float (transformers 5.4 and later), not by dividing by a
+	// 0-dim tensor, which the division keeps.
+	GPT2FloatScale bool `yaml:"gpt2_float_scale,omitempty" json:"gpt2_float_scale,omitempty"`
+	// GPT2AdditiveMask: GPT-2's eager attention adds the model's mask to
+	// its scores (transformers 5.2 and later), as Llama's does, instead
+	// of torch.where over its causal buffer.
+	GPT2AdditiveMask bool `yaml:"gpt2_additive_mask,omitempty" json:"gpt2_additive_mask,omitempty"`
 	// ByteMasks: dropout keeps a 1-byte mask, as PyTorch's fused CUDA
 	// kernel does; otherwise a mask in its input's dtype (the CPU kernel).
 	ByteMasks bool `yaml:"byte_masks,omitempty" json:"byte_masks,omitempty"`

@@ -14,18 +14,20 @@ import (
 
 // costReport is the JSON of 'ckptplan cost'.
 type costReport struct {
-	Model     string        `json:"model"`
-	Profile   string        `json:"profile"`
-	Batch     int64         `json:"batch"`
-	Seq       int64         `json:"seq"`
-	DType     string        `json:"dtype"`
-	Autocast  string        `json:"autocast,omitempty"`
-	Attention string        `json:"attention"`
-	Parallel  ir.Parallel   `json:"parallel"`
-	LoRARank  int64         `json:"lora_rank"`
-	Static    staticReport  `json:"static"`
-	Blocks    []blockReport `json:"blocks"`
-	Totals    totalsReport  `json:"totals"`
+	Model   string `json:"model"`
+	Profile string `json:"profile"`
+	// Transformers is the release the transformers profile plans for.
+	Transformers string        `json:"transformers,omitempty"`
+	Batch        int64         `json:"batch"`
+	Seq          int64         `json:"seq"`
+	DType        string        `json:"dtype"`
+	Autocast     string        `json:"autocast,omitempty"`
+	Attention    string        `json:"attention"`
+	Parallel     ir.Parallel   `json:"parallel"`
+	LoRARank     int64         `json:"lora_rank"`
+	Static       staticReport  `json:"static"`
+	Blocks       []blockReport `json:"blocks"`
+	Totals       totalsReport  `json:"totals"`
 
 	setup  *ir.Setup        // for the text's static line
 	static costmodel.Static // likewise
@@ -107,7 +109,7 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 func newCostReport(name string, c *costmodel.Costs) *costReport {
 	g, s := c.Graph, c.Graph.Setup
 	r := &costReport{
-		Model: name, Profile: string(c.Profile), Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(), Autocast: s.Autocast,
+		Model: name, Profile: string(c.Profile), Transformers: s.Transformers, Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(), Autocast: s.Autocast,
 		Attention: s.Attention, Parallel: s.Parallel, LoRARank: s.LoRA.Rank,
 		Static: staticReport{
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
@@ -135,7 +137,11 @@ const layersShown = 4
 
 func writeCostText(w io.Writer, r *costReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, r.Profile, r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
+	profile := r.Profile
+	if r.Transformers != "" && profile == "transformers" {
+		profile += " " + r.Transformers
+	}
+	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, profile, r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
 	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
 		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
 	}
@@ -200,4 +206,13 @@ func precision(dtype, autocast string) string {
 		return dtype
 	}
 	return dtype + " weights under " + autocast + " autocast"
+}
+
+// profileName names the profile a step is planned with: "transformers
+// 5.24" for the transformers profile of one release.
+func profileName(s *ir.Setup) string {
+	if s.Profile == "transformers" && s.Transformers != "" {
+		return "transformers " + s.Transformers
+	}
+	return s.Profile
 }

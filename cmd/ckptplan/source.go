@@ -30,6 +30,8 @@ type setupFlags struct {
 	ropeTables         string
 	dropoutMask        string
 	sdpaLayout         string
+	gqaKernel          string
+	transformers       graphio.Release
 	autocast           string
 	optimizer, quant   string
 	doubleQuant        bool
@@ -66,7 +68,13 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
 	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48) | cached (each layer indexes a cache of its own, Mixtral before 4.48)")
-	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are; before 4.48) | contiguous (contiguous copies, 4.48 and later) (default: the model's)")
+	fs.Func("transformers", "the transformers release the transformers profile plans for: "+graphio.Oldest.String()+" or later; its rules set --sdpa-layout and the other attention numerics (default: the model's; "+graphio.Newest.String()+" for a config.json)", func(v string) error {
+		r, err := graphio.ParseRelease(v)
+		s.transformers = r
+		return err
+	})
+	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are) | contiguous (contiguous copies: 4.48 to 4.55) | legacy (a model's own Sdpa attention class: views, K and V repeated, masks of its own; every family before 4.48) (default: the release's)")
+	fs.StringVar(&s.gqaKernel, "gqa-kernel", "", "what sdpa runs where transformers hands it K and V unexpanded (enable_gqa, 4.54 and later): fused (its fused kernel: CUDA's flash, PyTorch's CPU kernel in recent releases) | math (its math path, which repeats K and V: PyTorch's CPU kernel in 2.5 to 2.7) (default: fused)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (8-bit and paged: bitsandbytes') (default: the model's)")
@@ -109,8 +117,15 @@ func (s *setupFlags) applyTrainingTo(fs *flag.FlagSet, src *graphio.Source, arg 
 	return usagef("%s is %s; training flags (%s) apply to models and config.json files only", arg, what, strings.Join(given, ", "))
 }
 
-// applyTraining copies the training flags that were given into t.
+// applyTraining copies the training flags that were given into t. The
+// release's rules come first: a numerics flag given with it overrides
+// them.
 func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "transformers" {
+			graphio.ApplyRelease(t, s.transformers)
+		}
+	})
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "profile":
@@ -137,6 +152,11 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.RopeCached = s.ropeTables == "cached"
 		case "sdpa-layout":
 			t.Numerics.SDPAContiguous = s.sdpaLayout == "contiguous"
+			if s.sdpaLayout == "legacy" {
+				t.Numerics.SDPAGQA, t.Numerics.ModelMasks = false, false
+			}
+		case "gqa-kernel":
+			t.Numerics.SDPAGQAMath = s.gqaKernel == "math"
 		case "lora-dropout":
 			t.LoRA.Dropout = s.loraDropout
 		case "lora-dtype":
@@ -180,8 +200,11 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" && s.ropeTables != "cached" {
 		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer, cached)", s.ropeTables)
 	}
-	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" {
-		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous)", s.sdpaLayout)
+	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" && s.sdpaLayout != "legacy" {
+		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous, legacy)", s.sdpaLayout)
+	}
+	if s.gqaKernel != "" && s.gqaKernel != "fused" && s.gqaKernel != "math" {
+		return nil, usagef("--gqa-kernel: unknown value %q (valid: fused, math)", s.gqaKernel)
 	}
 	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
 		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)

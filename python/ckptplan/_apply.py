@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from torch.utils._pytree import tree_leaves
 
+from . import versions
 from ._sac import SacPolicy, layer_input_shape, sac_available
 from .layers import decoder_layers
 from .plan import Plan
@@ -58,6 +59,7 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     not fit its budget, or has a selective layer and this PyTorch has no
     selective checkpointing.
     """
+    versions.check()
     layers = decoder_layers(model) if layers is None else layers
     if not plan.feasible:
         raise ValueError(f"the plan does not fit its budget of {plan.budget_bytes} bytes: nothing to apply")

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
+from . import versions
 from .layers import decoder_layers, unwrap
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -51,7 +52,9 @@ class Setup:
     dropout: Optional[float] = None
     logits_dtype: str = "fp32"
     rope_tables: str = "model"
-    sdpa_layout: str = "views"  # contiguous: transformers >= 4.48 copies q, k, v for sdpa
+    transformers: str = ""  # the live transformers release, whose rules the plan follows
+    gqa_kernel: str = "fused"  # math: this PyTorch's sdpa has no fused kernel for enable_gqa here
+    legacy_sdpa: bool = False  # the model's own Sdpa attention class (before 4.48; Qwen2-MoE later)
     dropout_mask: str = "byte"  # byte: CUDA's fused dropout; dtype: CPU's
     autocast: Optional[str] = None  # bf16 or fp16: torch.autocast over the fp32 weights
     lora_rank: int = 0
@@ -66,7 +69,11 @@ class Setup:
         f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
              "--attention", self.attention, "--profile", "transformers",
              "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables,
-             "--dropout-mask", self.dropout_mask, "--sdpa-layout", self.sdpa_layout]
+             "--dropout-mask", self.dropout_mask]
+        if self.transformers:
+            f += ["--transformers", self.transformers, "--gqa-kernel", self.gqa_kernel]
+        if self.legacy_sdpa:
+            f += ["--sdpa-layout", "legacy"]
         if self.dropout is not None:
             f += ["--dropout", repr(self.dropout)]
         if self.autocast:
@@ -112,14 +119,13 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
     impl = getattr(config, "_attn_implementation", None) or "eager"
     # Before transformers 4.48 the attention's class is chosen when the
     # model is built; the class, not a config changed since, is what runs.
+    # What each release's attention keeps is the binary's table of
+    # releases (--transformers).
     attn_module = getattr(layers[0], "self_attn", None) or getattr(layers[0], "attn", None)
     kind = type(attn_module).__name__ if attn_module is not None else ""
-    # From 4.48 one attention class calls a shared sdpa function, which
-    # makes q, k and v contiguous; the per-model Sdpa classes before it
-    # passed views.
-    sdpa_layout = "contiguous"
-    if "Sdpa" in kind:
-        impl, sdpa_layout = "sdpa", "views"
+    legacy_sdpa = "Sdpa" in kind
+    if legacy_sdpa:
+        impl = "sdpa"
     elif "Flash" in kind:
         impl = "flash_attention_2"
     if impl not in _ATTENTION:
@@ -145,10 +151,31 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         attention = "sdpa-math"
     setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
-                  dropout_mask="dtype" if on_cpu else "byte", autocast=autocast, sdpa_layout=sdpa_layout)
+                  dropout_mask="dtype" if on_cpu else "byte", autocast=autocast,
+                  transformers=versions.transformers_release(),
+                  gqa_kernel=_gqa_kernel(next(layers.parameters()), _TORCH[dtype]),
+                  legacy_sdpa=legacy_sdpa and impl == "sdpa")
     _lora(model, setup, _model_type(config))
     _quant(layers, setup)
     return setup
+
+
+def _gqa_kernel(like: torch.Tensor, dtype: torch.dtype) -> str:
+    """What this PyTorch's sdpa runs for grouped K and V (enable_gqa) on
+    like's device in dtype: "fused" where a fused kernel takes them, "math"
+    where sdpa falls back to its math path (the CPU's before PyTorch 2.8).
+    Asked of PyTorch itself, on tensors of a few bytes."""
+    import torch.nn.functional as F
+
+    q = torch.zeros(1, 2, 2, 8, device=like.device, dtype=dtype, requires_grad=True)
+    kv = torch.zeros(1, 1, 2, 8, device=like.device, dtype=dtype)
+    try:
+        with torch.enable_grad():
+            out = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    except TypeError:  # no enable_gqa before PyTorch 2.5
+        return "math"
+    name = type(out.grad_fn).__name__
+    return "fused" if "ScaledDotProduct" in name else "math"
 
 
 def _quant(layers: nn.Module, setup: Setup) -> None:

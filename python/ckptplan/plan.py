@@ -164,6 +164,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     """
     if autocast not in (None, "bf16", "fp16"):
         raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
+    from . import versions
+
+    versions.check()
     args = ["export", "--to", "json", "--solver", solver]
     if budget is not None:
         args += ["--budget", str(budget)]

@@ -1,0 +1,137 @@
+package graphio
+
+// What each transformers release runs.
+//
+// The same model keeps other tensors on other transformers releases: the
+// attention path changed in 4.48 (one shared sdpa function, handed
+// contiguous copies of q, k and v), 4.53 (the model makes every layer's
+// mask, and under sdpa a causal layer gets none), 4.54 (K and V go to
+// sdpa unexpanded, with enable_gqa, where there is no mask), 4.56 (the
+// contiguous copies dropped again) and in 5.2 and 5.4 (GPT-2's eager
+// attention became Llama's). Each of those changes what autograd saves,
+// so the transformers profile plans for one release, named in the setup
+// (training.transformers, --transformers), and this table is the one place
+// that says what a release does: every rule is a field of ir.Numerics,
+// which the builders read. A release between two rows runs as the older
+// row says; a release newer than Newest runs as the newest row says, and
+// the command says it was not verified.
+//
+// The rows are read off transformers' own code (integrations/
+// sdpa_attention.py, masking_utils.py, models/gpt2/modeling_gpt2.py) at
+// each release; Verified are the releases the Python tests measure every
+// family on.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Release is a transformers version, major.minor (a patch release runs as
+// its minor release).
+type Release struct{ Major, Minor int }
+
+func (r Release) String() string { return fmt.Sprintf("%d.%d", r.Major, r.Minor) }
+
+// Less reports whether r is older than o.
+func (r Release) Less(o Release) bool {
+	return r.Major < o.Major || r.Major == o.Major && r.Minor < o.Minor
+}
+
+// releaseRules is what the releases from one on run.
+type releaseRules struct {
+	from                                Release
+	sdpaContiguous, sdpaGQA, modelMasks bool
+	gpt2AdditiveMask, gpt2FloatScale    bool
+	phi3RopeCat                         bool
+	// softcapEager: a model whose attention soft-caps its scores
+	// (Gemma 2) has no sdpa attention, only eager and flash.
+	softcapEager bool
+}
+
+var releases = []releaseRules{
+	{from: Release{4, 46}},
+	{from: Release{4, 48}, sdpaContiguous: true, phi3RopeCat: true},
+	{from: Release{4, 53}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true},
+	{from: Release{4, 54}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
+	{from: Release{4, 56}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
+	{from: Release{5, 2}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true},
+	{from: Release{5, 4}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true, gpt2FloatScale: true},
+	{from: Release{5, 21}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true, gpt2FloatScale: true, softcapEager: true},
+}
+
+var (
+	// Oldest is the oldest transformers release ckptplan plans for.
+	Oldest = Release{4, 46}
+	// Newest is the newest release verified, and the default.
+	Newest = Release{5, 24}
+	// Verified are the releases whose every family the Python tests
+	// measure (python/requirements-*.txt pin them).
+	Verified = []string{"4.46.3", "4.57.6", "5.24.0"}
+)
+
+// ParseRelease reads a transformers version: "5.24", "4.46.3",
+// "4.57.0.dev0". It is an error below Oldest.
+func ParseRelease(s string) (Release, error) {
+	parts := strings.SplitN(strings.TrimSpace(s), ".", 3)
+	if len(parts) < 2 {
+		return Release{}, fmt.Errorf("transformers version %q: want major.minor, such as %s", s, Newest)
+	}
+	var r Release
+	var err error
+	if r.Major, err = strconv.Atoi(parts[0]); err != nil || r.Major < 0 {
+		return Release{}, fmt.Errorf("transformers version %q: want major.minor, such as %s", s, Newest)
+	}
+	minor := parts[1]
+	if i := strings.IndexFunc(minor, func(c rune) bool { return c < '0' || c > '9' }); i >= 0 {
+		minor = minor[:i] // 4.57rc1
+	}
+	if r.Minor, err = strconv.Atoi(minor); err != nil || r.Minor < 0 {
+		return Release{}, fmt.Errorf("transformers version %q: want major.minor, such as %s", s, Newest)
+	}
+	if r.Less(Oldest) {
+		return Release{}, fmt.Errorf("transformers %s is older than the oldest ckptplan plans for, %s (its numerics can be given with --sdpa-layout and the other numerics flags)", s, Oldest)
+	}
+	return r, nil
+}
+
+// rulesOf returns what release r runs: the newest row from r or before.
+func rulesOf(r Release) releaseRules {
+	rules := releases[0]
+	for _, row := range releases {
+		if !r.Less(row.from) {
+			rules = row
+		}
+	}
+	return rules
+}
+
+// ApplyRelease sets t to plan for transformers release r: its version and
+// the numerics that release decides.
+func ApplyRelease(t *ir.Setup, r Release) {
+	rules := rulesOf(r)
+	t.Transformers = r.String()
+	n := &t.Numerics
+	n.SDPAContiguous, n.SDPAGQA, n.ModelMasks = rules.sdpaContiguous, rules.sdpaGQA, rules.modelMasks
+	n.GPT2AdditiveMask, n.GPT2FloatScale = rules.gpt2AdditiveMask, rules.gpt2FloatScale
+	n.Phi3RopeCat = rules.phi3RopeCat
+}
+
+// checkRelease reports what model m's setup asks of its transformers
+// release that the release does not run.
+func (m *Model) checkRelease() error {
+	t := &m.Training
+	if t.Profile != "transformers" || t.Transformers == "" {
+		return nil
+	}
+	r, err := ParseRelease(t.Transformers)
+	if err != nil {
+		return fe("training.transformers", "%v", err)
+	}
+	if m.AttnSoftcap > 0 && (t.Attention == "sdpa" || t.Attention == "sdpa-math") && rulesOf(r).softcapEager {
+		return fe("training.attention", "transformers %s runs no sdpa attention for %s, whose attention soft-caps its scores (from 5.21): plan eager or flash attention", t.Transformers, m.Family)
+	}
+	return nil
+}

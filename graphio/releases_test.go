@@ -1,0 +1,100 @@
+package graphio
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// TestApplyRelease checks each release's numerics against what its
+// transformers code does, read release by release: whether
+// integrations/sdpa_attention.py calls .contiguous() on q, k and v (4.48 to
+// 4.55) and passes enable_gqa (4.54 on), whether masking_utils.py makes the
+// masks (4.53 on), GPT-2's eager_attention_forward (torch.where until 5.1,
+// torch.full until 5.3), Phi-3's apply_rotary_pos_emb (torch.cat from 4.48)
+// and Gemma 2's _supports_sdpa (False from 5.21).
+func TestApplyRelease(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		want    ir.Numerics
+		eager   bool // soft-capped attention runs eager only
+	}{
+		{"4.46.3", ir.Numerics{}, false},
+		{"4.47", ir.Numerics{}, false},
+		{"4.48.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false},
+		{"4.51.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false},
+		{"4.53.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"4.54.1", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"4.55.4", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"4.56.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"4.57.6", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"5.0.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"5.1.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
+		{"5.2.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false},
+		{"5.3.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false},
+		{"5.4.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false},
+		{"5.20.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false},
+		{"5.21.1", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
+		{"5.24.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
+		{"6.0.0.dev0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
+	} {
+		r, err := ParseRelease(tc.version)
+		if err != nil {
+			t.Errorf("ParseRelease(%q): %v", tc.version, err)
+			continue
+		}
+		// The release's rules replace what the numerics said of them and
+		// leave the others alone.
+		s := ir.Setup{Numerics: ir.Numerics{SDPAContiguous: true, GQA: "repeat", NormFP32: true}}
+		ApplyRelease(&s, r)
+		tc.want.GQA, tc.want.NormFP32 = "repeat", true
+		if s.Numerics != tc.want {
+			t.Errorf("transformers %s: numerics %+v, want %+v", tc.version, s.Numerics, tc.want)
+		}
+		if got := strings.Join(strings.SplitN(tc.version, ".", 3)[:2], "."); s.Transformers != got {
+			t.Errorf("transformers %s: Transformers = %q, want %q", tc.version, s.Transformers, got)
+		}
+		if rulesOf(r).softcapEager != tc.eager {
+			t.Errorf("transformers %s: soft-capped attention eager only = %v, want %v", tc.version, !tc.eager, tc.eager)
+		}
+	}
+}
+
+func TestParseReleaseErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", `want major.minor`},
+		{"5", `want major.minor`},
+		{"five.1", `want major.minor`},
+		{"5.x", `want major.minor`},
+		{"-1.2", `want major.minor`},
+		{"4.45.2", "older than the oldest ckptplan plans for, 4.46"},
+		{"3.0", "older than the oldest"},
+	} {
+		_, err := ParseRelease(tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseRelease(%q) = %v, want an error containing %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+// TestReleaseRefusesSoftcapSDPA: transformers 5.21 and later build Gemma 2
+// without sdpa; a plan for it with sdpa is refused, naming the field.
+func TestReleaseRefusesSoftcapSDPA(t *testing.T) {
+	src := `{"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}`
+	m, err := ParseHFConfig("g.json", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Training.Attention != "eager" {
+		t.Errorf("Gemma 2 on transformers %s: attention %q, want eager", Newest, m.Training.Attention)
+	}
+	m.Training.Attention = "sdpa"
+	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "training.attention: transformers 5.24 runs no sdpa attention for gemma2") {
+		t.Errorf("sdpa on 5.24: %v", err)
+	}
+	ApplyRelease(&m.Training, Release{5, 20})
+	if err := m.Validate(); err != nil {
+		t.Errorf("sdpa on 5.20: %v", err)
+	}
+}
