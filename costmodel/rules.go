@@ -331,7 +331,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 // kernel makes of it.
 func (a *analyzer) operand(n *ir.Node, i int) int {
 	id := n.Inputs[i]
-	if a.lay.contig[id] || n.Op == ir.MatMul && i == 1 && BroadcastKV(&a.g.Nodes[id]) {
+	if a.lay.contig[id] || n.Op == ir.MatMul && MatMulTakesView(&a.g.Nodes[id]) {
 		return a.lay.out[id]
 	}
 	role := CopyRole(i)
@@ -342,13 +342,14 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 	return a.extra(n, role, in.Shape, in.DType, a.shard[id])
 }
 
-// BroadcastKV reports whether x, a product's second operand, is one
-// key/value head repeated, as a view, for a batch of one: torch.matmul
-// folds its batch and head axes into one of stride 0, which bmm takes as
-// it is, every head's product reading the same matrix. With more
-// sequences the fold cannot be a view, and matmul copies.
-func BroadcastKV(x *ir.Node) bool {
-	return x.Op == ir.RepeatKV && x.Shape[0] == 1
+// MatMulTakesView reports whether torch.matmul takes its operand x as it
+// is, strided, rather than a contiguous copy: for one sequence it drops
+// the batch axis and hands bmm the view (bmm reads matrices whose rows are
+// dense, at any strides: heads transposed out of [b, s, heads, d], one
+// key/value head repeated with stride 0). With more sequences it folds
+// batch and heads into one axis, which copies a strided tensor.
+func MatMulTakesView(x *ir.Node) bool {
+	return len(x.Shape) == 4 && x.Shape[0] == 1
 }
 
 // copyOperands makes the contiguous copies a product kernel needs of its

@@ -30,16 +30,11 @@ func (r *Runner) backward(id, stage int) {
 		a := r.node(n.Inputs[0]).Shape
 		m, k := int(a[len(a)-2]), int(a.Last())
 		db := r.gradIn(id, 1)
-		batch, b := int(a.NumElements())/(m*k), r.node(n.Inputs[1])
-		if costmodel.BroadcastKV(b) {
-			// Every head's product read the one key/value head; the
-			// gradient is per head, as the repeat's output is.
-			if dx != nil {
-				kernel.MatMulBackward(dx, nil, dy, nil, r.buf(b.ID).F[r.layout[b.ID].off:], 1, batch, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
-			}
-			if db != nil {
-				kernel.MatMulBackward(nil, db, dy, r.operand(id, 0, false), nil, batch, 1, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
-			}
+		batch := int(a.NumElements()) / (m * k)
+		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(x) {
+			xa, xs := r.matrices(x.ID)
+			ya, ys := r.matrices(y.ID)
+			kernel.MatMulStridedBackward(dx, db, dy, xa, xs, ya, ys, batch, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)
 			break
 		}
 		var av, bv []float32

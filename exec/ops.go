@@ -82,6 +82,16 @@ func (r *Runner) operand(id, i int, forward bool) []float32 {
 	return cp
 }
 
+// matrices returns the buffer node id's [1, heads, rows, cols] output lies
+// in and where its matrices are: as many as heads, rows dense.
+func (r *Runner) matrices(id int) ([]float32, kernel.Strided) {
+	v, sh := r.layout[id], r.node(id).Shape
+	if len(sh) != 4 || v.strides[3] != 1 && sh[3] != 1 {
+		panic(fmt.Sprintf("exec: %s %v is no batch of matrices with dense rows", r.node(id).Name, sh))
+	}
+	return r.buf(id).F, kernel.Strided{Off: v.off, Batch: v.strides[1], Row: v.strides[2]}
+}
+
 func (r *Runner) gradOut(id int) []float32 { return r.grads[id].F }
 
 // gradIn returns where the backward of node id writes the gradient of its
@@ -138,14 +148,15 @@ func (r *Runner) forward(id int) {
 		a := r.node(n.Inputs[0]).Shape
 		m, k := int(a[len(a)-2]), int(a.Last())
 		nn := int(n.Shape.Last())
-		batch, group, b := int(a.NumElements())/(m*k), 1, r.node(n.Inputs[1])
-		if costmodel.BroadcastKV(b) {
-			// One key/value head read by every query head's product.
-			batch, group = 1, batch
-			kernel.MatMul(r.data(id), r.operand(id, 0, true), r.buf(b.ID).F[r.layout[b.ID].off:], batch, group, m, nn, k, n.Attrs.TransposeB)
+		batch := int(a.NumElements()) / (m * k)
+		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(x) {
+			// One sequence: the operands as they lie, strided.
+			xa, xs := r.matrices(x.ID)
+			ya, ys := r.matrices(y.ID)
+			kernel.MatMulStrided(r.data(id), xa, xs, ya, ys, batch, m, nn, k, n.Attrs.TransposeB)
 			break
 		}
-		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), batch, group, m, nn, k, n.Attrs.TransposeB)
+		kernel.MatMul(r.data(id), r.operand(id, 0, true), r.operand(id, 1, true), batch, 1, m, nn, k, n.Attrs.TransposeB)
 	case ir.LayerNorm:
 		rw, cl := rows(n.Shape)
 		kernel.LayerNorm(r.data(id), r.extra(id, costmodel.Mean), r.extra(id, costmodel.Rstd), r.data(n.Inputs[0]), p.w, p.b, rw, cl, float32(n.Attrs.Eps))

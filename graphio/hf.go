@@ -203,6 +203,10 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 		return nil, err
 	}
 	m.fillDefaults()
+	if m.Experts > 0 && rulesOf(Newest).expertsKernels {
+		// The newest release whose experts ckptplan models.
+		ApplyRelease(&m.Training, NewestExperts)
+	}
 	if m.AttnSoftcap > 0 && rulesOf(Newest).softcapEager {
 		// What transformers picks where sdpa cannot soft-cap.
 		m.Training.Attention = "eager"

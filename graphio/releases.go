@@ -17,7 +17,8 @@ package graphio
 // the command says it was not verified.
 //
 // The rows are read off transformers' own code (integrations/
-// sdpa_attention.py, masking_utils.py, models/gpt2/modeling_gpt2.py) at
+// sdpa_attention.py, masking_utils.py, integrations/moe.py,
+// models/*/modeling_*.py) at
 // each release; Verified are the releases the Python tests measure every
 // family on.
 
@@ -49,6 +50,10 @@ type releaseRules struct {
 	// softcapEager: a model whose attention soft-caps its scores
 	// (Gemma 2) has no sdpa attention, only eager and flash.
 	softcapEager bool
+	// expertsKernels: mixtures of experts run through transformers'
+	// experts implementations (grouped_mm by default), which ckptplan
+	// does not model yet.
+	expertsKernels bool
 }
 
 var releases = []releaseRules{
@@ -57,9 +62,10 @@ var releases = []releaseRules{
 	{from: Release{4, 53}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true},
 	{from: Release{4, 54}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
 	{from: Release{4, 56}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
-	{from: Release{5, 2}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true},
-	{from: Release{5, 4}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true, gpt2FloatScale: true},
-	{from: Release{5, 21}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, gpt2AdditiveMask: true, gpt2FloatScale: true, softcapEager: true},
+	{from: Release{5, 0}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true},
+	{from: Release{5, 2}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true},
+	{from: Release{5, 4}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true},
+	{from: Release{5, 21}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true, softcapEager: true},
 }
 
 var (
@@ -67,6 +73,9 @@ var (
 	Oldest = Release{4, 46}
 	// Newest is the newest release verified, and the default.
 	Newest = Release{5, 24}
+	// NewestExperts is the newest release whose mixtures of experts
+	// ckptplan models, and their default.
+	NewestExperts = Release{4, 57}
 	// Verified are the releases whose every family the Python tests
 	// measure (python/requirements-*.txt pin them).
 	Verified = []string{"4.46.3", "4.57.6", "5.24.0"}
@@ -129,6 +138,9 @@ func (m *Model) checkRelease() error {
 	r, err := ParseRelease(t.Transformers)
 	if err != nil {
 		return fe("training.transformers", "%v", err)
+	}
+	if m.Experts > 0 && rulesOf(r).expertsKernels {
+		return fe("experts", "transformers %s runs a mixture of experts through its experts implementations (grouped_mm, from 5.0), which ckptplan does not model yet: plan it as transformers 4.57 runs it (--transformers 4.57)", t.Transformers)
 	}
 	if m.AttnSoftcap > 0 && (t.Attention == "sdpa" || t.Attention == "sdpa-math") && rulesOf(r).softcapEager {
 		return fe("training.attention", "transformers %s runs no sdpa attention for %s, whose attention soft-caps its scores (from 5.21): plan eager or flash attention", t.Transformers, m.Family)

@@ -12,32 +12,34 @@ import (
 // integrations/sdpa_attention.py calls .contiguous() on q, k and v (4.48 to
 // 4.55) and passes enable_gqa (4.54 on), whether masking_utils.py makes the
 // masks (4.53 on), GPT-2's eager_attention_forward (torch.where until 5.1,
-// torch.full until 5.3), Phi-3's apply_rotary_pos_emb (torch.cat from 4.48)
-// and Gemma 2's _supports_sdpa (False from 5.21).
+// torch.full until 5.3), Phi-3's apply_rotary_pos_emb (torch.cat from 4.48),
+// Gemma 2's _supports_sdpa (False from 5.21) and Mixtral's experts
+// (@use_experts_implementation from 5.0).
 func TestApplyRelease(t *testing.T) {
 	for _, tc := range []struct {
 		version string
 		want    ir.Numerics
 		eager   bool // soft-capped attention runs eager only
+		experts bool // mixtures of experts run through experts kernels
 	}{
-		{"4.46.3", ir.Numerics{}, false},
-		{"4.47", ir.Numerics{}, false},
-		{"4.48.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false},
-		{"4.51.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false},
-		{"4.53.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"4.54.1", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"4.55.4", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"4.56.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"4.57.6", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"5.0.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"5.1.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false},
-		{"5.2.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false},
-		{"5.3.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false},
-		{"5.4.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false},
-		{"5.20.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false},
-		{"5.21.1", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
-		{"5.24.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
-		{"6.0.0.dev0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true},
+		{"4.46.3", ir.Numerics{}, false, false},
+		{"4.47", ir.Numerics{}, false, false},
+		{"4.48.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},
+		{"4.51.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},
+		{"4.53.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true, ModelMasks: true}, false, false},
+		{"4.54.1", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, false},
+		{"4.55.4", ir.Numerics{SDPAContiguous: true, SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, false},
+		{"4.56.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, false},
+		{"4.57.6", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, false},
+		{"5.0.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, true},
+		{"5.1.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, true},
+		{"5.2.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false, true},
+		{"5.3.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false, true},
+		{"5.4.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false, true},
+		{"5.20.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false, true},
+		{"5.21.1", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
+		{"5.24.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
+		{"6.0.0.dev0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
 	} {
 		r, err := ParseRelease(tc.version)
 		if err != nil {
@@ -54,6 +56,9 @@ func TestApplyRelease(t *testing.T) {
 		}
 		if got := strings.Join(strings.SplitN(tc.version, ".", 3)[:2], "."); s.Transformers != got {
 			t.Errorf("transformers %s: Transformers = %q, want %q", tc.version, s.Transformers, got)
+		}
+		if rulesOf(r).expertsKernels != tc.experts {
+			t.Errorf("transformers %s: experts kernels = %v, want %v", tc.version, !tc.experts, tc.experts)
 		}
 		if rulesOf(r).softcapEager != tc.eager {
 			t.Errorf("transformers %s: soft-capped attention eager only = %v, want %v", tc.version, !tc.eager, tc.eager)

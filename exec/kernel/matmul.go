@@ -190,3 +190,45 @@ func MatMulBackward(da, db, dc, a, b []float32, batch, group, m, n, k int, trans
 		}
 	}
 }
+
+// Strided says where a batch of row-major matrices lies in a buffer:
+// matrix i starts at Off + i·Batch, its rows Row elements apart, each row
+// dense. A Batch of 0 repeats one matrix.
+type Strided struct{ Off, Batch, Row int }
+
+// MatMulStrided computes C[i] = A[i]·op(B[i]) for i < batch, as MatMul
+// with a group of 1, over operands laid out as as and bs say; C is dense.
+// It takes O(batch·m·n·k) time.
+func MatMulStrided(c, a []float32, as Strided, b []float32, bs Strided, batch, m, n, k int, transB bool) {
+	mmCheck("matmul c", len(c), batch*m*n)
+	for i := 0; i < batch; i++ {
+		sgemm(false, transB, m, n, k, a[as.Off+i*as.Batch:], as.Row, b[bs.Off+i*bs.Batch:], bs.Row, c[i*m*n:], n, false)
+	}
+}
+
+// MatMulStridedBackward writes the gradients of MatMulStrided's operands
+// from dc: da and db dense, one matrix per product (a repeated B gets one
+// gradient per product, as the repeat's output does). A nil da or db is
+// not computed. It takes O(batch·m·n·k) time per gradient.
+func MatMulStridedBackward(da, db, dc, a []float32, as Strided, b []float32, bs Strided, batch, m, n, k int, transB bool) {
+	mmCheck("matmul dc", len(dc), batch*m*n)
+	for i := 0; i < batch; i++ {
+		g := dc[i*m*n:]
+		if da != nil {
+			bi := b[bs.Off+i*bs.Batch:]
+			if transB {
+				sgemm(false, false, m, k, n, g, n, bi, bs.Row, da[i*m*k:], k, false)
+			} else {
+				sgemm(false, true, m, k, n, g, n, bi, bs.Row, da[i*m*k:], k, false)
+			}
+		}
+		if db != nil {
+			ai := a[as.Off+i*as.Batch:]
+			if transB {
+				sgemm(true, false, n, k, m, g, n, ai, as.Row, db[i*k*n:], k, false)
+			} else {
+				sgemm(true, false, k, n, m, ai, as.Row, g, n, db[i*k*n:], n, false)
+			}
+		}
+	}
+}

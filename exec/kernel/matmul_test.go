@@ -317,3 +317,64 @@ func TestMatMulDeterministic(t *testing.T) {
 		t.Error("two runs differ")
 	}
 }
+
+// TestMatMulStrided checks the strided product and its gradients against
+// MatMul's on the same matrices gathered densely: B as heads transposed
+// out of [s, heads, d] and as one matrix repeated (a batch stride of 0).
+func TestMatMulStrided(t *testing.T) {
+	const batch, m, n, k = 3, 4, 5, 6
+	for _, transB := range []bool{false, true} {
+		rows, cols := k, n
+		if transB {
+			rows, cols = n, k
+		}
+		a := make([]float32, batch*m*k)
+		for i := range a {
+			a[i] = float32(i%7) - 3
+		}
+		// B[i] is rows×cols, interleaved: element (r, c) of matrix i at
+		// r·batch·cols + i·cols + c.
+		inter := make([]float32, batch*rows*cols)
+		for i := range inter {
+			inter[i] = float32(i%5) - 2
+		}
+		for _, tc := range []struct {
+			name string
+			bs   Strided
+			at   func(i, r, c int) float32
+		}{
+			{"transposed heads", Strided{Batch: cols, Row: batch * cols}, func(i, r, c int) float32 { return inter[r*batch*cols+i*cols+c] }},
+			{"repeated", Strided{Off: 2, Batch: 0, Row: cols}, func(i, r, c int) float32 { return inter[2+r*cols+c] }},
+		} {
+			dense := make([]float32, batch*rows*cols)
+			for i := 0; i < batch; i++ {
+				for r := 0; r < rows; r++ {
+					for c := 0; c < cols; c++ {
+						dense[(i*rows+r)*cols+c] = tc.at(i, r, c)
+					}
+				}
+			}
+			want, got := make([]float32, batch*m*n), make([]float32, batch*m*n)
+			MatMul(want, a, dense, batch, 1, m, n, k, transB)
+			MatMulStrided(got, a, Strided{Row: k, Batch: m * k}, inter, tc.bs, batch, m, n, k, transB)
+			dc := make([]float32, batch*m*n)
+			for i := range dc {
+				dc[i] = float32(i%3) - 1
+			}
+			wda, wdb := make([]float32, len(a)), make([]float32, len(dense))
+			gda, gdb := make([]float32, len(a)), make([]float32, len(dense))
+			MatMulBackward(wda, wdb, dc, a, dense, batch, 1, m, n, k, transB)
+			MatMulStridedBackward(gda, gdb, dc, a, Strided{Row: k, Batch: m * k}, inter, tc.bs, batch, m, n, k, transB)
+			for _, p := range []struct {
+				what      string
+				got, want []float32
+			}{{"c", got, want}, {"da", gda, wda}, {"db", gdb, wdb}} {
+				for i := range p.want {
+					if p.got[i] != p.want[i] {
+						t.Fatalf("%s, transB %v: %s[%d] = %v, want %v", tc.name, transB, p.what, i, p.got[i], p.want[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -36,7 +36,8 @@ LORA_TARGETS = {
 }
 
 
-def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: str = "") -> "torch.nn.Module":
+def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: str = "",
+          kv: "int | None" = None) -> "torch.nn.Module":
     """A tiny model of family with random weights, in training mode; lora
     "attn" adds PEFT LoRA adapters on the attention's projections (GPT-2:
     c_attn, c_proj, so its MLP's c_proj too), "all" on every linear, with
@@ -115,6 +116,11 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
         config = cls(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=192, vocab_size=VOCAB, max_position_embeddings=64,
                      attention_dropout=dropout, **extra)
+    if kv is not None:
+        config.num_key_value_heads = kv
+    if family in MOE and transformers_major() >= 5:
+        pytest.skip(f"transformers {transformers.__version__} runs experts through its experts implementations, "
+                    "which ckptplan refuses (test_experts_on_transformers_5_are_refused)")
     if attention == "sdpa" and family == "gemma2" and not getattr(transformers.Gemma2PreTrainedModel, "_supports_sdpa", True):
         pytest.skip(f"transformers {transformers.__version__} builds Gemma 2 without sdpa (its scores are soft-capped)")
     torch.manual_seed(0)
@@ -133,9 +139,13 @@ def build(family: str, attention: str, dtype: str, dropout: float = 0.0, lora: s
     return model
 
 
-def batch() -> dict:
+def transformers_major() -> int:
+    return int(transformers.__version__.split(".")[0])
+
+
+def batch(n: int = BATCH) -> dict:
     g = torch.Generator().manual_seed(1)
-    return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
+    return {"input_ids": torch.randint(0, VOCAB, (n, SEQ), generator=g)}
 
 
 ALL = [(f, a, d, p, lora, None) for f in ("llama", "mistral", "qwen2", "gpt2")
@@ -350,6 +360,50 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
         assert m.recomputed_flops == plan.recompute_flops, f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}"
         assert m.backward_flops - base.backward_flops == plan.recompute_flops
     assert ("selective" if solver == "selective" and family not in MOE else "checkpoint") in modes
+
+
+@pytest.mark.parametrize("family,attention,kv,n", [(f, a, kv, n) for f in ("llama", "gemma") for a in ("eager", "sdpa")
+                                                   for kv in (1, 2, 4) for n in (1, 2)])
+def test_kv_heads_and_batches(ckptplan_binary, family, attention, kv, n):
+    """One key/value head (repeat_kv's expand is then a view at any batch,
+    which a product reads as it is for one sequence and copies for two),
+    some, and as many as the query heads, at batch 1 and 2: every stored
+    layer keeps what the plan says, and a selective plan between storing
+    and checkpointing everything applies, keeping and recomputing what it
+    says, with the gradients of the run without it."""
+    ref = build(family, attention, "fp32", kv=kv)
+    store = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="none")
+    m = measure(copy.deepcopy(ref), batch(n))
+    for layer, got in zip(store.layers, m.layers):
+        assert got.kept_bytes == layer.kept_bytes, f"kv {kv}, batch {n}, {layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
+    low = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="every-k").peak_bytes
+    plan = ckptplan.plan(ref, (low + store.peak_bytes) // 2, batch=n, seq=SEQ, solver="selective")
+    model = copy.deepcopy(ref)
+    apply(model, plan)
+    torch.manual_seed(2)
+    got = measure(model, batch(n))
+    base = copy.deepcopy(ref)
+    torch.manual_seed(2)
+    measure(base, batch(n))
+    assert grads_equal(model, base)
+    for layer, g in zip(plan.layers, got.layers):
+        assert g.kept_bytes == layer.kept_bytes, f"kv {kv}, batch {n}, {layer.name} ({layer.mode}): PyTorch holds {g.kept_bytes}, plan {layer.kept_bytes}"
+    assert got.recomputed_flops == plan.recompute_flops
+
+
+@pytest.mark.skipif(transformers_major() < 5, reason="transformers 4 runs experts as ckptplan models them")
+def test_experts_on_transformers_5_are_refused(ckptplan_binary):
+    """transformers 5 runs a mixture of experts through its experts
+    implementations (grouped_mm), which ckptplan does not model: planning
+    one is a clear error naming the release, not a plan that keeps other
+    bytes than it says."""
+    config = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=96, vocab_size=VOCAB,
+                                        num_local_experts=4, num_experts_per_tok=2)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    release = ".".join(transformers.__version__.split(".")[:2])
+    with pytest.raises(ckptplan.CkptplanError, match=f"transformers {release} runs a mixture of experts"):
+        ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ)
 
 
 def test_other_shapes_are_refused(ckptplan_binary):
