@@ -331,7 +331,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 // kernel makes of it.
 func (a *analyzer) operand(n *ir.Node, i int) int {
 	id := n.Inputs[i]
-	if a.lay.contig[id] || n.Op == ir.MatMul && MatMulTakesView(&a.g.Nodes[id]) {
+	if a.lay.contig[id] || n.Op == ir.MatMul && MatMulTakesView(a.profile, &a.g.Nodes[id]) {
 		return a.lay.out[id]
 	}
 	role := CopyRole(i)
@@ -347,9 +347,10 @@ func (a *analyzer) operand(n *ir.Node, i int) int {
 // the batch axis and hands bmm the view (bmm reads matrices whose rows are
 // dense, at any strides: heads transposed out of [b, s, heads, d], one
 // key/value head repeated with stride 0). With more sequences it folds
-// batch and heads into one axis, which copies a strided tensor.
-func MatMulTakesView(x *ir.Node) bool {
-	return len(x.Shape) == 4 && x.Shape[0] == 1
+// batch and heads into one axis, which copies a strided tensor. Megatron-LM
+// multiplies its own [s, b·heads, d] layout, as its figures count it.
+func MatMulTakesView(p Profile, x *ir.Node) bool {
+	return p != Megatron && len(x.Shape) == 4 && x.Shape[0] == 1
 }
 
 // copyOperands makes the contiguous copies a product kernel needs of its

@@ -63,7 +63,7 @@ func viewOf(g *ir.Graph, n *ir.Node, inContig bool) (view, contig bool) {
 		// expand + reshape stays a view when there is one kv head, at any
 		// batch: the size-1 head axis merges with the stride-0 repeat
 		// axis. Otherwise the reshape copies.
-		if g.Nodes[n.Inputs[0]].Shape[1] == 1 {
+		if g.Nodes[n.Inputs[0]].Shape[1] == 1 && !n.Attrs.Interleave {
 			return true, false
 		}
 	}

@@ -31,7 +31,7 @@ func (r *Runner) backward(id, stage int) {
 		m, k := int(a[len(a)-2]), int(a.Last())
 		db := r.gradIn(id, 1)
 		batch := int(a.NumElements()) / (m * k)
-		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(x) {
+		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(r.c.Profile, x) {
 			xa, xs := r.matrices(x.ID)
 			ya, ys := r.matrices(y.ID)
 			kernel.MatMulStridedBackward(dx, db, dy, xa, xs, ya, ys, batch, m, int(n.Shape.Last()), k, n.Attrs.TransposeB)

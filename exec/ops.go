@@ -149,7 +149,7 @@ func (r *Runner) forward(id int) {
 		m, k := int(a[len(a)-2]), int(a.Last())
 		nn := int(n.Shape.Last())
 		batch := int(a.NumElements()) / (m * k)
-		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(x) {
+		if x, y := r.node(n.Inputs[0]), r.node(n.Inputs[1]); costmodel.MatMulTakesView(r.c.Profile, x) {
 			// One sequence: the operands as they lie, strided.
 			xa, xs := r.matrices(x.ID)
 			ya, ys := r.matrices(y.ID)

@@ -212,7 +212,9 @@ func (b *builder) core(q, k, v int) int {
 		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
 	}
 	if t.Attention == "sdpa-math" {
-		return b.sdpaMath(q, k, v)
+		// With enable_gqa (an unmasked layer, 4.54 on) sdpa repeats K
+		// and V itself.
+		return b.sdpaMath(q, k, v, t.Numerics.SDPAGQA && !b.sdpaMasked())
 	}
 	if t.Attention == "sdpa" {
 		// transformers expands K and V to every query head before
@@ -226,7 +228,7 @@ func (b *builder) core(q, k, v int) int {
 				if t.Numerics.SDPAGQAMath {
 					// No fused kernel takes them: sdpa's math path
 					// repeats K and V.
-					return b.sdpaMath(q, k, v)
+					return b.sdpaMath(q, k, v, true)
 				}
 				kv = m.KVHeads
 			} else {
@@ -332,11 +334,13 @@ func (b *builder) softcap(region string, c float64, x int) int {
 // PyTorch runs where no fused kernel applies (on CPU, any dropout): q, k
 // and v upcast to fp32 from 16 bits, q and k each scaled by the root of
 // the scale, softmax(q·kᵀ), dropout, the product with v, cast back.
-func (b *builder) sdpaMath(q, k, v int) int {
+func (b *builder) sdpaMath(q, k, v int, interleave bool) int {
 	m := b.m
 	if m.KVHeads < m.Heads {
-		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
-		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)
+		// transformers' repeat_kv, or sdpa's repeat_interleave of K and
+		// V handed unexpanded: the same heads, a copy even of one.
+		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads, Interleave: interleave}, k)
+		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads, Interleave: interleave}, v)
 	}
 	// Under autocast, sdpa takes 16-bit q, k and v before its math path
 	// upcasts them again.

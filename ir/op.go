@@ -187,6 +187,7 @@ type Attrs struct {
 	Type          Tensor    // Aten: its output
 	Extras        []Tensor  // Aten: its other outputs (a norm's statistics, a dropout's mask), each a storage of its own
 	View          bool      // Aten: its output lives in a storage of input 0 (a view, or an in-place op's result)
+	Interleave    bool      // RepeatKV: torch.repeat_interleave (sdpa's math path), a copy even of one head
 	ViewOf        int       // Aten with View: which of input 0's storages: 0 its output's, k its k-th extra output
 	Grad          bool      // Aten: its output requires a gradient
 	Saves         []SaveRef // Aten: what autograd saves for its backward, in the order it saves them
