@@ -50,6 +50,8 @@ const (
 	Route                       // dispatch: each routed row's (slot, token), int64, grouped by expert
 	Sum                         // sum_norm: the sum it divides by
 	InputCopy                   // sum_norm: a copy of its input, which the in-place division overwrites
+	RNGState                    // CUDA's flash sdpa: its philox seed, int64
+	RNGOffset                   // and offset
 	// Out1 is a traced op's first extra output; its k-th is Out1+k-1
 	// (ExtraRole), up to ir.MaxExtras.
 	Out1
@@ -65,6 +67,7 @@ var roleNames = [...]string{
 	LoRAInput: "lora_input", WeightCopy: "weight_16", LoRAAWeight: "lora_a_weight_16", LoRABWeight: "lora_b_weight_16",
 	OnePlusWeight: "one_plus_weight", Scaled: "scaled", AttnMask: "attn_mask",
 	Indices: "indices", Route: "route", Sum: "sum", InputCopy: "input_copy",
+	RNGState: "rng_state", RNGOffset: "rng_offset",
 }
 
 // ExtraRole is the role of a traced op's k-th extra output (k from 1).

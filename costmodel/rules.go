@@ -71,11 +71,16 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.LayerNorm:
 		a.keep(n, in(0))
-		// The kernel computes mean and rstd in the input dtype;
-		// native_layer_norm keeps them, Megatron's fused kernel does not.
+		// native_layer_norm keeps mean and rstd, Megatron's fused kernel
+		// does not: the CPU's in the input dtype, CUDA's in fp32 (its
+		// accumulation type) under the transformers profile.
 		stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
-		mean := a.extra(n, Mean, stat, x().DType, a.shard[n.Inputs[0]])
-		rstd := a.extra(n, Rstd, stat, x().DType, a.shard[n.Inputs[0]])
+		dt := x().DType
+		if a.profile == Transformers && !a.g.Setup.Numerics.CPUKernels {
+			dt = ir.FP32
+		}
+		mean := a.extra(n, Mean, stat, dt, a.shard[n.Inputs[0]])
+		rstd := a.extra(n, Rstd, stat, dt, a.shard[n.Inputs[0]])
 		if a.profile != Megatron {
 			a.keep(n, mean)
 			a.keep(n, rstd)
@@ -302,11 +307,26 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 	if n.Attrs.Flash {
 		a.keep(n, operand(n, 2))
 		out := a.lay.out[n.ID]
-		lse := a.extra(n, LogSumExp, q.Shape[:3].Clone(), ir.FP32, sh)
+		lseShape := q.Shape[:3].Clone()
+		cudaSDPA := a.profile == Transformers && a.g.Setup.Attention == "sdpa" && !a.g.Setup.Numerics.CPUKernels
+		efficient := cudaSDPA && q.DType == ir.FP32
+		if efficient {
+			// CUDA runs fp32 sdpa on its memory-efficient kernel, whose
+			// log-sum-exp has a row for every 32 positions begun.
+			lseShape[2] = (lseShape[2] + 31) / 32 * 32
+		}
+		lse := a.extra(n, LogSumExp, lseShape, ir.FP32, sh)
 		if a.profile == Transformers {
 			// PyTorch 2's sdpa backward saves the log-sum-exp first.
 			a.keep(n, lse)
 			a.keep(n, out)
+			if cudaSDPA && !efficient {
+				// Then CUDA's flash kernel its philox seed and offset,
+				// int64 on the GPU, dropout or not (the memory-efficient
+				// kernel keeps its own in host memory).
+				a.keep(n, a.extra(n, RNGState, ir.Shape{1}, ir.Int64, false))
+				a.keep(n, a.extra(n, RNGOffset, ir.Shape{1}, ir.Int64, false))
+			}
 			return
 		}
 		a.keep(n, out)

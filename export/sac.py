@@ -134,10 +134,17 @@ class SacPolicy:
         seen = set()
         held = []
 
+        # On a GPU, what the forward saves in host memory (the philox seed
+        # and offset of CUDA's memory-efficient attention) is no activation
+        # of the plan, whose budget is the GPU's.
+        host_apart = any(p.is_cuda for p in layer.parameters())
+
         def pack(t):
             st = t.untyped_storage()
             p = st.data_ptr()
-            if st.nbytes() > 0 and p not in fixed and p not in seen:
+            if host_apart and t.device.type == "cpu":
+                pass
+            elif st.nbytes() > 0 and p not in fixed and p not in seen:
                 seen.add(p)
                 order.append((st.nbytes(), rec.made.get(p), p))
             # Held here, so that no address is reused while recording; the

@@ -87,6 +87,11 @@ type Numerics struct {
 	// its scores (transformers 5.2 and later), as Llama's does, instead
 	// of torch.where over its causal buffer.
 	GPT2AdditiveMask bool `yaml:"gpt2_additive_mask,omitempty" json:"gpt2_additive_mask,omitempty"`
+	// CPUKernels: PyTorch's CPU kernels run the step (the Python package
+	// on a CPU); otherwise CUDA's, whose layer norm over 16-bit inputs
+	// keeps its statistics in fp32 and whose memory-efficient sdpa (fp32)
+	// keeps its log-sum-exp padded to 32 positions.
+	CPUKernels bool `yaml:"cpu_kernels,omitempty" json:"cpu_kernels,omitempty"`
 	// ByteMasks: dropout keeps a 1-byte mask, as PyTorch's fused CUDA
 	// kernel does; otherwise a mask in its input's dtype (the CPU kernel).
 	ByteMasks bool `yaml:"byte_masks,omitempty" json:"byte_masks,omitempty"`

@@ -31,6 +31,7 @@ type setupFlags struct {
 	dropoutMask        string
 	sdpaLayout         string
 	gqaKernel          string
+	kernels            string
 	transformers       graphio.Release
 	autocast           string
 	optimizer, quant   string
@@ -75,6 +76,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&s.sdpaLayout, "sdpa-layout", "", "what transformers hands sdpa: views (q, k, v as they are) | contiguous (contiguous copies: 4.48 to 4.55) | legacy (a model's own Sdpa attention class: views, K and V repeated, masks of its own; every family before 4.48) (default: the release's)")
 	fs.StringVar(&s.gqaKernel, "gqa-kernel", "", "what sdpa runs where transformers hands it K and V unexpanded (enable_gqa, 4.54 and later): fused (its fused kernel: CUDA's flash, PyTorch's CPU kernel in recent releases) | math (its math path, which repeats K and V: PyTorch's CPU kernel in 2.5 to 2.7) (default: fused)")
+	fs.StringVar(&s.kernels, "kernels", "", "whose kernels run the step: cuda | cpu (PyTorch's CPU kernels keep a layer norm's statistics in 16 bits and sdpa's log-sum-exp unpadded) (default: the model's; cuda for a config.json)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (8-bit and paged: bitsandbytes') (default: the model's)")
@@ -155,6 +157,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			if s.sdpaLayout == "legacy" {
 				t.Numerics.SDPAGQA, t.Numerics.ModelMasks = false, false
 			}
+		case "kernels":
+			t.Numerics.CPUKernels = s.kernels == "cpu"
 		case "gqa-kernel":
 			t.Numerics.SDPAGQAMath = s.gqaKernel == "math"
 		case "lora-dropout":
@@ -202,6 +206,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" && s.sdpaLayout != "legacy" {
 		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous, legacy)", s.sdpaLayout)
+	}
+	if s.kernels != "" && s.kernels != "cuda" && s.kernels != "cpu" {
+		return nil, usagef("--kernels: unknown value %q (valid: cuda, cpu)", s.kernels)
 	}
 	if s.gqaKernel != "" && s.gqaKernel != "fused" && s.gqaKernel != "math" {
 		return nil, usagef("--gqa-kernel: unknown value %q (valid: fused, math)", s.gqaKernel)

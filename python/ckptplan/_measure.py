@@ -18,6 +18,11 @@ kept_bytes
     tensors autograd keeps, a checkpoint's cache). Found by a dispatch mode
     that takes a weak reference to each new storage (a constant made
     with ``torch.tensor`` too, which reaches it through ``lift_fresh``).
+    On a GPU, the storages in host memory are not in it but apart:
+host_bytes
+    what the layer keeps in host memory while the model is on a GPU (the
+    random-number state CUDA's fused attention keeps, two int64 scalars):
+    memory, but not the GPU's, which the plan's budget is.
 
 and for the step: the FLOPs of forward and backward as PyTorch's
 ``FlopCounterMode`` counts them (matrix products and attention; CPU's fused
@@ -65,6 +70,7 @@ class LayerMeasurement:
     name: str
     saved_bytes: int
     kept_bytes: int
+    host_bytes: int = 0  # kept in host memory while the model is on a GPU (not in kept_bytes)
 
 
 @dataclasses.dataclass
@@ -124,7 +130,7 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
         with counter, saved.hooks(), alloc:
             loss = run_forward()
     forward = counter.get_total_flops()
-    kept = alloc.alive()
+    kept, host = alloc.alive(host_apart=cuda)
     counter = _flop_counter()
     with counter:
         loss.backward()
@@ -149,7 +155,7 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
                     p.grad = g
             recomputed = backward - counter.get_total_flops()
     return Measurement(
-        layers=[LayerMeasurement(n, s, k) for n, s, k in zip(names, saved.bytes(), kept)],
+        layers=[LayerMeasurement(n, s, k, h) for n, s, k, h in zip(names, saved.bytes(), kept, host)],
         forward_flops=forward, backward_flops=backward, recomputed_flops=recomputed,
         peak_bytes=peak, loss=float(loss.detach()))
 
@@ -179,7 +185,8 @@ def _storages(tensors) -> set[int]:
     for t in tensors:
         if is_traceable_wrapper_subclass(t):
             attrs, _ = t.__tensor_flatten__()
-            out |= _storages(getattr(t, a) for a in attrs)
+            # Its inner tensors (a DTensor of PyTorch 2.15 names its mesh too).
+            out |= _storages(x for x in (getattr(t, a) for a in attrs) if isinstance(x, torch.Tensor))
         else:
             out.add(_storage_ptr(t))
     return out
@@ -272,31 +279,49 @@ class _Allocations(TorchDispatchMode):
                 st = t.untyped_storage()
                 if st.nbytes() == 0 or st.data_ptr() in inputs:
                     continue  # a view or an in-place result: not new memory
-                self.refs[self.layer].append((StorageWeakRef(st), st.nbytes()))
+                self.refs[self.layer].append((StorageWeakRef(st), st.nbytes(), t.device.type == "cpu"))
         return out
 
-    def alive(self) -> list[int]:
-        out = []
+    def alive(self, host_apart: bool) -> tuple[list[int], list[int]]:
+        """Each layer's live bytes, and where host_apart (the model is on
+        a GPU) those in host memory apart: the state a fused attention
+        keeps for its random numbers is a CPU tensor."""
+        kept, host = [], []
         for refs in self.refs:
-            live = {r.cdata: n for r, n in refs if not r.expired()}
-            out.append(sum(live.values()))
-        return out
+            live = {r.cdata: (n, cpu and host_apart) for r, n, cpu in refs if not r.expired()}
+            kept.append(sum(n for n, h in live.values() if not h))
+            host.append(sum(n for n, h in live.values() if h))
+        return kept, host
 
 
 def _flop_counter():
     """FlopCounterMode that also counts CPU's fused attention, with the
-    formula PyTorch uses for the CUDA kernels."""
+    formula PyTorch uses for the CUDA kernels, and every fused attention
+    over grouped K and V (enable_gqa) as over K and V repeated to every
+    query head (each query head's products are the same; PyTorch's own
+    formula refuses the shapes before 2.15)."""
     from torch.utils import flop_counter as fc
 
+    if not hasattr(fc, "sdpa_flop_count"):
+        return fc.FlopCounterMode(display=False)
+
+    def heads(q, *kv):
+        """k and v with q's heads (shapes [b, heads, s, d])."""
+        return [tuple(t[:1]) + (q[1],) + tuple(t[2:]) if len(t) == 4 and len(q) == 4 else t for t in kv]
+
+    def forward(q, k, v, *args, out_shape=None, **kwargs):
+        return fc.sdpa_flop_count(q, *heads(q, k, v))
+
+    def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+        return fc.sdpa_backward_flop_count(grad_out, q, *heads(q, k, v))
+
     custom = {}
-    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-    if fwd is not None and hasattr(fc, "sdpa_flop_count"):
-        def forward(q, k, v, *args, out_shape=None, **kwargs):
-            return fc.sdpa_flop_count(q, k, v)
-        custom[fwd] = forward
-    if bwd is not None and hasattr(fc, "sdpa_backward_flop_count"):
-        def backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
-            return fc.sdpa_backward_flop_count(grad_out, q, k, v)
-        custom[bwd] = backward
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
+        op = getattr(aten, name, None)
+        if op is not None:
+            custom[op] = forward
+        op = getattr(aten, name + "_backward", None)
+        if op is not None:
+            custom[op] = backward
     return fc.FlopCounterMode(display=False, custom_mapping=custom)

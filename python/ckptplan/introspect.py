@@ -69,7 +69,7 @@ class Setup:
         f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
              "--attention", self.attention, "--profile", "transformers",
              "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables,
-             "--dropout-mask", self.dropout_mask]
+             "--dropout-mask", self.dropout_mask, "--kernels", "cpu" if self.dropout_mask == "dtype" else "cuda"]
         if self.transformers:
             f += ["--transformers", self.transformers, "--gqa-kernel", self.gqa_kernel]
         if self.legacy_sdpa:
