@@ -122,6 +122,7 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
         raise TraceError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
     if dtype not in TRAIN_DTYPES:
         raise TraceError(f"unknown dtype {dtype!r} (valid: {', '.join(TRAIN_DTYPES)})")
+    _check_release()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -153,6 +154,27 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
             "trace it (a mixture of experts' routing is such a shape: ckptplan builds mixtral, qwen2_moe and "
             "qwen3_moe itself)") from None
     return _Graph(rec, loss, name, batch, seq).yaml()
+
+
+#: The newest transformers release whose traced graphs keep what its
+#: models keep (python/tests/test_trace.py): on 4.57 and 5.x the traced
+#: bytes differ from the model's, so the tracer refuses them rather than
+#: plan from a wrong graph.
+TRACED_UP_TO = (4, 46)
+
+
+def _check_release() -> None:
+    import transformers
+
+    from .versions import release
+
+    r = release(transformers.__version__)
+    if r > TRACED_UP_TO:
+        raise TraceError(
+            f"the tracer is verified on transformers up to {TRACED_UP_TO[0]}.{TRACED_UP_TO[1]}, and this is "
+            f"{transformers.__version__}, on which a traced graph does not keep what the model keeps: "
+            "ckptplan does not trace it (model types with a builder, 'ckptplan models --model-types', "
+            "are planned on any supported release)")
 
 
 def _stem(path: Union[str, os.PathLike]) -> str:

@@ -373,6 +373,7 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
     assert ("selective" if solver == "selective" and family not in MOE else "checkpoint") in modes
 
 
+@pytest.mark.newer
 @pytest.mark.parametrize("family,attention,kv,n", [(f, a, kv, n) for f in ("llama", "gemma") for a in ("eager", "sdpa")
                                                    for kv in (1, 2, 4) for n in (1, 2)])
 def test_kv_heads_and_batches(ckptplan_binary, family, attention, kv, n):

@@ -23,6 +23,12 @@ from ckptplan.introspect import describe  # noqa: E402
 from ckptplan import measure  # noqa: E402
 from ckptplan import trace  # noqa: E402
 from test_real_stack import BATCH, SEQ, VOCAB, DTYPES, batch, build  # noqa: E402
+from ckptplan._trace import TRACED_UP_TO  # noqa: E402
+from ckptplan.versions import release  # noqa: E402
+
+# test_trace_release.py checks that a newer transformers is refused.
+pytestmark = pytest.mark.skipif(release(transformers.__version__) > TRACED_UP_TO,
+                                reason=f"the tracer refuses transformers {transformers.__version__}")
 
 
 def cost(path: str, flags=()) -> dict:
