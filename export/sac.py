@@ -146,7 +146,7 @@ class SacPolicy:
                 pass
             elif st.nbytes() > 0 and p not in fixed and p not in seen:
                 seen.add(p)
-                order.append((st.nbytes(), rec.made.get(p), p))
+                order.append((st.nbytes(), rec.made.get(p), p, tuple(t.shape), t.dtype))
             # Held here, so that no address is reused while recording; the
             # graph gets a placeholder, for a tensor packed as itself by its
             # own node would make a cycle through autograd that Python's
@@ -159,14 +159,11 @@ class SacPolicy:
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
             out = forward(*args, **kwargs)
         del out, held
-        sizes = [n for n, _, _ in order]
+        sizes = [o[0] for o in order]
         if sizes != [b for _, b, _ in saved]:
-            raise ValueError(
-                f"ckptplan: {name} saves activations of {sizes} bytes, in that order, but the "
-                f"plan lists {[b for _, b, _ in saved]}: the model is not the one planned "
-                "(plan again from this model)")
+            raise ValueError(_mismatch(name, order, saved, rec.funcs))
         save = set()
-        for (_, op, p), (tensor, _, keep) in zip(order, saved):
+        for (_, op, p, _, _), (tensor, _, keep) in zip(order, saved):
             if not keep or op is None:
                 continue
             if rec.mutated.get(p, -1) > op:
@@ -193,6 +190,26 @@ class SacPolicy:
             return cp.CheckpointPolicy.MUST_SAVE if i in save else cp.CheckpointPolicy.PREFER_RECOMPUTE
 
         return cp.create_selective_checkpoint_contexts(policy)
+
+
+def _mismatch(name: str, order: list, saved: Sequence[Tuple[str, int, bool]], funcs: list) -> str:
+    """Why layer name's saved activations are not the plan's: the first
+    that differs, what made it, and the versions the plan was made for."""
+    import transformers
+
+    i = next((i for i, (o, s) in enumerate(zip(order, saved)) if o[0] != s[1]), min(len(order), len(saved)))
+    if i < len(order):
+        nbytes, op, _, shape, dtype = order[i]
+        made = funcs[op] if op is not None and op < len(funcs) else "the layer's input"
+        live = f"{nbytes} B made by {made} ({str(dtype).replace('torch.', '')} {list(shape)})"
+    else:
+        live = "nothing"
+    planned = f"{saved[i][0]}, {saved[i][1]} B" if i < len(saved) else "nothing"
+    return (f"ckptplan: {name} does not save what its plan says: its saved activation {i + 1} is {live}, "
+            f"where the plan has {planned} (the layer saves {len(order)}, the plan {len(saved)}). This runs "
+            f"transformers {transformers.__version__} and torch {torch.__version__}: if the model is the one "
+            "planned, ckptplan models these versions otherwise than they run, planning again gives the same "
+            "plan, and whole layers (solver='optimal') are what applies; report the difference with these versions")
 
 
 def _cuda_devices(obj) -> list:

@@ -426,6 +426,26 @@ def test_other_shapes_are_refused(ckptplan_binary):
         model(input_ids=torch.zeros(1, SEQ, dtype=torch.long), labels=torch.zeros(1, SEQ, dtype=torch.long))
 
 
+def test_a_layer_that_saves_otherwise_is_named(ckptplan_binary):
+    """A selective plan applied to a layer that saves other tensors (here:
+    made for sdpa, run with eager attention) fails at the layer's first
+    call, naming the first saved activation that differs, the op that made
+    it, the plan's tensor there and the versions."""
+    sdpa = build("llama", "sdpa", "fp32")
+    low = ckptplan.plan(sdpa, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
+    high = ckptplan.plan(sdpa, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes
+    plan = ckptplan.plan(sdpa, (low + high) // 2, batch=BATCH, seq=SEQ, solver="selective")
+    assert "selective" in {l.mode for l in plan.layers}
+    eager = build("llama", "eager", "fp32")
+    apply(eager, plan)
+    with pytest.raises(ValueError) as err:
+        eager(**batch(), labels=batch()["input_ids"])
+    msg = str(err.value)
+    assert "does not save what its plan says: its saved activation" in msg
+    assert "made by aten." in msg and "where the plan has layers." in msg
+    assert f"runs transformers {transformers.__version__} and torch {torch.__version__}" in msg
+
+
 def test_unplannable_budget_is_a_clear_error(ckptplan_binary):
     model = build("llama", "sdpa", "fp32")
     with pytest.raises(ckptplan.CkptplanError, match="LlamaForCausalLM does not fit"):
