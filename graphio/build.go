@@ -239,12 +239,11 @@ func (b *builder) core(q, k, v int) int {
 		// Under autocast sdpa takes q, k and v in 16 bits (copies of the
 		// fp32 rotated q and k).
 		q, k, v = b.autocast("attn.q_cast", q), b.autocast("attn.k_cast", k), b.autocast("attn.v_cast", v)
-		// Before the model made the masks, Gemma 2 passed every layer's
-		// sdpa the model's mask, which sdpa keeps: the layer's own where
-		// a sliding layer windows it into a new one or torch.autocast
-		// copies it to 16 bits.
-		// Where the model makes the masks, sdpa converts the boolean
-		// mask a layer is handed to q's dtype, and keeps the copy.
+		// sdpa keeps the mask it is handed. Before the model made the
+		// masks, Gemma 2 passed every layer the model's: the layer's own
+		// where a sliding layer windows it into a new one or
+		// torch.autocast copies it to 16 bits. Where the model makes
+		// them, sdpa converts the boolean mask to q's dtype.
 		maskKept := masked && (t.Numerics.ModelMasks || m.Sliding(b.layer) || b.half != ir.Invalid)
 		// sdpa lays its output out as q: [b, s, heads, d] where q is
 		// the projection's transposed (rotary embeddings keep its
@@ -274,9 +273,8 @@ func (b *builder) core(q, k, v int) int {
 	s = b.op("attn.scale", ir.Scale, ir.Attrs{Factor: b.scoreScale(), TensorConst: gpt2 && !t.Numerics.GPT2FloatScale}, s)
 	s = b.softcap("attn.softcap", m.AttnSoftcap, s)
 	// Under autocast Llama's scores meet its fp32 additive mask and become
-	// fp32; GPT-2's torch.where (before transformers 5.2) fills in the
-	// scores' own dtype.
-	// From 4.53 GPT-2 adds the model's mask after its torch.where too.
+	// fp32. GPT-2's torch.where fills in the scores' own dtype; from 4.53
+	// it adds the model's mask after it, and from 5.2 only that.
 	additive := !gpt2 || t.Numerics.GPT2AdditiveMask || t.Numerics.ModelMasks
 	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && additive}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
