@@ -383,23 +383,31 @@ def test_kv_heads_and_batches(ckptplan_binary, family, attention, kv, n):
     layer keeps what the plan says, and a selective plan between storing
     and checkpointing everything applies, keeping and recomputing what it
     says, with the gradients of the run without it."""
-    ref = build(family, attention, "fp32", kv=kv)
+    stored_and_selective_hold(build(family, attention, "fp32", kv=kv), batch(n), grads_equal)
+
+
+def stored_and_selective_hold(ref, data: dict, same_grads) -> None:
+    """Every stored layer of ref keeps what the plan says, on data, and a
+    selective plan between storing and checkpointing everything applies,
+    keeping and recomputing what it says, with gradients same_grads as
+    those of the run without it."""
+    n = data["input_ids"].shape[0]
     store = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="none")
-    m = measure(copy.deepcopy(ref), batch(n))
+    m = measure(copy.deepcopy(ref), data)
     for layer, got in zip(store.layers, m.layers):
-        assert got.kept_bytes == layer.kept_bytes, f"kv {kv}, batch {n}, {layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
+        assert got.kept_bytes == layer.kept_bytes, f"batch {n}, {layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
     low = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="every-k").peak_bytes
     plan = ckptplan.plan(ref, (low + store.peak_bytes) // 2, batch=n, seq=SEQ, solver="selective")
     model = copy.deepcopy(ref)
     apply(model, plan)
     torch.manual_seed(2)
-    got = measure(model, batch(n))
+    got = measure(model, data)
     base = copy.deepcopy(ref)
     torch.manual_seed(2)
-    measure(base, batch(n))
-    assert grads_equal(model, base)
+    measure(base, data)
+    assert same_grads(model, base)
     for layer, g in zip(plan.layers, got.layers):
-        assert g.kept_bytes == layer.kept_bytes, f"kv {kv}, batch {n}, {layer.name} ({layer.mode}): PyTorch holds {g.kept_bytes}, plan {layer.kept_bytes}"
+        assert g.kept_bytes == layer.kept_bytes, f"batch {n}, {layer.name} ({layer.mode}): PyTorch holds {g.kept_bytes}, plan {layer.kept_bytes}"
     assert got.recomputed_flops == plan.recompute_flops
 
 
