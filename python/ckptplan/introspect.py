@@ -153,22 +153,24 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
                   dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
                   dropout_mask="dtype" if on_cpu else "byte", autocast=autocast,
                   transformers=versions.transformers_release(),
-                  gqa_kernel=_gqa_kernel(next(layers.parameters()), _TORCH[dtype]),
+                  gqa_kernel=_gqa_kernel(next(layers.parameters()), _TORCH[dtype],
+                                         int(getattr(attn_module, "head_dim", 0) or 64)),
                   legacy_sdpa=legacy_sdpa and impl == "sdpa")
     _lora(model, setup, _model_type(config))
     _quant(layers, setup)
     return setup
 
 
-def _gqa_kernel(like: torch.Tensor, dtype: torch.dtype) -> str:
+def _gqa_kernel(like: torch.Tensor, dtype: torch.dtype, head_dim: int) -> str:
     """What this PyTorch's sdpa runs for grouped K and V (enable_gqa) on
-    like's device in dtype: "fused" where a fused kernel takes them, "math"
-    where sdpa falls back to its math path (the CPU's before PyTorch 2.8).
-    Asked of PyTorch itself, on tensors of a few bytes."""
+    like's device in dtype, with heads of head_dim: "fused" where a fused
+    kernel takes them, "math" where sdpa falls back to its math path (the
+    CPU's in PyTorch 2.5 to 2.7, CUDA's in fp32). Asked of PyTorch itself,
+    on tensors of a few kilobytes."""
     import torch.nn.functional as F
 
-    q = torch.zeros(1, 2, 2, 8, device=like.device, dtype=dtype, requires_grad=True)
-    kv = torch.zeros(1, 1, 2, 8, device=like.device, dtype=dtype)
+    q = torch.zeros(1, 2, 2, head_dim, device=like.device, dtype=dtype, requires_grad=True)
+    kv = torch.zeros(1, 1, 2, head_dim, device=like.device, dtype=dtype)
     try:
         with torch.enable_grad():
             out = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
