@@ -137,11 +137,7 @@ const layersShown = 4
 
 func writeCostText(w io.Writer, r *costReport) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', tabwriter.AlignRight)
-	profile := r.Profile
-	if r.Transformers != "" && profile == "transformers" {
-		profile += " " + r.Transformers
-	}
-	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, profile, r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
+	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, profileName(r.Profile, r.Transformers), r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
 	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
 		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
 	}
@@ -210,9 +206,9 @@ func precision(dtype, autocast string) string {
 
 // profileName names the profile a step is planned with: "transformers
 // 5.24" for the transformers profile of one release.
-func profileName(s *ir.Setup) string {
-	if s.Profile == "transformers" && s.Transformers != "" {
-		return "transformers " + s.Transformers
+func profileName(profile, release string) string {
+	if profile == "transformers" && release != "" {
+		return "transformers " + release
 	}
-	return s.Profile
+	return profile
 }

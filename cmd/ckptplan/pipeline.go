@@ -133,7 +133,7 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 	}
 	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
 	if s := p.Setup; s != nil {
-		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s))
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers))
 	}
 	if p.Feasible {
 		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)

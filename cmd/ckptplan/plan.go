@@ -232,7 +232,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.StaticBytes, p.ActivationPeakBytes)
 	fmt.Fprintf(w, " + reserve %v\n", p.ReserveBytes)
 	if s := p.Setup; s != nil {
-		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s))
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers))
 		if st := p.Static; st != nil && (s.Quant != "" || costmodel.Bitsandbytes(s.Optimizer)) {
 			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
 		}
