@@ -122,7 +122,6 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
         raise TraceError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
     if dtype not in TRAIN_DTYPES:
         raise TraceError(f"unknown dtype {dtype!r} (valid: {', '.join(TRAIN_DTYPES)})")
-    _check_release()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -147,34 +146,30 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
     dynamic = tuple(getattr(fake_tensor, n) for n in ("DynamicOutputShapeException", "DataDependentOutputException")
                     if hasattr(fake_tensor, n))
     try:
-        loss = rec.run({"input_ids": ids, "labels": labels})
+        loss = rec.run(_step_inputs(model, ids, labels))
     except dynamic as err:
         raise TraceError(
             f"{name}: a shape depends on the data ({err}): the tracer follows shapes, not values, and cannot "
-            "trace it (a mixture of experts' routing is such a shape: ckptplan builds mixtral, qwen2_moe and "
-            "qwen3_moe itself)") from None
+            "trace it (a mixture of experts' routing is such a shape where each expert runs on the tokens routed "
+            "to it; transformers 5 runs them as grouped products by default, which the tracer follows)") from None
     return _Graph(rec, loss, name, batch, seq).yaml()
 
 
-#: The newest transformers release whose traced graphs keep what its
-#: models keep (python/tests/test_trace.py): on 4.57 and 5.x the traced
-#: bytes differ from the model's, so the tracer refuses them rather than
-#: plan from a wrong graph.
-TRACED_UP_TO = (4, 46)
+def _step_inputs(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> dict:
+    """The keyword arguments of one training forward: the tokens, the
+    labels, and no key/value cache where the model takes ``use_cache``
+    (``ckptplan.apply`` turns it off; from transformers 5 a model in
+    training makes one, which copies every layer's keys and values)."""
+    import inspect
 
-
-def _check_release() -> None:
-    import transformers
-
-    from .versions import release
-
-    r = release(transformers.__version__)
-    if r > TRACED_UP_TO:
-        raise TraceError(
-            f"the tracer is verified on transformers up to {TRACED_UP_TO[0]}.{TRACED_UP_TO[1]}, and this is "
-            f"{transformers.__version__}, on which a traced graph does not keep what the model keeps: "
-            "ckptplan does not trace it (model types with a builder, 'ckptplan models --model-types', "
-            "are planned on any supported release)")
+    out = {"input_ids": ids, "labels": labels}
+    try:
+        params = inspect.signature(unwrap(model).forward).parameters
+    except (TypeError, ValueError):
+        return out
+    if "use_cache" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        out["use_cache"] = False
+    return out
 
 
 def _stem(path: Union[str, os.PathLike]) -> str:
@@ -284,7 +279,7 @@ class _Recorder(TorchDispatchMode):
             return t
 
         try:
-            with self.fake, self, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with _as_run(), self.fake, self, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = self.model(**batch)
         finally:
             for h in hooks:
@@ -373,6 +368,41 @@ class _Recorder(TorchDispatchMode):
                 if target is None:
                     continue
                 target.saves.extend(saved[k:])
+
+
+@contextlib.contextmanager
+def _as_run() -> Iterator[None]:
+    """Inside, transformers decides what it decides from values as it
+    would on the traced batch, not as for a graph being compiled.
+
+    From transformers 5, whether a training batch packs several sequences
+    in a row is read off the position ids' values, except on tensors it
+    takes for a trace (fake tensors among them): then it assumes packing,
+    and every layer gets a mask that the model run on the same batch does
+    not make. The traced batch is one unpadded sequence a row (positions
+    0 to seq-1), so the answer is the one transformers gives for such
+    positions, asked on real ones."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    find = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if find is None:
+        yield
+        return
+
+    def unpacked(position_ids: torch.Tensor):
+        with _unfaked():
+            b, s = position_ids.shape[0], position_ids.shape[-1]
+            plain = find(torch.arange(s).expand(b, s))
+        return None if plain is None else find(position_ids)
+
+    masking_utils.find_packed_sequence_indices = unpacked
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = find
 
 
 def _layer_norm_stats(device: str) -> dict:
@@ -483,9 +513,13 @@ class _Graph:
         rec = self.rec
         fn = str(op.func)  # aten.mm.default
         short = op.func._schema.name.split("::")[-1]
+        if all(t.numel() == 0 for t in op.outs):
+            return  # nothing to keep or compute (Phi-3's empty pass-through of a full rotary)
         refs = []
         param_reads = []
         for t in op.args:
+            if t.numel() == 0:
+                continue  # an empty operand (of a cat) holds nothing
             sid = _sid(t)
             if sid in rec.params or sid in self.param_views:
                 param_reads.append(t)
@@ -544,6 +578,8 @@ class _Graph:
         # Saves: inputs and outputs, by what they are.
         saves = []
         for t in op.saves:
+            if t.numel() == 0:
+                continue
             key = _key(t)
             sid = _sid(t)
             if sid in rec.params or sid in rec.buffers or sid in self.param_views:
