@@ -51,6 +51,21 @@ var hfModelTypes = map[string]string{
 // ckptplan builds, sorted.
 func HFModelTypes() []string { return slices.Sorted(maps.Keys(hfModelTypes)) }
 
+// HFModelTypesFor returns those ckptplan builds as transformers release r
+// runs them, sorted: from 5.0 a mixture of experts runs through
+// transformers' experts kernels, which the builders do not model (a trace
+// of the model follows them).
+func HFModelTypesFor(r Release) []string {
+	var out []string
+	for _, t := range HFModelTypes() {
+		if _, moe := hfMoETypes[t]; moe && rulesOf(r).expertsKernels {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
 // hfMaxTrainSeq caps the default training length taken from
 // max_position_embeddings: long-context models (Qwen2's 131072) are
 // rarely trained at full length, and s² attention tensors would dwarf

@@ -441,3 +441,63 @@ func TestModelTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestModelTypesForRelease checks that 'models --model-types --transformers
+// R' lists the types whose config.json plans for R: from 5.0 each mixture
+// of experts is left out, and planning one for that release is refused
+// with the advice to trace it; a release before 4.46 is a usage error.
+func TestModelTypesForRelease(t *testing.T) {
+	all, _, err := runCmd("models", "--model-types")
+	if err != nil {
+		t.Fatal(err)
+	}
+	experts := map[string]string{
+		"mixtral":   `, "num_local_experts": 4, "num_experts_per_tok": 2`,
+		"qwen2_moe": `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64`,
+		"qwen3_moe": `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32`,
+	}
+	dir := t.TempDir()
+	for _, release := range []string{"4.46", "4.57", "5.0", "5.24"} {
+		out, _, err := runCmd("models", "--model-types", "--transformers", release)
+		if err != nil {
+			t.Fatalf("%s: %v", release, err)
+		}
+		listed := strings.Fields(out)
+		for _, mt := range strings.Fields(all) {
+			path := filepath.Join(dir, mt+".json")
+			config := `{"model_type": "` + mt + `", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256` + experts[mt] + `}`
+			if mt == "gpt2" {
+				config = `{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256}`
+			}
+			if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := runCmd("cost", "--transformers", release, path)
+			if slices.Contains(listed, mt) {
+				if err != nil {
+					t.Errorf("transformers %s, model_type %s: listed, but: %v", release, mt, err)
+				}
+			} else if err == nil || !strings.Contains(err.Error(), "ckptplan trace") {
+				t.Errorf("transformers %s, model_type %s: not listed, and planned with %v, want the advice to trace it", release, mt, err)
+			}
+		}
+	}
+	if _, _, err := runCmd("models", "--model-types", "--transformers", "4.40"); exitCode(err) != 2 {
+		t.Errorf("--transformers 4.40: %v, want a usage error", err)
+	}
+	if _, _, err := runCmd("models", "--transformers", "5.24"); exitCode(err) != 2 {
+		t.Errorf("--transformers without --model-types: %v, want a usage error", err)
+	}
+}
+
+// exitCode is the status main exits with for err.
+func exitCode(err error) int {
+	var u *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &u) || errors.Is(err, errUsageShown):
+		return 2
+	}
+	return 1
+}

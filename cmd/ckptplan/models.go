@@ -12,6 +12,12 @@ import (
 func runModels(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("models", "", stderr)
 	types := fs.Bool("model-types", false, "list instead the config.json model_type values ckptplan builds, one a line (others are traced)")
+	var release graphio.Release
+	fs.Func("transformers", "with --model-types: those built as this transformers release runs them (default: every one built for some release)", func(v string) error {
+		r, err := graphio.ParseRelease(v)
+		release = r
+		return err
+	})
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -20,8 +26,16 @@ func runModels(stdout, stderr io.Writer, args []string) error {
 		fs.Usage()
 		return usagef("models: takes no arguments")
 	}
+	if release != (graphio.Release{}) && !*types {
+		fs.Usage()
+		return usagef("models: --transformers goes with --model-types")
+	}
 	if *types {
-		for _, t := range graphio.HFModelTypes() {
+		list := graphio.HFModelTypes()
+		if release != (graphio.Release{}) {
+			list = graphio.HFModelTypesFor(release)
+		}
+		for _, t := range list {
 			fmt.Fprintln(stdout, t)
 		}
 		return nil

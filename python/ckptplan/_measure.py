@@ -216,7 +216,8 @@ class _SavedBytes:
     """Distinct storages each layer's forward saves for backward."""
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList):
-        self.fixed = _storages((*model.parameters(), *model.buffers()))
+        self.model = model
+        self.fixed: set[int] = set()
         self.layers = layers
         self.per = [dict() for _ in layers]
         self.layer: Optional[int] = None
@@ -232,6 +233,9 @@ class _SavedBytes:
         # The layer's parameters as it runs: under FSDP2 they are gathered
         # for the forward, into storages the model did not have before.
         self.exempt = _storages(_tensors(rest)) | _storages(self.layers[i].parameters())
+        # As they are now: a model may replace a buffer on its first step,
+        # and the old one's address then holds an activation.
+        self.fixed = _storages((*self.model.parameters(), *self.model.buffers()))
 
     def leave(self, i: int) -> None:
         self.layer = None
@@ -299,7 +303,8 @@ def _flop_counter():
     formula PyTorch uses for the CUDA kernels, and every fused attention
     over grouped K and V (enable_gqa) as over K and V repeated to every
     query head (each query head's products are the same; PyTorch's own
-    formula refuses the shapes before 2.15)."""
+    formula refuses the shapes before 2.15), and the experts' grouped
+    products (torch._grouped_mm, which it does not count)."""
     from torch.utils import flop_counter as fc
 
     if not hasattr(fc, "sdpa_flop_count"):
@@ -316,6 +321,10 @@ def _flop_counter():
         return fc.sdpa_backward_flop_count(grad_out, q, *heads(q, k, v))
 
     custom = {}
+    if hasattr(aten, "_grouped_mm"):  # experts' products, forward and backward
+        from ._trace import grouped_mm_flops
+
+        custom[aten._grouped_mm] = lambda a, b, *args, out_shape=None, **kwargs: grouped_mm_flops(a, b)
     for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
         op = getattr(aten, name, None)

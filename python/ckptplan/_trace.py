@@ -108,7 +108,7 @@ def load_config(path: Union[str, os.PathLike]):
 
 
 def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16",
-          attention: str = "sdpa", device: str = "cpu", name: Optional[str] = None) -> str:
+          attention: str = "auto", device: str = "cpu", name: Optional[str] = None) -> str:
     """The graph YAML of one training step of a model, traced.
 
     config_or_model is a config.json path (or a directory holding one), a
@@ -116,12 +116,17 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
     traced as it is set up: its dtype, adapters, attention and training
     mode; dtype and attention then do not apply. A config builds
     ``AutoModelForCausalLM`` in dtype with the attention implementation
-    given, in training mode. batch and seq size the step.
+    given ("auto": the one transformers picks for the model, sdpa where it
+    has one), in training mode; a multimodal config, its text model. batch
+    and seq size the step.
     """
+    note = ""
     if not (isinstance(batch, int) and isinstance(seq, int)) or batch <= 0 or seq <= 0:
         raise TraceError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
     if dtype not in TRAIN_DTYPES:
         raise TraceError(f"unknown dtype {dtype!r} (valid: {', '.join(TRAIN_DTYPES)})")
+    if attention not in ("auto", "eager", "sdpa"):
+        raise TraceError(f"unknown attention {attention!r} (valid: auto, eager, sdpa)")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -134,6 +139,10 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
             name = name or _stem(config)
             config = load_config(config)
         name = name or getattr(config, "model_type", "model")
+        text = text_config(config)
+        if text is not config:
+            note = (f"the text model ({getattr(text, 'model_type', '?')}) of a "
+                    f"{getattr(config, 'model_type', '?')} config; what runs only on images is not counted")
         model = _build(config, fake, TRAIN_DTYPES[dtype], attention, device)
     with fake:
         ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
@@ -152,7 +161,7 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
             f"{name}: a shape depends on the data ({err}): the tracer follows shapes, not values, and cannot "
             "trace it (a mixture of experts' routing is such a shape where each expert runs on the tokens routed "
             "to it; transformers 5 runs them as grouped products by default, which the tracer follows)") from None
-    return _Graph(rec, loss, name, batch, seq).yaml()
+    return _Graph(rec, loss, name, batch, seq).yaml(note)
 
 
 def _step_inputs(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> dict:
@@ -180,16 +189,36 @@ def _stem(path: Union[str, os.PathLike]) -> str:
     return os.path.splitext(os.path.basename(p))[0]
 
 
+def text_config(config):
+    """The config of the causal language model to trace: the text model's,
+    for a multimodal config that nests one (Gemma 3, Mistral 3, LLaVA:
+    ``text_config``); config itself otherwise. Training on text runs only
+    the text model, and a vision tower has no part in its activations.
+
+    Example:
+        >>> import transformers
+        >>> c = transformers.AutoConfig.for_model("llava", text_config={"model_type": "llama"})
+        >>> text_config(c).model_type
+        'llama'
+    """
+    nested = getattr(config, "text_config", None)
+    if nested is None or nested is config:
+        return config
+    return nested
+
+
 def _build(config, fake, dtype: torch.dtype, attention: str, device: str) -> nn.Module:
     import copy
 
     import transformers
 
-    config = copy.deepcopy(config)  # the caller's stays as it was
-    config._attn_implementation = attention
+    config = copy.deepcopy(text_config(config))  # the caller's stays as it was
+    kwargs = {} if attention == "auto" else {"attn_implementation": attention}
+    # transformers 5 renamed torch_dtype to dtype.
+    kwargs["dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"] = dtype
     try:
         with fake, torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
     except ValueError as err:
         raise TraceError(f"transformers cannot build a causal language model of model_type "
                          f"{getattr(config, 'model_type', '?')!r}: {err}") from None
@@ -572,7 +601,7 @@ class _Graph:
         node = self._name(op, short)
         trains = any(rec.params.get(_sid(t), (0, t.requires_grad))[1] for t in param_reads)
         grad_in = any(self.grad.get(n, False) for n in names) or trains
-        is_float = out.dtype.is_floating_point
+        is_float = out.dtype.is_floating_point or out.dtype.is_complex
         grad = bool(op.saves) or (grad_in and is_float and not _FACTORIES.match(short))
         extras = op.outs[1:]
         # Saves: inputs and outputs, by what they are.
@@ -646,7 +675,7 @@ class _Graph:
             self.names.add(name)
             op = self.made[node]
             t = op.outs[k]
-            grad = bool(self.grad.get(node) and t.dtype.is_floating_point)
+            grad = bool(self.grad.get(node) and (t.dtype.is_floating_point or t.dtype.is_complex))
             self.lines.append("    - {" + ", ".join([
                 f"name: {name}", "op: aten", "fn: getitem", f"block: {op.block}", f"inputs: [{node}]",
                 f"shape: {_shape(t)}", f"dtype: {_dtype(t, op.retype.get(k))}", f"view: {k}"]
@@ -702,7 +731,8 @@ class _Graph:
                 fields.append(f"param_dtype: {DTYPES[dt]}")
             self.lines[i] = self.lines[i][:-1] + ", " + ", ".join(fields) + "}"
 
-    def yaml(self) -> str:
+    def yaml(self, note: str = "") -> str:
+        """The graph YAML, with note (what was traced) as a comment."""
         import transformers
 
         dtype = DTYPES.get(self.dtype or torch.float32, "fp32")
@@ -713,6 +743,7 @@ class _Graph:
         attention = f", attention: {attention}" if attention else ""
         out = [
             "# A traced graph: ckptplan plan this file (ckptplan trace wrote it).",
+            *([f"# Traced: {note}."] if note else []),
             "graph:",
             f"  name: {_quote(self.name)}",
             f"  dtype: {dtype}",
@@ -755,6 +786,12 @@ def _flops(short: str, op: _Op, grads: list, trains: bool, rec: _Recorder) -> tu
         x, w = a[1], a[2]
         f = 2 * x.numel() * w.shape[-1]
         return f, f * (rg(x) + rg(w))
+    if short == "_grouped_mm" and len(a) >= 2:
+        # Experts' products (transformers 5): tokens sorted by expert times
+        # each expert's weight, whatever the routing.
+        x, w = a[0], a[1]
+        f = grouped_mm_flops(tuple(x.shape), tuple(w.shape))
+        return f, f * (rg(x) + rg(w))
     if _FUSED_ATTENTION.match(short) and len(a) >= 3:
         q, k, v = a[0], a[1], a[2]
         b, h, s, d = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
@@ -763,12 +800,38 @@ def _flops(short: str, op: _Op, grads: list, trains: bool, rec: _Recorder) -> tu
     return 0, 0
 
 
+# A complex tensor is written in its real form, as torch.view_as_real sees
+# it: a last axis of 2 (real and imaginary parts) in the parts' dtype.
+_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def grouped_mm_flops(a: tuple, b: tuple) -> int:
+    """FLOPs of torch._grouped_mm(a, b, offs) by the operands' shapes: 2·m·k·n
+    over the groups, whose sizes (offs) do not change the total. a [m, k]
+    by b [groups, k, n] (experts' forward), a [k, m] by b [m, n] (their
+    weights' gradient, split along m), a [groups, m, k] by b [groups, k, n],
+    and a [groups, m, k] by b [k, n] split along n.
+
+    Example:
+        >>> grouped_mm_flops((16, 32), (4, 32, 64))  # 16 rows, each by one expert's 32×64
+        65536
+    """
+    if len(a) == 3 and len(b) == 2:
+        return 2 * a[1] * a[2] * b[1]
+    n = 1
+    for d in a:
+        n *= d
+    return 2 * n * b[-1]
+
+
 def _shape(t: torch.Tensor) -> str:
-    return "[" + ", ".join(str(int(d)) for d in t.shape) + "]"
+    dims = [int(d) for d in t.shape] + ([2] if t.dtype in _COMPLEX_PARTS else [])
+    return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
 def _dtype(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> str:
     dtype = dtype or t.dtype
+    dtype = _COMPLEX_PARTS.get(dtype, dtype)
     try:
         return DTYPES[dtype]
     except KeyError:
@@ -796,8 +859,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=1, help="sequences in the batch (default 1)")
     p.add_argument("--seq", type=int, default=2048, help="tokens in a sequence (default 2048)")
     p.add_argument("--dtype", default="bf16", choices=sorted(TRAIN_DTYPES), help="the weights' dtype (default bf16)")
-    p.add_argument("--attention", default="sdpa", choices=("eager", "sdpa"),
-                   help="transformers' attention implementation (default sdpa)")
+    p.add_argument("--attention", default="auto", choices=("auto", "eager", "sdpa"),
+                   help="transformers' attention implementation (default auto: the one transformers picks, "
+                        "sdpa where the model has it)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="whose kernels to trace (default cpu; cuda needs a PyTorch with CUDA)")
     args = p.parse_args(argv)

@@ -153,8 +153,10 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
 
     traced: whether to plan a trace of the model (``ckptplan.trace``)
     rather than the graph ckptplan builds from its config. By default a
-    model is traced when ckptplan has no builder for its model_type
-    (``ckptplan models --model-types`` lists those it has); a traced plan
+    model is traced when ckptplan has no builder for its model_type as the
+    installed transformers runs it (``ckptplan models --model-types
+    --transformers X.Y`` lists them: from transformers 5 a mixture of
+    experts runs through experts kernels, which the trace follows); a traced plan
     is applied and measured like any other. Its logits are what the
     model's loss computes: logits_dtype does not apply.
 
@@ -181,8 +183,11 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     base = unwrap(model)
     config = getattr(base, "config", None)
     if traced is None:
+        from . import versions
+
         model_type = getattr(config, "model_type", None)
-        traced = model_type is not None and model_type not in _binary.call(["models", "--model-types"]).split()
+        built = _binary.call(["models", "--model-types", "--transformers", versions.transformers_release()]).split()
+        traced = model_type is not None and model_type not in built
     if traced:
         if logits_dtype is not None:
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
