@@ -71,12 +71,27 @@ func (k *search) cached(kept bitset, held []int) func(s int) bool {
 }
 
 // rerunUpToStop returns the stage's nodes a checkpoint's replay reaches
-// before its early stop, in order.
+// before its early stop, in order. What the forward saved includes the
+// weights a product saves for its input's gradient (not activations, so
+// not in Saved): a frozen projection after the last op that saves an
+// activation still stops the replay only when it comes to save its
+// weight, and what runs before it (a LoRA adapter's B product) reruns.
 func (st *Stage) rerunUpToStop() []int {
+	nodes, _ := st.replayStop()
+	return nodes
+}
+
+// replayStop returns rerunUpToStop's nodes and whether the last of them is
+// the op whose saving stops the replay, having saved what it makes (a
+// LoRA projection's A output, which its B product saves before it runs).
+func (st *Stage) replayStop() (nodes []int, stopsIn bool) {
 	stop, runs := -1, false
 	for p, id := range st.Nodes {
 		saved := st.c.Nodes[id].Saved
 		if len(saved) == 0 {
+			if st.savesWeight(id) {
+				stop, runs = p, false
+			}
 			continue
 		}
 		stop, runs = p, false
@@ -90,7 +105,15 @@ func (st *Stage) rerunUpToStop() []int {
 	if !runs {
 		stop--
 	}
-	return st.Nodes[:max(stop+1, 0)]
+	return st.Nodes[:max(stop+1, 0)], runs
+}
+
+// savesWeight reports whether node id is a product that saves its weight
+// for its input's gradient, before it computes: a linear whose input needs
+// a gradient.
+func (st *Stage) savesWeight(id int) bool {
+	n := &st.c.Graph.Nodes[id]
+	return n.Op == ir.Linear && len(n.Inputs) > 0 && st.c.RequiresGrad(n.Inputs[0])
 }
 
 // RerunFLOPs returns the forward FLOPs a checkpoint of the stage reruns
@@ -112,11 +135,11 @@ func (st *Stage) RerunFLOPs() int64 {
 // storage s. A node is one op, with two exceptions. A LoRA projection is
 // the frozen product, A's, B's, a scaling and a sum, ops of their own: the
 // policy may cache A's output (B saves it) but no other product, and when
-// the projection is the last op that saves, the replay stops as B saves
-// its input, before B runs. Rotary embedding that makes its tables in the
+// the projection is the op whose saving stops the replay, the replay
+// stops as B saves its input, before B runs. Rotary embedding that makes its tables in the
 // layer makes them with a product of its own, which no policy caches.
 func (st *Stage) replayFLOPs(cached func(s int) bool) int64 {
-	nodes := st.rerunUpToStop()
+	nodes, stopsIn := st.replayStop()
 	var f int64
 	for i, id := range nodes {
 		n, c := &st.c.Graph.Nodes[id], &st.c.Nodes[id]
@@ -129,7 +152,7 @@ func (st *Stage) replayFLOPs(cached func(s int) bool) int64 {
 			if s := st.c.OwnedAs(id, costmodel.LoRAA); s >= 0 && cached(s) {
 				a = 0
 			}
-			if i == len(nodes)-1 {
+			if i == len(nodes)-1 && stopsIn {
 				b = 0
 			}
 			f += base + a + b

@@ -33,6 +33,9 @@ LORA_TARGETS = {
             "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
             "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
             "starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]},
+    # One MLP projection whose output a pointwise op saves, before a frozen
+    # one that saves only its weight: the replay reruns the adapter's B.
+    "fc": {"gpt2": ["c_fc"], "llama": ["up_proj"], "starcoder2": ["c_fc"]},
 }
 
 
@@ -162,6 +165,7 @@ ALL += [(f, a, d, p, lora, None) for f in ("gemma", "phi3", "starcoder2") for a 
 ALL += [(f, a, "fp32", p, lora, "bf16") for f in ("gemma", "phi3", "starcoder2") for a in ("eager", "sdpa")
         for p, lora in ((0.0, ""), (0.1, "attn"))]
 ALL += [("starcoder2", a, "bf16", 0.0, "mlp", None) for a in ("eager", "sdpa")]
+ALL += [(f, a, d, 0.0, "fc", None) for f in ("gpt2", "llama", "starcoder2") for a, d in (("eager", "fp32"), ("sdpa", "bf16"))]
 # Granite: Llama's layer with multipliers on the embeddings, the residual
 # branches, the attention scores and the logits.
 ALL += [("granite", a, d, p, lora, None) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
