@@ -8,10 +8,15 @@ import (
 
 // Node is the cost of one graph node.
 type Node struct {
-	ID            int
-	OutputBytes   int64 // bytes of the new storage holding its output; 0 for a view
-	Saved         []int // storages it keeps for backward (indexes into Costs.Storages), once per saved tensor
-	SavedBytes    int64 // bytes of the activation storages first kept by this node
+	ID          int
+	OutputBytes int64 // bytes of the new storage holding its output; 0 for a view
+	Saved       []int // storages it keeps for backward (indexes into Costs.Storages), once per saved tensor
+	SavedBytes  int64 // bytes of the activation storages first kept by this node
+	// HostBytes is what it keeps for backward in host memory, apart from
+	// the device's: the 0-dim float64 tensor PyTorch wraps a Python
+	// scalar factor in (8 bytes, kept by the product with it), CUDA's
+	// memory-efficient attention's RNG seed and offset.
+	HostBytes     int64
 	ForwardFLOPs  int64
 	BackwardFLOPs int64
 }
@@ -23,6 +28,7 @@ type Block struct {
 	Input         int   // storage of the activation entering the block; -1 if none
 	InputBytes    int64
 	SavedBytes    int64 // activation bytes kept by the block's nodes, each storage once
+	HostBytes     int64 // bytes the block's nodes keep in host memory (Node.HostBytes)
 	ForwardFLOPs  int64
 	BackwardFLOPs int64
 }
@@ -284,6 +290,34 @@ func (a *analyzer) keep(n *ir.Node, storage int) {
 	c.Saved = append(c.Saved, storage)
 }
 
+// keepHost records that node n keeps bytes in host memory for its
+// backward, when it has one.
+func (a *analyzer) keepHost(n *ir.Node, bytes int64) {
+	if a.grad[n.ID] {
+		a.c.Nodes[n.ID].HostBytes += bytes
+	}
+}
+
+// WrappedScalarBytes is what PyTorch keeps for a product with a Python
+// number: the number wrapped in a 0-dim float64 tensor, in host memory
+// whatever the device.
+const WrappedScalarBytes = 8
+
+// CheckpointHostBytes is what torch.utils.checkpoint stashes in host
+// memory for each checkpointed or selective layer under the transformers
+// profile's runtime, to replay its random numbers: the CPU generator's
+// state (5,056 bytes) and, on CUDA, the device generator's seed and
+// offset (16 bytes).
+func CheckpointHostBytes(c *Costs) int64 {
+	if c.Profile != Transformers {
+		return 0
+	}
+	if c.Graph.Setup.Numerics.CPUKernels {
+		return 5056
+	}
+	return 5056 + 16
+}
+
 // count attributes each kept activation storage to the first node that
 // keeps it, in graph order.
 func (a *analyzer) count() {
@@ -320,6 +354,7 @@ func (a *analyzer) blocks() {
 		b.Nodes = append(b.Nodes, i)
 		c := &a.c.Nodes[i]
 		b.SavedBytes += c.SavedBytes
+		b.HostBytes += c.HostBytes
 		b.ForwardFLOPs += c.ForwardFLOPs
 		b.BackwardFLOPs += c.BackwardFLOPs
 		for _, in := range n.Inputs {

@@ -52,6 +52,9 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 		if n.Attrs.LoRARank > 0 {
 			a.keepLoRA(n)
+			if a.profile == Transformers {
+				a.keepHost(n, WrappedScalarBytes) // PEFT's product with its scaling, a Python number
+			}
 		}
 	case ir.MatMul:
 		// Autograd saves the second operand (the first's gradient needs
@@ -100,16 +103,25 @@ func (a *analyzer) keeps(n *ir.Node) {
 		a.keep(n, in(0))
 		if n.Op == ir.GELU && n.Attrs.TanhPy && a.profile == Transformers {
 			// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): pow keeps x,
-			// tanh its result, the last product both its factors.
+			// tanh its result, the last product both its factors; the
+			// three products with a Python number keep it, wrapped.
 			sh := a.shard[n.Inputs[0]]
 			a.keep(n, a.extra(n, Tanh, x().Shape, x().DType, sh))
 			a.keep(n, a.extra(n, HalfX, x().Shape, x().DType, sh))
 			a.keep(n, a.extra(n, OnePlusTanh, x().Shape, x().DType, sh))
+			if grad(0) {
+				a.keepHost(n, 3*WrappedScalarBytes)
+			}
 		}
 	case ir.Scale:
-		if n.Attrs.TensorConst && a.profile == Transformers && grad(0) {
+		switch {
+		case n.Attrs.TensorConst && a.profile == Transformers && grad(0):
 			// Dividing by a 0-dim tensor keeps the divisor.
 			a.keep(n, a.extra(n, Divisor, ir.Shape{1}, x().DType, false))
+		case !n.Attrs.TensorConst && !n.Attrs.ScalarArg && a.profile == Transformers && grad(0):
+			// A product with (or quotient by) a Python number keeps the
+			// number, wrapped, in host memory.
+			a.keepHost(n, WrappedScalarBytes)
 		}
 	case ir.CrossEntropy:
 		// log_softmax keeps its output; nll_loss keeps only the targets.
@@ -316,6 +328,10 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 			lseShape[2] = (lseShape[2] + 31) / 32 * 32
 		}
 		lse := a.extra(n, LogSumExp, lseShape, ir.FP32, sh)
+		if efficient {
+			// Its philox seed and offset, two int64 in host memory.
+			a.keepHost(n, 16)
+		}
 		if a.profile == Transformers {
 			// PyTorch 2's sdpa backward saves the log-sum-exp first.
 			a.keep(n, lse)

@@ -22,6 +22,9 @@ type Layer struct {
 	// KeptBytes is what the layer holds after the forward, its output
 	// included and its input not (the layer before holds it).
 	KeptBytes mem.Bytes `json:"kept_bytes"`
+	// HostBytes is what the layer keeps in host memory, apart from
+	// KeptBytes and from the device's budget (planner.Stage.HostBytes).
+	HostBytes mem.Bytes `json:"host_bytes,omitempty"`
 	// RecomputeFLOPs is the forward work the runtime reruns in the layer's
 	// backward: a checkpoint's replay up to its early stop, selective
 	// checkpointing's uncached ops, or (PyTorch before 2.4) the whole
@@ -134,7 +137,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		// runs plainly, storing.
 		outFreed := st.OutputUnsaved && i+1 < len(plan.Stages) &&
 			(plan.Stages[i+1].Decision == "store" || !isLayer(plan.Stages[i+1].Name))
-		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes}
+		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes, HostBytes: st.HostBytes}
 		sac := -1.0 // the layer's RecomputeFLOPs, but for a selective one
 		rerun := st.Forward
 		if st.Rerun > 0 {

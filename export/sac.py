@@ -43,6 +43,15 @@ def sac_available() -> bool:
     return hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts")
 
 
+def _probe():
+    """The context a policy's probe of a layer runs in: without the
+    dispatch modes around it (a FLOP counter, a memory tracker), to which
+    the probe, ckptplan's own bookkeeping, is no part of the step."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
 class _SacRecorder(TorchDispatchMode):
     """Records each op call: its number, and for every storage, the last op
     that made it (an address freed and allocated again is a new storage,
@@ -101,7 +110,7 @@ class SacPolicy:
         rec = _SacRecorder()
         # Nothing saved: a tensor packed as itself would keep the probe's
         # graph alive (see find).
-        with torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
+        with _probe(), torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
                 torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda t: t), rec:
             out = forward(*args, **kwargs)
         del out
@@ -155,7 +164,7 @@ class SacPolicy:
             held.append(t)
             return None
 
-        with torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
+        with _probe(), torch.random.fork_rng(devices=_cuda_devices((args, kwargs))), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
             out = forward(*args, **kwargs)
         del out, held

@@ -166,20 +166,25 @@ type Attrs struct {
 	BSHD        bool    // Attention: output laid out [b, s, heads, d] (PyTorch's sdpa kernels), so merging heads is a view
 	TanhPy      bool    // GELU: the tanh approximation in Python ops (transformers' gelu_new), which keeps four tensors
 	TensorConst bool    // Scale: the constant is a 0-dim tensor in the model dtype (GPT-2's torch.full), which the backward keeps
-	Causal      bool    // Attention: causal masking
-	MaskKept    bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
-	TransposeB  bool    // MatMul: use the transpose of the last two axes of b
-	Axis        int     // Transpose: first axis
-	Axis2       int     // Transpose: second axis
-	Parts       int     // Split: parts along the last axis
-	Index       int     // Split: which part
-	Sizes       Shape   // Split: the parts' sizes, when they are not equal (a fused q, k, v projection with fewer kv heads)
-	Eps         float64 // LayerNorm, RMSNorm: epsilon
-	Theta       float64 // RoPE: base of the rotary frequencies
-	Tables      bool    // RoPE: computes the cos/sin tables it uses, [1, 1, s, d] each, which its backward keeps
-	CacheLen    int64   // RoPE with Tables: they are indexed from its layer's cache of this many positions, without a product
-	To          DType   // Cast: the target dtype
-	Shape       Shape   // Reshape: the new shape; one entry may be -1
+	// ScalarArg: Scale's constant is the op's own Scalar argument
+	// (aten.mul.Scalar, as PyTorch's kernels call it), which autograd
+	// keeps inside its node; otherwise a Python number, which PyTorch
+	// wraps in a host tensor that the backward keeps.
+	ScalarArg  bool
+	Causal     bool    // Attention: causal masking
+	MaskKept   bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
+	TransposeB bool    // MatMul: use the transpose of the last two axes of b
+	Axis       int     // Transpose: first axis
+	Axis2      int     // Transpose: second axis
+	Parts      int     // Split: parts along the last axis
+	Index      int     // Split: which part
+	Sizes      Shape   // Split: the parts' sizes, when they are not equal (a fused q, k, v projection with fewer kv heads)
+	Eps        float64 // LayerNorm, RMSNorm: epsilon
+	Theta      float64 // RoPE: base of the rotary frequencies
+	Tables     bool    // RoPE: computes the cos/sin tables it uses, [1, 1, s, d] each, which its backward keeps
+	CacheLen   int64   // RoPE with Tables: they are indexed from its layer's cache of this many positions, without a product
+	To         DType   // Cast: the target dtype
+	Shape      Shape   // Reshape: the new shape; one entry may be -1
 
 	// A traced op (Aten) carries what a tracer saw it do, since no rule
 	// here knows it.

@@ -145,7 +145,12 @@ type Stage struct {
 	// (it keeps part of the tape: the keep set Option), "checkpoint" (it
 	// keeps only its input), or "recompute" (it keeps nothing).
 	Decision string `json:"decision" yaml:"decision"`
-	Option   string `json:"option,omitempty" yaml:"option,omitempty"` // the name of a selective first forward's keep set
+	// HostBytes is what the stage keeps in host memory under its
+	// decision, apart from the device's: the Python numbers its products
+	// keep (wrapped, 8 bytes each), and for a checkpointed or selective
+	// layer the random-number state torch.utils.checkpoint stashes.
+	HostBytes mem.Bytes `json:"host_bytes,omitempty" yaml:"host_bytes,omitempty"`
+	Option    string    `json:"option,omitempty" yaml:"option,omitempty"` // the name of a selective first forward's keep set
 	// Options describes the keep sets the schedule's storing forwards of
 	// this stage run, keep-all aside.
 	Options []KeepSet `json:"options,omitempty" yaml:"options,omitempty"`
@@ -328,6 +333,7 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1
 	}
 	p.decide(plan.Stages, sched)
+	p.hostBytes(plan.Stages)
 	for _, op := range sched {
 		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage, p.keepSetName(op)})
 	}
@@ -335,6 +341,23 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 
 // decide names what the first forward of each stage does, and lists the
 // keep sets the schedule uses.
+// hostBytes sets each decided stage's HostBytes.
+func (p *Problem) hostBytes(stages []Stage) {
+	if p.Stages == nil || p.Costs == nil {
+		return
+	}
+	for i := range stages {
+		if i >= len(p.Stages) {
+			break
+		}
+		st := &stages[i]
+		st.HostBytes = p.Stages[i].HostBytes
+		if _, layer := ir.LayerIndex(st.Name); layer && st.Decision != "store" && st.Decision != "" {
+			st.HostBytes += mem.Bytes(costmodel.CheckpointHostBytes(p.Costs))
+		}
+	}
+}
+
 func (p *Problem) decide(stages []Stage, s solver.Schedule) {
 	done := make([]bool, len(stages))
 	used := make([]map[int]bool, len(stages))

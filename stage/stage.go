@@ -32,7 +32,10 @@ type Stage struct {
 	// TapeBytes is what a storing forward that keeps everything keeps:
 	// the saved storages (and any other activation the stage's ops save,
 	// a_i aside) and a_{i+1}.
-	TapeBytes         mem.Bytes
+	TapeBytes mem.Bytes
+	// HostBytes is what the stage's ops keep in host memory for backward
+	// whether it stores, checkpoints or keeps part (costmodel.Node.HostBytes).
+	HostBytes         mem.Bytes
 	ForwardTempBytes  mem.Bytes // beyond a_{i+1}, during a forward that keeps no tape
 	FAllTempBytes     mem.Bytes // beyond the tape, during a storing forward that keeps everything
 	BackwardTempBytes mem.Bytes // during the backward after keeping everything, δ_i included
@@ -129,6 +132,7 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 		st.Routed = st.Routed || g.Nodes[id].Op == ir.Dispatch
 		st.ForwardFLOPs += c.Nodes[id].ForwardFLOPs
 		st.BackwardFLOPs += c.Nodes[id].BackwardFLOPs
+		st.HostBytes += mem.Bytes(c.Nodes[id].HostBytes)
 		for _, s := range c.Nodes[id].Saved {
 			if s != in && c.Storages[s].IsActivation(g) {
 				inTape[s] = true

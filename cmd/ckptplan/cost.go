@@ -51,6 +51,7 @@ type blockReport struct {
 	Name          string     `json:"name"`
 	InputBytes    int64      `json:"input_bytes"`
 	SavedBytes    int64      `json:"saved_bytes"`
+	HostBytes     int64      `json:"host_bytes,omitempty"` // kept in host memory, apart from saved_bytes
 	ForwardFLOPs  int64      `json:"forward_flops"`
 	BackwardFLOPs int64      `json:"backward_flops"`
 	Ops           []opReport `json:"ops"`
@@ -121,7 +122,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 		setup:  &g.Setup, static: c.Static,
 	}
 	for _, b := range c.Blocks {
-		br := blockReport{Name: b.Name, InputBytes: b.InputBytes, SavedBytes: b.SavedBytes, ForwardFLOPs: b.ForwardFLOPs, BackwardFLOPs: b.BackwardFLOPs, Ops: []opReport{}}
+		br := blockReport{Name: b.Name, InputBytes: b.InputBytes, SavedBytes: b.SavedBytes, HostBytes: b.HostBytes, ForwardFLOPs: b.ForwardFLOPs, BackwardFLOPs: b.BackwardFLOPs, Ops: []opReport{}}
 		for _, id := range b.Nodes {
 			n, nc := &g.Nodes[id], &c.Nodes[id]
 			br.Ops = append(br.Ops, opReport{n.Name, n.Op.String(), nc.OutputBytes, nc.SavedBytes, nc.ForwardFLOPs, nc.BackwardFLOPs})

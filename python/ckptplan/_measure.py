@@ -20,9 +20,13 @@ kept_bytes
     with ``torch.tensor`` too, which reaches it through ``lift_fresh``).
     On a GPU, the storages in host memory are not in it but apart:
 host_bytes
-    what the layer keeps in host memory while the model is on a GPU (the
-    random-number state CUDA's fused attention keeps, two int64 scalars):
-    memory, but not the GPU's, which the plan's budget is.
+    what the layer keeps in host memory apart from kept_bytes, on any
+    device: the Python numbers its products keep (PyTorch wraps each in an
+    8-byte float64 tensor, which no hook sees), the random-number state
+    torch.utils.checkpoint stashes for a checkpointed or selective layer
+    (the CPU generator's, and a CUDA device's), and on a GPU the seed and
+    offset CUDA's memory-efficient attention keeps on the host: memory, but
+    not the GPU's, which the plan's budget is.
 
 and for the step: the FLOPs of forward and backward as PyTorch's
 ``FlopCounterMode`` counts them (matrix products and attention; CPU's fused
@@ -70,7 +74,7 @@ class LayerMeasurement:
     name: str
     saved_bytes: int
     kept_bytes: int
-    host_bytes: int = 0  # kept in host memory while the model is on a GPU (not in kept_bytes)
+    host_bytes: int = 0  # kept in host memory, apart from kept_bytes
 
 
 @dataclasses.dataclass
@@ -127,6 +131,7 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
     with contextlib.ExitStack() as stack:
         for i, layer in enumerate(layers):
             stack.enter_context(_in_layer(layer, i, (saved, alloc)))
+        stack.enter_context(alloc.rng_stashes())
         with counter, saved.hooks(), alloc:
             loss = run_forward()
     forward = counter.get_total_flops()
@@ -201,7 +206,7 @@ def _in_layer(layer: nn.Module, i: int, meters: tuple) -> Iterator[None]:
 
     def post(module, args, kwargs, out):
         for m in meters:
-            m.leave(i)
+            m.leave(i, out)
 
     hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True),
              layer.register_forward_hook(post, with_kwargs=True)]
@@ -237,7 +242,7 @@ class _SavedBytes:
         # and the old one's address then holds an activation.
         self.fixed = _storages((*self.model.parameters(), *self.model.buffers()))
 
-    def leave(self, i: int) -> None:
+    def leave(self, i: int, out: Any) -> None:
         self.layer = None
 
     def hooks(self):
@@ -256,21 +261,54 @@ class _SavedBytes:
 
 
 class _Allocations(TorchDispatchMode):
-    """Weak references to the storages each layer's forward creates."""
+    """Weak references to the storages each layer's forward creates, and
+    to what it keeps in host memory that no op allocates: the Python
+    numbers PyTorch wraps in tensors before an op runs, and the generator
+    states a checkpoint stashes."""
 
     def __init__(self, n: int):
         super().__init__()
-        self.refs: list[list[tuple[StorageWeakRef, int]]] = [[] for _ in range(n)]
+        self.refs: list[list[tuple[StorageWeakRef, int, bool]]] = [[] for _ in range(n)]
+        self.host: list[list[tuple[StorageWeakRef, int]]] = [[] for _ in range(n)]
+        self.scalars = [0] * n  # Python numbers each layer's products keep
         self.layer: Optional[int] = None
+
+    @contextlib.contextmanager
+    def rng_stashes(self) -> Iterator[None]:
+        """Inside, the generator states taken in a layer (a checkpoint's
+        stash) are recorded as its host memory."""
+        patched = [(torch, "get_rng_state")]
+        if torch.cuda.is_available():
+            patched.append((torch.cuda, "get_rng_state"))
+        originals = [(m, name, getattr(m, name)) for m, name in patched]
+
+        def recording(fn):
+            def get_rng_state(*args, **kwargs):
+                state = fn(*args, **kwargs)
+                if self.layer is not None and isinstance(state, torch.Tensor):
+                    st = state.untyped_storage()
+                    self.host[self.layer].append((StorageWeakRef(st), st.nbytes()))
+                return state
+            return get_rng_state
+
+        for m, name, fn in originals:
+            setattr(m, name, recording(fn))
+        try:
+            yield
+        finally:
+            for m, name, fn in originals:
+                setattr(m, name, fn)
 
     def enter(self, i: int, args: tuple, kwargs: dict) -> None:
         self.layer = i
 
-    def leave(self, i: int) -> None:
+    def leave(self, i: int, out: Any) -> None:
         self.layer = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.layer is not None and func in _KEEPS_NUMBER and _keeps_number(args):
+            self.scalars[self.layer] += _WRAPPED_BYTES
         if self.layer is not None:
             inputs = {_storage_ptr(t) for t in _tensors((args, kwargs)) if t.layout == torch.strided}
             if func is aten.lift_fresh.default:
@@ -287,15 +325,32 @@ class _Allocations(TorchDispatchMode):
         return out
 
     def alive(self, host_apart: bool) -> tuple[list[int], list[int]]:
-        """Each layer's live bytes, and where host_apart (the model is on
-        a GPU) those in host memory apart: the state a fused attention
-        keeps for its random numbers is a CPU tensor."""
+        """Each layer's live bytes, and its host bytes: the wrapped numbers
+        and stashed generator states still alive, and where host_apart
+        (the model is on a GPU) the CPU storages its ops made (the state
+        a fused attention keeps for its random numbers)."""
         kept, host = [], []
-        for refs in self.refs:
+        for refs, extra, scalars in zip(self.refs, self.host, self.scalars):
             live = {r.cdata: (n, cpu and host_apart) for r, n, cpu in refs if not r.expired()}
             kept.append(sum(n for n, h in live.values() if not h))
-            host.append(sum(n for n, h in live.values() if h))
+            apart = {r.cdata: n for r, n in extra if not r.expired()}
+            apart.update({c: n for c, (n, h) in live.items() if h})
+            host.append(sum(apart.values()) + scalars)
         return kept, host
+
+
+# A product with (or quotient by) a Python number: PyTorch wraps the number
+# in a 0-dim float64 (or int64) tensor in host memory, which autograd saves
+# for the tensor's gradient, past every saved-tensor hook, and which reaches
+# a dispatch mode as the number again. Autograd's formulas for mul and div
+# (derivatives.yaml) save it when the tensor needs a gradient.
+_KEEPS_NUMBER = (aten.mul.Tensor, aten.div.Tensor)
+_WRAPPED_BYTES = 8
+
+
+def _keeps_number(args: tuple) -> bool:
+    return (len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], (int, float))
+            and not isinstance(args[1], bool) and args[0].requires_grad and torch.is_grad_enabled())
 
 
 def _flop_counter():

@@ -46,6 +46,7 @@ class Layer:
     policy: str = ""  # selective: the keep set's name
     saved: tuple[Saved, ...] = ()
     recompute_flops: int = 0  # forward FLOPs its backward reruns
+    host_bytes: int = 0  # kept in host memory, apart from kept_bytes and the budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,8 @@ class Plan:
             Layer(name=l["name"], mode=l["mode"], kept_bytes=int(l["kept_bytes"]),
                   policy=l.get("policy", ""),
                   saved=tuple(Saved(s["name"], int(s["bytes"]), bool(s["keep"])) for s in l.get("saved") or ()),
-                  recompute_flops=int(l.get("recompute_flops", 0)))
+                  recompute_flops=int(l.get("recompute_flops", 0)),
+                  host_bytes=int(l.get("host_bytes", 0)))
             for l in d["layers"])
         return cls(model=d["model"], solver=d["solver"], feasible=bool(d.get("feasible", True)),
                    budget_bytes=int(d["budget_bytes"]), reserve_bytes=int(d.get("reserve_bytes", 0)),

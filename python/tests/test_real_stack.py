@@ -7,6 +7,7 @@ the truth is PyTorch's own saved tensors, live storages and FlopCounterMode.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -228,8 +229,12 @@ def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, atte
     # names the attention the model was set up with).
     assert plan.attention == ("sdpa-math" if attention == "sdpa" and dropout and not traced(family) else attention)
     m = measure(model, batch(), autocast=AUTOCAST[autocast])
+    # Host memory: the Python numbers each layer's products keep, as
+    # autograd's own nodes hold them.
+    assert [l.host_bytes for l in plan.layers] == wrapped_numbers(model, batch(), AUTOCAST[autocast])
     for i, (layer, got) in enumerate(zip(plan.layers, m.layers)):
         assert layer.mode == "store"
+        assert got.host_bytes == layer.host_bytes, f"{layer.name}: host {got.host_bytes}, plan {layer.host_bytes}"
         if not (lora and i == 0):
             assert got.saved_bytes == layer.kept_bytes, f"{layer.name}: PyTorch saves {got.saved_bytes}, plan {layer.kept_bytes}"
         assert got.kept_bytes == layer.kept_bytes, f"{layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
@@ -343,6 +348,52 @@ def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
     assert plan.static_bytes == 16 * model.num_parameters() + sum(t.nbytes for t in tables)
 
 
+def wrapped_numbers(model, data: dict, autocast=None) -> list:
+    """Bytes of the Python numbers each decoder layer's autograd nodes keep
+    (PyTorch wraps each in a 0-dim float64 or int64 tensor on the CPU),
+    read off the nodes of one forward: those made between the layer's
+    input and its output."""
+    from ckptplan.layers import decoder_layers
+
+    outs = {}
+
+    def hook(i):
+        def f(mod, args, kwargs, out):
+            x = args[0] if args else kwargs["hidden_states"]
+            outs[i] = (out[0] if isinstance(out, tuple) else out, x)
+        return f
+
+    layers = decoder_layers(model)
+    hooks = [l.register_forward_hook(hook(i), with_kwargs=True) for i, l in enumerate(layers)]
+    try:
+        with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
+            out = model(**data, labels=data["input_ids"])
+    finally:
+        for h in hooks:
+            h.remove()
+    seen, sizes = set(), []
+    for i in range(len(layers)):
+        o, x = outs[i]
+        if x.grad_fn is not None:
+            seen.add(x.grad_fn)
+        stack, n = [o.grad_fn], 0
+        while stack:
+            g = stack.pop()
+            if g is None or g in seen:
+                continue
+            seen.add(g)
+            for name in dir(g):
+                if name.startswith("_saved_"):
+                    v = getattr(g, name, None)
+                    if isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu" \
+                            and v.dtype in (torch.float64, torch.int64):
+                        n += v.untyped_storage().nbytes()
+            stack.extend(f for f, _ in g.next_functions)
+        sizes.append(n)
+    del out
+    return sizes
+
+
 def grads_close(a, b) -> bool:
     """The gradients of a and b agree to a few units in their last place:
     a GPU's kernels may sum in another order when a layer is rerun."""
@@ -388,6 +439,7 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
         for layer, got in zip(plan.layers, m.layers):
             modes.add(layer.mode)
             assert got.kept_bytes == layer.kept_bytes, f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
+            assert got.host_bytes == layer.host_bytes, f"{solver} at {budget}, {layer.name} ({layer.mode}): host {got.host_bytes}, plan {layer.host_bytes}"
         assert m.recomputed_flops == plan.recompute_flops, f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}"
         assert m.backward_flops - base.backward_flops == plan.recompute_flops
     assert ("selective" if solver == "selective" and (family not in MOE or traced(family)) else "checkpoint") in modes
