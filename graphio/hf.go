@@ -130,7 +130,8 @@ type hfLlama struct {
 	QueryScalar   *float64 `yaml:"query_pre_attn_scalar"`
 	SlidingWindow *int64   `yaml:"sliding_window"`
 	// Qwen2's and Qwen 3's switch for sliding-window layers.
-	UseSlidingWindow *bool `yaml:"use_sliding_window"`
+	UseSlidingWindow *bool  `yaml:"use_sliding_window"`
+	MaxWindowLayers  *int64 `yaml:"max_window_layers"`
 }
 
 // hfGPT2 holds the keys of GPT2Config.
@@ -367,6 +368,25 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 		}
 	case "qwen2", "qwen2_moe":
 		m.QKVBias = true // Qwen2Attention (and Qwen2MoeAttention) always biases q, k and v
+		if c.UseSlidingWindow != nil && *c.UseSlidingWindow {
+			if err := r.slidingWindow(&c, m, 4096); err != nil {
+				return err
+			}
+			m.SlidingFrom = 28 // Qwen2Config's max_window_layers
+			if c.MaxWindowLayers != nil && *c.MaxWindowLayers < 0 {
+				return r.d.errField("max_window_layers", "max_window_layers: must be a layer count, got %d", *c.MaxWindowLayers)
+			}
+			setField(r, &m.SlidingFrom, c.MaxWindowLayers, "sliding_from", "max_window_layers")
+		}
+	case "mistral", "mixtral":
+		// MistralConfig's window is 4096 tokens, Mixtral's none.
+		def := int64(0)
+		if modelType == "mistral" {
+			def = 4096
+		}
+		if err := r.slidingWindow(&c, m, def); err != nil {
+			return err
+		}
 	case "phi3":
 		if err := r.phi3(&c, m); err != nil {
 			return err
@@ -489,6 +509,9 @@ func (r *hfRead) phi3(c *hfLlama, m *Model) error {
 	if c.PartialRotary != nil && *c.PartialRotary != 1 {
 		return r.d.errField("partial_rotary_factor", "partial_rotary_factor: %v: rotary embeddings over part of a head are not planned yet", *c.PartialRotary)
 	}
+	if err := r.slidingWindow(c, m, 0); err != nil {
+		return err
+	}
 	return r.dropoutRates(m, c.Dropout, hfRate{c.ResidDropout, "resid_pdrop"})
 }
 
@@ -499,6 +522,9 @@ func (r *hfRead) starcoder2(c *hfLlama, m *Model) error {
 	setField(r, &m.QKVBias, c.UseBias, "qkv_bias", "use_bias")
 	setField(r, &m.OBias, c.UseBias, "o_bias", "use_bias")
 	setField(r, &m.MLPBias, c.UseBias, "mlp_bias", "use_bias")
+	if err := r.slidingWindow(c, m, 0); err != nil {
+		return err
+	}
 	return r.dropoutRates(m, c.Dropout, hfRate{c.ResidualDropout, "residual_dropout"}, hfRate{c.EmbedDropout, "embedding_dropout"})
 }
 
@@ -519,6 +545,20 @@ func (r *hfRead) granite(c *hfLlama, m *Model) error {
 		}
 		setField(r, g.dst, g.src, g.key, g.key)
 	}
+	return nil
+}
+
+// slidingWindow reads sliding_window: def when the key is left out, none
+// when null.
+func (r *hfRead) slidingWindow(c *hfLlama, m *Model, def int64) error {
+	m.SlidingWindow = def
+	if _, given := r.d.pos["sliding_window"]; given && c.SlidingWindow == nil {
+		m.SlidingWindow = 0
+	}
+	if c.SlidingWindow != nil && *c.SlidingWindow <= 0 {
+		return r.d.errField("sliding_window", "sliding_window: must be positive, got %d (null for none)", *c.SlidingWindow)
+	}
+	setField(r, &m.SlidingWindow, c.SlidingWindow, "sliding_window", "sliding_window")
 	return nil
 }
 

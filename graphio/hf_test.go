@@ -49,7 +49,7 @@ func TestParseHFConfigFiles(t *testing.T) {
 		}},
 		{"mistral-7b.json", &Model{
 			Name: "mistral-7b", Family: "llama", Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 8,
-			FFN: 14336, Vocab: 32000, NormEps: 1e-5, RopeTheta: 10000, MaxSeq: 32768,
+			FFN: 14336, Vocab: 32000, NormEps: 1e-5, RopeTheta: 10000, MaxSeq: 32768, SlidingWindow: 4096,
 			Training: hfSetup("bf16", 0, 8192),
 		}},
 		{"qwen2-1.5b.json", &Model{
@@ -116,6 +116,16 @@ func TestParseHFConfigKeys(t *testing.T) {
 		// A checkpoint saved in fp32 or fp16 still trains in bf16 by default.
 		{"float32 checkpoint", `{"torch_dtype": "float32", ` + llama + `}`, small("llama", func(m *Model) {})},
 		{"float16 as dtype", `{"dtype": "float16", ` + llama + `}`, small("llama", func(m *Model) {})},
+		// Sliding windows: MistralConfig's 4096 when left out, none when
+		// null; Qwen2's from max_window_layers on, only when switched on.
+		{"mistral window default", `{` + strings.Replace(llama, `"llama"`, `"mistral"`, 1) + `}`,
+			small("llama", func(m *Model) { m.SlidingWindow = 4096 })},
+		{"mistral window null", `{"sliding_window": null, ` + strings.Replace(llama, `"llama"`, `"mistral"`, 1) + `}`,
+			small("llama", func(m *Model) {})},
+		{"qwen2 window off", `{"sliding_window": 8, ` + strings.Replace(llama, `"llama"`, `"qwen2"`, 1) + `}`,
+			small("llama", func(m *Model) { m.QKVBias = true })},
+		{"qwen2 window on", `{"use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1, ` + strings.Replace(llama, `"llama"`, `"qwen2"`, 1) + `}`,
+			small("llama", func(m *Model) { m.QKVBias, m.SlidingWindow, m.SlidingFrom = true, 8, 1 })},
 		{"llama attention_bias", `{"attention_bias": true, ` + llama + `}`,
 			small("llama", func(m *Model) { m.QKVBias, m.OBias = true, true })},
 		{"llama mlp_bias", `{"mlp_bias": true, ` + llama + `}`,
@@ -123,7 +133,7 @@ func TestParseHFConfigKeys(t *testing.T) {
 		{"head_dim of its own", `{"head_dim": 32, ` + llama + `}`,
 			small("llama", func(m *Model) { m.HeadSize = 32 })},
 		{"mistral ignores attention_bias", `{` + strings.Replace(llama, `"llama"`, `"mistral"`, 1) + `, "attention_bias": true}`,
-			small("llama", func(m *Model) {})},
+			small("llama", func(m *Model) { m.SlidingWindow = 4096 })},
 		{"qwen2 biases qkv, ties nothing by default", `{` + strings.Replace(llama, `"llama"`, `"qwen2"`, 1) + `}`,
 			small("llama", func(m *Model) { m.QKVBias = true })},
 		{"kv heads and dropout", `{"num_key_value_heads": 2, "attention_dropout": 0.05, ` + llama + `}`,
@@ -248,6 +258,8 @@ func TestParseHFConfigErrors(t *testing.T) {
 			"x.json:1:167: final_logit_softcapping: must be positive, got 0 (null for none)"},
 		{"gemma2 negative window", `{"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "sliding_window": -8}`,
 			"x.json:1:158: sliding_window: must be positive, got -8 (null for none)"},
+		{"mistral zero window", `{"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "sliding_window": 0}`,
+			"x.json:1:159: sliding_window: must be positive, got 0 (null for none)"},
 		{"qwen3 sliding window", `{"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "use_sliding_window": true}`,
 			"x.json:1:161: use_sliding_window: sliding-window layers of a qwen3 model are not modelled"},
 		{"gpt2 bool layers", `{"model_type": "gpt2", "n_layer": true, "n_embd": 64, "n_head": 4, "vocab_size": 100}`,

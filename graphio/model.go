@@ -50,12 +50,19 @@ type Model struct {
 	// Gemma 2's soft-capping, 0 for none: eager attention divides the
 	// scores by AttnSoftcap, takes tanh and multiplies back, and the
 	// logits are capped by FinalSoftcap alike. Its queries are scaled by
-	// 1/√QueryScalar (0: by 1/√head_dim), and every other layer from the
-	// first attends within SlidingWindow tokens (0: none).
-	AttnSoftcap   float64 `yaml:"attn_logit_softcapping,omitempty" json:"attn_logit_softcapping,omitempty"`
-	FinalSoftcap  float64 `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
-	QueryScalar   float64 `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
-	SlidingWindow int64   `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
+	// 1/√QueryScalar (0: by 1/√head_dim).
+	AttnSoftcap  float64 `yaml:"attn_logit_softcapping,omitempty" json:"attn_logit_softcapping,omitempty"`
+	FinalSoftcap float64 `yaml:"final_logit_softcapping,omitempty" json:"final_logit_softcapping,omitempty"`
+	QueryScalar  float64 `yaml:"query_pre_attn_scalar,omitempty" json:"query_pre_attn_scalar,omitempty"`
+	// SlidingWindow: the sliding layers attend within that many tokens
+	// (0: none): Gemma 2's every other layer from the first; the others'
+	// (Mistral, StarCoder2, Phi-3: family llama, starcoder2, phi3) every
+	// layer from SlidingFrom on (Qwen2's max_window_layers). The window
+	// changes only the mask, which transformers makes for a sliding layer
+	// from 4.53 when the sequence reaches the window, and which sdpa then
+	// keeps, with K and V repeated.
+	SlidingWindow int64 `yaml:"sliding_window,omitempty" json:"sliding_window,omitempty"`
+	SlidingFrom   int64 `yaml:"sliding_from,omitempty" json:"sliding_from,omitempty"`
 	// A mixture of experts in place of the MLP (Mixtral, Qwen2-MoE, Qwen
 	// 3 MoE): a router picks ExpertsPerToken of Experts experts for each
 	// token, each a gated MLP of ExpertFFN (0: ffn), and NormTopK divides
@@ -116,9 +123,15 @@ func (m *Model) familyFields() []familyField {
 }
 
 // Sliding reports whether layer l attends within a sliding window: Gemma
-// 2's even layers, when it has a window.
+// 2's even layers, the others' from SlidingFrom on, when there is a window.
 func (m *Model) Sliding(l int64) bool {
-	return m.Family == "gemma2" && m.SlidingWindow > 0 && l%2 == 0
+	if m.SlidingWindow <= 0 {
+		return false
+	}
+	if m.Family == "gemma2" {
+		return l%2 == 0
+	}
+	return l >= m.SlidingFrom
 }
 
 // HeadDim returns the size of one attention head: HeadSize, or
@@ -237,10 +250,14 @@ func (m *Model) Validate() error {
 		}
 	}
 	switch {
-	case m.SlidingWindow != 0 && m.Family != "gemma2":
-		return fe("sliding_window", "is a gemma2 field; a %s model has none (its window only masks)", m.Family)
+	case m.SlidingWindow != 0 && !slices.Contains([]string{"gemma2", "llama", "starcoder2", "phi3"}, m.Family):
+		return fe("sliding_window", "is a field of gemma2, llama (Mistral), starcoder2 and phi3; a %s model has none", m.Family)
 	case m.SlidingWindow < 0:
 		return fe("sliding_window", "must be positive, got %d", m.SlidingWindow)
+	case m.SlidingFrom != 0 && (m.SlidingWindow == 0 || m.Family == "gemma2"):
+		return fe("sliding_from", "goes with a sliding_window, and not with gemma2 (whose even layers slide)")
+	case m.SlidingFrom < 0:
+		return fe("sliding_from", "must be a layer index, got %d", m.SlidingFrom)
 	}
 	if err := m.validateExperts(); err != nil {
 		return err

@@ -458,6 +458,31 @@ def test_kv_heads_and_batches(ckptplan_binary, family, attention, kv, n):
     stored_and_selective_hold(build(family, attention, "fp32", kv=kv), batch(n), grads_equal)
 
 
+SLIDING = {"mistral": ("MistralConfig", {}), "starcoder2": ("Starcoder2Config", {}), "phi3": ("Phi3Config", {}),
+           # Qwen2's window from its second layer on.
+           "qwen2": ("Qwen2Config", {"use_sliding_window": True, "max_window_layers": 1})}
+
+
+@pytest.mark.newer
+@pytest.mark.parametrize("family,attention,window", [(f, a, w) for f in SLIDING for a in ("eager", "sdpa")
+                                                     for w in (8, SEQ)])
+def test_sliding_windows(ckptplan_binary, family, attention, window):
+    """Sliding-window layers, the window shorter than the sequence or as
+    long: from transformers 4.53 such a layer's sdpa gets a mask (and K and
+    V repeated) once the sequence reaches the window. Every stored layer
+    keeps what the plan says, and a selective plan applies."""
+    name, extra = SLIDING[family]
+    config = getattr(transformers, name)(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=192, vocab_size=VOCAB,
+                                         max_position_embeddings=64, sliding_window=window, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    model.config.use_cache = False
+    model.train()
+    stored_and_selective_hold(model, batch(), grads_equal)
+
+
 def stored_and_selective_hold(ref, data: dict, same_grads) -> None:
     """Every stored layer of ref keeps what the plan says, on data, and a
     selective plan between storing and checkpointing everything applies,
