@@ -149,6 +149,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 // its inputs' storages and its outputs, each extra output a storage of
 // its own whether or not it is kept.
 func (a *analyzer) keepTraced(n *ir.Node) {
+	a.keepHost(n, n.Attrs.HostBytes)
 	extras := make([]int, len(n.Attrs.Extras))
 	for k, x := range n.Attrs.Extras {
 		extras[k] = a.extra(n, ExtraRole(k+1), x.Shape, x.DType, false)

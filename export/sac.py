@@ -46,9 +46,18 @@ def sac_available() -> bool:
 def _probe():
     """The context a policy's probe of a layer runs in: without the
     dispatch modes around it (a FLOP counter, a memory tracker), to which
-    the probe, ckptplan's own bookkeeping, is no part of the step."""
-    from torch.utils._python_dispatch import _disable_current_modes
+    the probe, ckptplan's own bookkeeping, is no part of the step; as it
+    is under fake tensors, whose mode the probe needs."""
+    import contextlib
 
+    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:
+        FakeTensorMode = ()
+    if any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack()):
+        return contextlib.nullcontext()
     return _disable_current_modes()
 
 

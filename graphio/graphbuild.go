@@ -29,6 +29,7 @@ func (s *GraphSpec) Build() (*ir.Graph, error) {
 		if t.Attention != "" {
 			g.Setup.Attention = t.Attention
 		}
+		g.Setup.Numerics.CPUKernels = t.Device == "cpu" || t.Device == "" && strings.HasSuffix(t.By, ", cpu")
 	}
 	for _, in := range s.inputs {
 		shape, err := s.shape(in.Shape, in.path+".shape", false)
@@ -237,7 +238,7 @@ func (s *GraphSpec) tracedAttrs(n *flatNode, a *ir.Attrs) error {
 	for _, f := range []struct {
 		key string
 		v   int64
-	}{{"flops", e.FLOPs}, {"backward_flops", e.BackwardFLOPs}, {"params", e.Params}, {"trainable_params", e.TrainableParams}} {
+	}{{"flops", e.FLOPs}, {"backward_flops", e.BackwardFLOPs}, {"params", e.Params}, {"trainable_params", e.TrainableParams}, {"host_bytes", e.HostBytes}} {
 		if f.v < 0 {
 			return d.errField(path+"."+f.key, "%s.%s: must not be negative, got %d", path, f.key, f.v)
 		}
@@ -245,7 +246,7 @@ func (s *GraphSpec) tracedAttrs(n *flatNode, a *ir.Attrs) error {
 	if e.TrainableParams > e.Params {
 		return d.errField(path+".trainable_params", "%s.trainable_params: %d, more than its %d params", path, e.TrainableParams, e.Params)
 	}
-	a.FLOPs, a.BackwardFLOPs, a.Params, a.TrainParams = e.FLOPs, e.BackwardFLOPs, e.Params, e.TrainableParams
+	a.FLOPs, a.BackwardFLOPs, a.Params, a.TrainParams, a.HostBytes = e.FLOPs, e.BackwardFLOPs, e.Params, e.TrainableParams, e.HostBytes
 	if e.ParamDType != "" {
 		dt, err := ir.ParseDType(e.ParamDType)
 		if err != nil || !dt.IsFloat() {

@@ -77,6 +77,9 @@ type Traced struct {
 	// Attention is the attention the model ran (eager, sdpa, flash), when
 	// the tracer knows it: a label, the traced ops being what they are.
 	Attention string `yaml:"attention"`
+	// Device is whose kernels ran (cpu, cuda); left out, the end of By
+	// says. A checkpoint on the CPU stashes no CUDA generator state.
+	Device string `yaml:"device"`
 }
 
 type graphBody struct {
@@ -141,6 +144,7 @@ type entrySpec struct {
 	Params          int64        `yaml:"params"`
 	TrainableParams int64        `yaml:"trainable_params"`
 	ParamDType      string       `yaml:"param_dtype"`
+	HostBytes       int64        `yaml:"host_bytes"`
 }
 
 // outputSpec is one extra output of a traced op.
@@ -205,6 +209,7 @@ var opKeys = map[string][]ir.Op{
 	"params":           {ir.Aten},
 	"trainable_params": {ir.Aten},
 	"param_dtype":      {ir.Aten},
+	"host_bytes":       {ir.Aten},
 }
 
 // decodeGraphSpec decodes a graph document; root is the document's
@@ -262,6 +267,9 @@ func (s *GraphSpec) checkHeader(b *graphBody) error {
 	}
 	if t := s.Traced; t != nil && (t.Batch <= 0 || t.Seq <= 0) {
 		return d.errField("graph.traced", "graph.traced: batch and seq must be positive, got %d and %d", t.Batch, t.Seq)
+	}
+	if t := s.Traced; t != nil && t.Device != "" && t.Device != "cpu" && t.Device != "cuda" {
+		return d.errField("graph.traced.device", "graph.traced.device: unknown value %q (valid: cpu, cuda)", t.Device)
 	}
 	if t := s.Traced; t != nil && t.Attention != "" && !slices.Contains(ir.Attentions, t.Attention) {
 		return d.errField("graph.traced.attention", "graph.traced.attention: unknown value %q (valid: %s)", t.Attention, strings.Join(ir.Attentions, ", "))

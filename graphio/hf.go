@@ -369,14 +369,21 @@ func (r *hfRead) llama(m *Model, modelType string) error {
 	case "qwen2", "qwen2_moe":
 		m.QKVBias = true // Qwen2Attention (and Qwen2MoeAttention) always biases q, k and v
 		if c.UseSlidingWindow != nil && *c.UseSlidingWindow {
+			if modelType == "qwen2_moe" {
+				// Its layers slide by a rule of their own, which changed
+				// in 5.0; not modelled.
+				return r.d.errField("use_sliding_window", "use_sliding_window: sliding-window layers of a qwen2_moe model are not modelled; set it to false to plan the model with full attention")
+			}
 			if err := r.slidingWindow(&c, m, 4096); err != nil {
 				return err
 			}
-			m.SlidingFrom = 28 // Qwen2Config's max_window_layers
 			if c.MaxWindowLayers != nil && *c.MaxWindowLayers < 0 {
 				return r.d.errField("max_window_layers", "max_window_layers: must be a layer count, got %d", *c.MaxWindowLayers)
 			}
-			setField(r, &m.SlidingFrom, c.MaxWindowLayers, "sliding_from", "max_window_layers")
+			if m.SlidingWindow > 0 {
+				m.SlidingFrom = 28 // Qwen2Config's max_window_layers
+				setField(r, &m.SlidingFrom, c.MaxWindowLayers, "sliding_from", "max_window_layers")
+			}
 		}
 	case "mistral", "mixtral":
 		// MistralConfig's window is 4096 tokens, Mixtral's none.

@@ -200,6 +200,7 @@ type Attrs struct {
 	BackwardFLOPs int64     // Aten: backward FLOPs
 	Params        int64     // Aten: parameters it is the first op to read
 	TrainParams   int64     // Aten: of those, the ones that train
+	HostBytes     int64     // Aten: what it keeps for backward in host memory (a Python number it multiplies by, wrapped)
 	ParamDType    DType     // Aten: the dtype those parameters are in, when not the graph's (PEFT's fp32 adapters over 16-bit weights)
 }
 

@@ -307,8 +307,8 @@ class _Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.layer is not None and func in _KEEPS_NUMBER and _keeps_number(args):
-            self.scalars[self.layer] += _WRAPPED_BYTES
+        if self.layer is not None:
+            self.scalars[self.layer] += keeps_number(func, args)
         if self.layer is not None:
             inputs = {_storage_ptr(t) for t in _tensors((args, kwargs)) if t.layout == torch.strided}
             if func is aten.lift_fresh.default:
@@ -348,9 +348,17 @@ _KEEPS_NUMBER = (aten.mul.Tensor, aten.div.Tensor)
 _WRAPPED_BYTES = 8
 
 
-def _keeps_number(args: tuple) -> bool:
-    return (len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], (int, float))
-            and not isinstance(args[1], bool) and args[0].requires_grad and torch.is_grad_enabled())
+def keeps_number(func, args: tuple) -> int:
+    """The host bytes op func keeps for backward on args, as a dispatch
+    mode sees them: a Python number's 8 bytes for a product with it (or a
+    quotient by it) of a tensor that needs a gradient, 0 otherwise."""
+    if func not in _KEEPS_NUMBER or len(args) < 2:
+        return 0
+    x, c = args[0], args[1]
+    if (isinstance(x, torch.Tensor) and isinstance(c, (int, float)) and not isinstance(c, bool)
+            and x.requires_grad and torch.is_grad_enabled()):
+        return _WRAPPED_BYTES
+    return 0
 
 
 def _flop_counter():

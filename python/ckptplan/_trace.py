@@ -237,6 +237,7 @@ class _Op:
     scope: str
     saves: list = field(default_factory=list)  # tensors, in the order autograd saved them
     retype: dict = field(default_factory=dict)  # output → its dtype on the device, where fake tensors differ
+    host: int = 0  # bytes it keeps in host memory: a Python number it multiplies by, wrapped
 
 
 def _key(t: torch.Tensor) -> tuple:
@@ -357,7 +358,10 @@ class _Recorder(TorchDispatchMode):
             dt = self.stats_dtype.get(outs[0].dtype)
             if dt is not None and dt != outs[1].dtype:
                 retype = {1: dt, 2: dt}
-        self.ops.append(_Op(func, ins, outs, self.block, scope, retype=retype))
+        from ._measure import keeps_number
+
+        self.ops.append(_Op(func, ins, outs, self.block, scope, retype=retype,
+                            host=keeps_number(func, args)))
         self.keep.extend(ins)
         self.keep.extend(outs)
         return out
@@ -422,7 +426,10 @@ def _as_run() -> Iterator[None]:
         return
 
     def unpacked(position_ids: torch.Tensor):
-        with _unfaked():
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        # Real tensors, unseen by the recorder.
+        with _unfaked(), _disable_current_modes():
             b, s = position_ids.shape[0], position_ids.shape[-1]
             plain = find(torch.arange(s).expand(b, s))
         return None if plain is None else find(position_ids)
@@ -647,6 +654,8 @@ class _Graph:
             fields.append(f"flops: {fl}")
         if bfl and grad:
             fields.append(f"backward_flops: {bfl}")
+        if op.host and grad:
+            fields.append(f"host_bytes: {op.host}")
         self.param_dtypes[len(self.lines)] = {t.dtype for t in param_reads}
         self.lines.append("    - {" + ", ".join(fields) + "}")
         self.made[node] = op
@@ -747,7 +756,8 @@ class _Graph:
             "graph:",
             f"  name: {_quote(self.name)}",
             f"  dtype: {dtype}",
-            f"  traced: {{batch: {self.batch}, seq: {self.seq}, by: {_quote(by + ', ' + device)}{attention}}}",
+            f"  traced: {{batch: {self.batch}, seq: {self.seq}, by: {_quote(by + ', ' + device)}, device: {device}"
+            f"{attention}}}",
             "  inputs:",
         ]
         for name, t in self.inputs:

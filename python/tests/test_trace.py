@@ -232,6 +232,8 @@ def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropou
             assert got.kept_bytes == layer.kept_bytes, (
                 f"{solver} at {budget}, {layer.name} ({layer.mode}): PyTorch holds {got.kept_bytes}, "
                 f"plan {layer.kept_bytes}")
+            assert got.host_bytes == layer.host_bytes, (
+                f"{solver} at {budget}, {layer.name} ({layer.mode}): host {got.host_bytes}, plan {layer.host_bytes}")
         assert m.recomputed_flops == plan.recompute_flops, (
             f"{solver} at {budget}: recomputed {m.recomputed_flops} FLOPs, plan {plan.recompute_flops}")
         assert m.backward_flops - base.backward_flops == plan.recompute_flops
