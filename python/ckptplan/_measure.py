@@ -325,8 +325,9 @@ class _Allocations(TorchDispatchMode):
         return out
 
     def alive(self, host_apart: bool) -> tuple[list[int], list[int]]:
-        """Each layer's live bytes, and its host bytes: the wrapped numbers
-        and stashed generator states still alive, and where host_apart
+        """Each layer's live bytes, and its host bytes: the numbers its
+        products keep (by autograd's rule, a call each), the stashed
+        generator states still alive, and where host_apart
         (the model is on a GPU) the CPU storages its ops made (the state
         a fused attention keeps for its random numbers)."""
         kept, host = [], []
