@@ -589,14 +589,7 @@ func (r *hfRead) gemma2(c *hfLlama, m *Model) error {
 		}
 		setField(r, f.dst, f.src, f.key, f.key)
 	}
-	if _, given := r.d.pos["sliding_window"]; given && c.SlidingWindow == nil {
-		m.SlidingWindow = 0
-	}
-	if c.SlidingWindow != nil && *c.SlidingWindow <= 0 {
-		return r.d.errField("sliding_window", "sliding_window: must be positive, got %d (null for none)", *c.SlidingWindow)
-	}
-	setField(r, &m.SlidingWindow, c.SlidingWindow, "sliding_window", "sliding_window")
-	return nil
+	return r.slidingWindow(c, m, m.SlidingWindow)
 }
 
 // hfRate is a dropout rate a config gives under its key.

@@ -51,8 +51,8 @@ type releaseRules struct {
 	// (Gemma 2) has no sdpa attention, only eager and flash.
 	softcapEager bool
 	// expertsKernels: mixtures of experts run through transformers'
-	// experts implementations (grouped_mm by default), which ckptplan
-	// does not model yet.
+	// experts implementations (grouped_mm by default), which the
+	// builders do not model (a trace of the model follows them).
 	expertsKernels bool
 }
 

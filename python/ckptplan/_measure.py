@@ -206,7 +206,7 @@ def _in_layer(layer: nn.Module, i: int, meters: tuple) -> Iterator[None]:
 
     def post(module, args, kwargs, out):
         for m in meters:
-            m.leave(i, out)
+            m.leave(i)
 
     hooks = [layer.register_forward_pre_hook(pre, with_kwargs=True),
              layer.register_forward_hook(post, with_kwargs=True)]
@@ -242,7 +242,7 @@ class _SavedBytes:
         # and the old one's address then holds an activation.
         self.fixed = _storages((*self.model.parameters(), *self.model.buffers()))
 
-    def leave(self, i: int, out: Any) -> None:
+    def leave(self, i: int) -> None:
         self.layer = None
 
     def hooks(self):
@@ -302,7 +302,7 @@ class _Allocations(TorchDispatchMode):
     def enter(self, i: int, args: tuple, kwargs: dict) -> None:
         self.layer = i
 
-    def leave(self, i: int, out: Any) -> None:
+    def leave(self, i: int) -> None:
         self.layer = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
