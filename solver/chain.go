@@ -3,6 +3,7 @@ package solver
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -22,8 +23,15 @@ type Chain struct {
 	// tape; nil means ForwardTempBytes.
 	FAllTempBytes     []mem.Bytes
 	BackwardTempBytes []mem.Bytes // transient bytes during B(i)
-	LossBackward      float64     // cost of the loss op
-	LossTempBytes     mem.Bytes   // transient bytes during the loss op
+	// GradBytes[i] are the bytes of the parameter gradients B(i) makes,
+	// which stay live to the end of the step (the optimizer reads them):
+	// BackwardTempBytes[i] and every option's count them at their moment
+	// within B(i), and the gradient δ_i carried on counts them and those
+	// of every later stage (DeltaBytes). Nil: gradients are not the
+	// chain's (they are held the whole step, or there are none).
+	GradBytes     []mem.Bytes
+	LossBackward  float64   // cost of the loss op
+	LossTempBytes mem.Bytes // transient bytes during the loss op
 	// Options[i] lists the other ways F_all(i) may run, each keeping part
 	// of the tape and recomputing the rest in B(i); option 0 is the
 	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
@@ -69,6 +77,22 @@ func (c *Chain) Validate() error {
 		}
 		if c.TapeBytes[i] < c.ActBytes[i+1] {
 			return fmt.Errorf("stage %d: tape of %d bytes is smaller than its output of %d", i, c.TapeBytes[i], c.ActBytes[i+1])
+		}
+	}
+	if c.GradBytes != nil && len(c.GradBytes) != l {
+		return fmt.Errorf("chain has gradient bytes for %d stages, not %d", len(c.GradBytes), l)
+	}
+	for i, g := range c.GradBytes {
+		if g < 0 {
+			return fmt.Errorf("stage %d: negative gradient bytes", i)
+		}
+		if c.BackwardTempBytes[i] < g {
+			return fmt.Errorf("stage %d: its backward's %d transient bytes do not count the %d bytes of gradients it makes", i, c.BackwardTempBytes[i], g)
+		}
+		for k := 1; k < c.NumOptions(i); k++ {
+			if c.Options != nil && len(c.Options) == l && c.Option(i, k).BackwardTempBytes < g {
+				return fmt.Errorf("stage %d, option %d: its backward's transient bytes do not count the %d bytes of gradients it makes", i, k, g)
+			}
 		}
 	}
 	if c.Options != nil && len(c.Options) != l {
@@ -121,6 +145,9 @@ func (c *Chain) checkTotals() error {
 		}
 		cost += c.Forward[i] + worst
 	}
+	for _, g := range c.GradBytes {
+		add(g)
+	}
 	add(c.LossTempBytes)
 	cost += c.LossBackward
 	if !(bytes < 1<<62) {
@@ -138,6 +165,31 @@ func (c *Chain) FAllTemp(i int) mem.Bytes {
 		return c.ForwardTempBytes[i]
 	}
 	return c.FAllTempBytes[i]
+}
+
+// DeltaBytes returns the bytes of the gradient δ_i while it is live:
+// |a_i|, and with it the parameter gradients B(i) … B(L−1) have made
+// (GradBytes), which are live whenever δ_i is. δ_L, the loss's, is |a_L|.
+// O(L − i).
+func (c *Chain) DeltaBytes(i int) mem.Bytes {
+	d := c.ActBytes[i]
+	if c.GradBytes != nil {
+		for k := i; k < c.Len(); k++ {
+			d += c.GradBytes[k]
+		}
+	}
+	return d
+}
+
+// deltas returns DeltaBytes(i) for i = 0 … L. O(L).
+func (c *Chain) deltas() []mem.Bytes {
+	d := slices.Clone(c.ActBytes)
+	var g mem.Bytes
+	for k := c.Len() - 1; k >= 0 && c.GradBytes != nil; k-- {
+		g += c.GradBytes[k]
+		d[k] += g
+	}
+	return d
 }
 
 // NumOptions returns how many ways F_all(i) may run: 1 plus its options.

@@ -37,7 +37,7 @@ func exhaustiveSchedule(c *Chain, budget mem.Bytes) (float64, Schedule) {
 			}
 		}
 		if s.delta >= 0 {
-			b += c.ActBytes[s.delta]
+			b += c.ActBytes[s.delta] + gradsFrom(c, s.delta)
 		}
 		return b
 	}
@@ -160,7 +160,30 @@ func randomChain(r *rand.Rand, l int) *Chain {
 		c.FAllTempBytes = append(c.FAllTempBytes, mem.Bytes(r.Intn(3)))
 		c.BackwardTempBytes = append(c.BackwardTempBytes, mem.Bytes(r.Intn(4)))
 	}
+	if r.Intn(2) == 0 {
+		withGrads(r, c)
+	}
 	return c
+}
+
+// withGrads gives every stage of c parameter gradients of up to 3 bytes,
+// counted in its backward's transients as the chain requires.
+func withGrads(r *rand.Rand, c *Chain) {
+	c.GradBytes = make([]mem.Bytes, c.Len())
+	for i := range c.GradBytes {
+		c.GradBytes[i] = mem.Bytes(r.Intn(4))
+		c.BackwardTempBytes[i] += c.GradBytes[i]
+	}
+}
+
+// gradsFrom returns the parameter gradients B(i) … B(L−1) make: live with
+// δ_i.
+func gradsFrom(c *Chain, i int) mem.Bytes {
+	var g mem.Bytes
+	for k := i; k < len(c.GradBytes); k++ {
+		g += c.GradBytes[k]
+	}
+	return g
 }
 
 // withOptions gives every stage of c up to three random options, each

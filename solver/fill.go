@@ -452,7 +452,7 @@ type groupBounds struct{ delta, flat int }
 func (t *Table) bounds4(a0, a1, b0, b1 int) groupBounds {
 	var g groupBounds
 	for b := b0; b < b1; b++ {
-		g.delta = max(g.delta, t.act[b+1])
+		g.delta = max(g.delta, t.dlt[b+1])
 		for a := a0; a < a1; a++ {
 			g.flat = max(g.flat, int(t.flatAt[t.entry(a, b)]))
 		}

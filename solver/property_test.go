@@ -86,7 +86,7 @@ func referenceReplay(c *Chain, sched Schedule) (float64, mem.Bytes, error) {
 			b += c.Option(i, o).TapeBytes
 		}
 		if delta >= 0 {
-			b += c.ActBytes[delta]
+			b += c.ActBytes[delta] + gradsFrom(c, delta)
 		}
 		return b
 	}
@@ -262,7 +262,7 @@ func TestUsageAddsUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		for j, u := range sol.Usage {
-			if u.Activations+u.Tapes+u.Gradients+u.Transient != sol.Timeline[j] || u.Transient < 0 || u.Activations < 0 {
+			if u.Activations+u.Tapes+u.Gradients+u.ParamGrads+u.Transient != sol.Timeline[j] || u.Transient < 0 || u.Activations < 0 || u.ParamGrads < 0 {
 				t.Fatalf("chain %d op %d: usage %+v, peak %d", k, j, u, sol.Timeline[j])
 			}
 		}

@@ -23,6 +23,11 @@ package solver
 // accounting, so a schedule the table deems feasible replays within its
 // budget, and the table's cost is the replayed cost.
 //
+// Parameter gradients (Chain.GradBytes) change none of this: B(L−1) …
+// B(0) run in that order, so the gradients made so far are live exactly
+// while the one gradient δ_i is, and counting them in |δ_i|
+// (Chain.DeltaBytes) counts them wherever they are live.
+//
 // Sizes are measured in slots of u = ⌈M/S⌉ bytes, rounded up, so that the
 // table has S+1 columns; with u = 1 nothing is rounded. Time O(S·L³),
 // space O(S·L²); one table answers every budget up to M, which gives the
@@ -57,6 +62,7 @@ type Table struct {
 	slots   int       // S: columns are m = 0..S
 	maxBud  mem.Bytes
 	act     []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
+	dlt     []int // δ_0 … δ_{L+1} in slots, the parameter gradients they carry included (Chain.DeltaBytes)
 	opts    [][]slotOption
 	ftmp    []int // F_ck, F_n
 	fw      []float64
@@ -167,9 +173,12 @@ func (t *Table) toSlots(b mem.Bytes) int {
 
 func (t *Table) prepare() error {
 	c, l := t.c, t.l
-	t.act = make([]int, l+2)
+	t.act, t.dlt = make([]int, l+2), make([]int, l+2)
 	for i, x := range c.ActBytes {
 		t.act[i] = t.toSlots(x)
+	}
+	for i, d := range c.deltas() {
+		t.dlt[i] = t.toSlots(d)
 	}
 	t.ftmp, t.fw, t.sumFw = make([]int, l), make([]float64, l), make([]float64, l+1)
 	t.opts = make([][]slotOption, l)
@@ -287,21 +296,21 @@ func (t *Table) at(a, b, m int) float64 {
 // leafNeed returns the slots C(a, a, ·) needs besides a_a under option o:
 // F_all(a) then B(a), with δ_{a+1} live.
 func (t *Table) leafNeed(a int, o slotOption) int {
-	return t.act[a+1] + o.tape + max(o.fatmp, o.btmp)
+	return t.dlt[a+1] + o.tape + max(o.fatmp, o.btmp)
 }
 
 // chainNeed returns the slots the chain choice at (a, b) needs under
 // option o: F_all(a) with δ_{b+1} live, the rest with ā_{a+1} kept, then
 // B(a) with δ_{a+1} live.
 func (t *Table) chainNeed(a, b int, o slotOption) int {
-	return max(t.act[b+1]+o.tape+o.fatmp, t.act[a+1]+o.tape+o.btmp, o.tape)
+	return max(t.dlt[b+1]+o.tape+o.fatmp, t.dlt[a+1]+o.tape+o.btmp, o.tape)
 }
 
 // checkpointNeed returns the slots the checkpoint choice j needs at (a, b)
 // given span, the peak of F_ck(a), F_n(a+1) … F_n(j−1) without δ_{b+1}
 // (spanNeed): those forwards with δ_{b+1} live, and a_j kept.
 func (t *Table) checkpointNeed(b, j, span int) int {
-	return max(t.act[b+1]+span, t.act[j])
+	return max(t.dlt[b+1]+span, t.act[j])
 }
 
 // spanNeed returns the peak of F_ck(a), F_n(a+1) … F_n(j−1) besides a_a

@@ -21,7 +21,10 @@ type Result struct {
 type Usage struct {
 	Activations mem.Bytes // standalone activations: a_0 and checkpoints
 	Tapes       mem.Bytes // what storing forwards keep
-	Gradients   mem.Bytes // δ
+	Gradients   mem.Bytes // δ, the parameter gradients it carries aside (ParamGrads)
+	// ParamGrads are the parameter gradients the backwards have made so
+	// far (Chain.GradBytes).
+	ParamGrads mem.Bytes
 	Transient   mem.Bytes // the op's own working memory and new outputs
 }
 
@@ -33,6 +36,7 @@ type state struct {
 	tape  []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
 	opt   []int  // the option of stage i-1 that produced ā_i
 	delta []bool
+	dlt   []mem.Bytes // DeltaBytes
 	live  mem.Bytes
 	u     Usage // live bytes by kind, Transient unused
 }
@@ -50,7 +54,8 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // by F_ck is a checkpoint until its backward, and F_n may not drop it. The loss needs a_L and peaks at live + its
 // transients; B(i) needs a_i, δ_{i+1} and ā_{i+1} and peaks at live + its
 // transients, then frees δ_{i+1} and ā_{i+1}. The gradient δ_i takes over
-// the bytes of a standalone a_i, or is new bytes if a_i lives in a tape.
+// the bytes of a standalone a_i, or is new bytes if a_i lives in a tape;
+// the parameter gradients B(i) makes stay (Chain.DeltaBytes).
 // An F_all's option gives its tape and transients, and the cost and
 // transients of the B(i) that consumes that tape.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
@@ -64,7 +69,7 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 		return Result{}, err
 	}
 	l := c.Len()
-	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), delta: make([]bool, l+2)}
+	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), delta: make([]bool, l+2), dlt: c.deltas()}
 	s.setAct(0, true)
 	s.live = c.ActBytes[0]
 	var r Result
@@ -90,7 +95,7 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 		if after := s.u; s.live > peak {
 			u = after
 		}
-		u.Transient = top - u.Activations - u.Tapes - u.Gradients
+		u.Transient = top - u.Activations - u.Tapes - u.Gradients - u.ParamGrads
 		r.Usage[k] = u
 	}
 	if !s.delta[0] {
@@ -164,7 +169,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		peak = s.live + o.BackwardTempBytes
 		s.setDelta(i+1, false)
 		s.setTape(i+1, false, s.opt[i+1])
-		s.live -= o.TapeBytes + c.ActBytes[i+1]
+		s.live -= o.TapeBytes + s.dlt[i+1]
 		s.gradient(i)
 		return peak, o.Backward, nil
 	}
@@ -196,16 +201,17 @@ func (s *state) setDelta(i int, live bool) {
 	s.delta[i] = live
 	if i < len(s.c.ActBytes) {
 		s.u.Gradients += sign(live) * s.c.ActBytes[i]
+		s.u.ParamGrads += sign(live) * (s.dlt[i] - s.c.ActBytes[i])
 	}
 }
 
 // gradient makes δ_i live, taking over a standalone a_i's bytes.
 func (s *state) gradient(i int) {
 	s.setDelta(i, true)
+	s.live += s.dlt[i]
 	if s.act[i] {
 		s.setAct(i, false)
 		s.ckpt[i] = false
-		return
+		s.live -= s.c.ActBytes[i]
 	}
-	s.live += s.c.ActBytes[i]
 }
