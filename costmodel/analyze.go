@@ -55,11 +55,25 @@ type Costs struct {
 	ForwardFLOPs                   int64
 	BackwardFLOPs                  int64
 	Static                         Static
+	// GradientsInBackward: the parameter gradients appear as the backward
+	// makes them (the function of that name), ParamGradBytes each node's,
+	// instead of being held the whole step (HeldBytes).
+	GradientsInBackward bool
+	ParamGradBytes      []int64
 
 	outputs []int   // storage of each node's output
 	grad    []bool  // whether each node's output requires grad
 	owned   [][]int // storages each node allocates, in index order
 	reads   [][]int // storages of other nodes each node reads besides its inputs
+}
+
+// HeldBytes returns the static bytes held through the whole step: all of
+// Static, less the gradients when they appear in the backward.
+func (c *Costs) HeldBytes() int64 {
+	if c.GradientsInBackward {
+		return c.Static.Total() - c.Static.GradientsBytes
+	}
+	return c.Static.Total()
 }
 
 // Reads returns the storages node id's kernel reads, forward and backward,
@@ -178,6 +192,9 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	}
 	st.BuffersBytes += a.heldInputs()
 	a.c.Static = st
+	if GradientsInBackward(g) && st.GradientsBytes > 0 {
+		a.c.GradientsInBackward, a.c.ParamGradBytes = true, paramGradBytes(g)
+	}
 	return a.c, nil
 }
 

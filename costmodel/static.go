@@ -45,11 +45,72 @@ type Static struct {
 	// paged optimizers), which the driver moves to the host when the GPU
 	// runs short; counted on the GPU.
 	Paged bool
+	// StepBytes is the optimizer step's working memory beside the state
+	// (stepWorkspace): live only while the step runs, so not in Total.
+	StepBytes int64
 }
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
 	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes
+}
+
+// GradientsInBackward reports whether the parameter gradients appear as
+// the backward makes them, instead of living the whole step: PyTorch's
+// AccumulateGrad keeps the first gradient a backward makes for a
+// parameter, and zero_grad (set_to_none, its default) frees them all
+// after the optimizer step, so without gradient accumulation they are
+// live from their backward to the step. Not under ZeRO (DeepSpeed and
+// FSDP manage their own gradient buffers), with gradients reduced once
+// a step (NoSync), under the megatron profile (Megatron-LM's gradient
+// buffer is allocated once, contiguous), or when nothing trains.
+func GradientsInBackward(g *ir.Graph) bool {
+	s := g.Setup
+	return s.GradAccum < 2 && s.Parallel.Zero == 0 && !s.Parallel.NoSync &&
+		Profile(s.Profile) != Megatron && s.Optimizer != "none"
+}
+
+// paramGradBytes returns, for each node, the bytes of the gradients of
+// the parameters it holds, on one rank: trainable parameters (split over
+// tp ranks for linears and embeddings) in the gradient's dtype, as
+// staticOf counts them.
+func paramGradBytes(g *ir.Graph) []int64 {
+	out := make([]int64, len(g.Nodes))
+	for i := range g.Nodes {
+		tr := g.TrainableParams(i)
+		if tr == 0 {
+			continue
+		}
+		if n := &g.Nodes[i]; n.Op == ir.Linear || n.Op == ir.Embedding {
+			tr = ceilDiv(tr, max(g.Setup.Parallel.TP, 1))
+		}
+		_, gradSize := paramSizes(g, i)
+		out[i] = tr * gradSize
+	}
+	return out
+}
+
+// paramSizes returns the bytes of one trainable parameter of node i and
+// of its gradient: the training dtype's, or a traced op's own; fp32 for
+// LoRA adapters PEFT keeps in fp32 over 16-bit weights; fp32 gradients
+// of 16-bit training under the megatron profile.
+func paramSizes(g *ir.Graph, i int) (train, grad int64) {
+	s := g.Setup
+	e := g.DType.Size()
+	n := &g.Nodes[i]
+	size := e
+	if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
+		size = n.Attrs.ParamDType.Size()
+	}
+	train = size
+	if s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4 {
+		train = 4
+	}
+	grad = train
+	if Profile(s.Profile) == Megatron && e < 4 {
+		grad = 4
+	}
+	return train, grad
 }
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
@@ -106,13 +167,6 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
 	}
-	// PEFT's adapters over 16-bit weights are fp32, as are their
-	// gradients (the adapters are all that trains under LoRA).
-	fp32Adapters := s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4
-	// Megatron-LM accumulates and reduces 16-bit training's gradients in
-	// fp32 buffers (its default for bf16, the main_grad of every
-	// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
-	fp32Grads := Profile(s.Profile) == Megatron && e < 4
 	var params, trainable, weights, grads, moments, masters, dequant int64
 	var approx float64     // bytes, in float64: it cannot wrap
 	eightBitState := false // some tensor's moments are 8-bit
@@ -133,19 +187,16 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		if split {
 			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
 		}
-		// A traced op's parameters may be in a dtype of their own.
+		// A traced op's parameters may be in a dtype of their own; PEFT's
+		// adapters over 16-bit weights are fp32, as are their gradients;
+		// Megatron-LM accumulates and reduces 16-bit training's gradients
+		// in fp32 buffers (its default for bf16, the main_grad of every
+		// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
 		size := e
 		if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
 			size = n.Attrs.ParamDType.Size()
 		}
-		trainSize := size
-		if fp32Adapters {
-			trainSize = 4
-		}
-		gradSize := trainSize
-		if fp32Grads {
-			gradSize = 4
-		}
+		trainSize, gradSize := paramSizes(g, i)
 		approx += float64(p) * float64(2*max(size, trainSize)+16)
 		w0 := weights
 		weights += (p-tr)*size + tr*trainSize
@@ -228,7 +279,54 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
 	st.BuffersBytes = ropeTables(g, held)
+	st.StepBytes = stepWorkspace(g, held, opt)
+	if s.Parallel.Zero >= 1 {
+		st.StepBytes = ceilDiv(st.StepBytes, dp)
+	}
 	return st, nil
+}
+
+// stepWorkspace is what PyTorch's AdamW allocates while its step runs,
+// beside the state it updates in place (torch/optim/adamw.py):
+//
+//   - foreach (adamw, adamw-foreach; PyTorch's default when every
+//     parameter is on a GPU) takes the square root of every second
+//     moment at once (_foreach_sqrt) and divides and adds into it: one
+//     moment-sized tensor for every trained tensor of the group;
+//   - for-loop (adamw-forloop; the default on the CPU) makes the
+//     denominator of one tensor at a time, its square root and the
+//     quotient both live: twice the largest trained tensor's moment;
+//   - fused (adamw-fused) updates in one kernel: nothing.
+//
+// A moment has its parameter's dtype, or fp32 with a master copy. SGD
+// without momentum, bitsandbytes' optimizers (in-place kernels) and none
+// make nothing.
+func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
+	if opt.moments == 0 || opt.eightBit || opt.paged || opt.impl == fused {
+		return 0
+	}
+	tp := max(g.Setup.Parallel.TP, 1)
+	var sum, largest int64
+	for i := range g.Nodes {
+		if !held(i) || g.TrainableParams(i) == 0 {
+			continue
+		}
+		train, _ := paramSizes(g, i)
+		if opt.master && train < 4 {
+			train = 4
+		}
+		for _, t := range trainableTensors(g, i) {
+			if n := g.Nodes[i].Op; n == ir.Linear || n == ir.Embedding {
+				t = ceilDiv(t, tp)
+			}
+			sum += t * train
+			largest = max(largest, t*train)
+		}
+	}
+	if opt.impl == forLoop {
+		return 2 * largest
+	}
+	return sum
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
@@ -279,7 +377,17 @@ type optimizer struct {
 	eightBit bool  // two moments a byte each, blockwise (adam8bitBytes), instead
 	master   bool  // an fp32 master copy of weights trained in 16 bits (mixed precision)
 	paged    bool  // its state in CUDA unified memory (bitsandbytes' paged optimizers)
+	impl     stepImpl
 }
+
+// stepImpl is how PyTorch's AdamW runs its step (stepWorkspace).
+type stepImpl uint8
+
+const (
+	forEach stepImpl = iota
+	fused
+	forLoop
+)
 
 // optimizers are the optimizers ckptplan knows (ir.Optimizers), "" being
 // AdamW. PyTorch's keep a master copy under mixed precision;
@@ -287,6 +395,9 @@ type optimizer struct {
 var optimizers = map[string]optimizer{
 	"":                {moments: 8, master: true},
 	"adamw":           {moments: 8, master: true},
+	"adamw-foreach":   {moments: 8, master: true},
+	"adamw-fused":     {moments: 8, master: true, impl: fused},
+	"adamw-forloop":   {moments: 8, master: true, impl: forLoop},
 	"sgd":             {master: true},
 	"none":            {},
 	"adamw8bit":       {eightBit: true},

@@ -29,6 +29,12 @@ func (r *Runner) static(seed int64) {
 	alloc := func(n int64, label string) []float32 {
 		return r.tr.Alloc(int(n), mem.Bytes(4*n), label).F
 	}
+	// Gradients that appear in the backward are counted there
+	// (stage.ParamGradBuf).
+	allocGrad := alloc
+	if c.GradientsInBackward {
+		allocGrad = func(n int64, _ string) []float32 { return make([]float32, n) }
+	}
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		p := &r.params[i]
@@ -38,7 +44,7 @@ func (r *Runner) static(seed int64) {
 			p.w = alloc(n.Attrs.Vocab*n.Attrs.Out, n.Name+".weight")
 			uniform(p.w, 0.1)
 			if trains {
-				p.dw = alloc(n.Attrs.Vocab*n.Attrs.Out, n.Name+".weight.grad")
+				p.dw = allocGrad(n.Attrs.Vocab*n.Attrs.Out, n.Name+".weight.grad")
 			}
 		case ir.Linear:
 			in := g.Nodes[n.Inputs[0]].Shape.Last()
@@ -46,13 +52,13 @@ func (r *Runner) static(seed int64) {
 				p.w = alloc(in*n.Attrs.Out, n.Name+".weight")
 				uniform(p.w, 1/math.Sqrt(float64(in)))
 				if trains {
-					p.dw = alloc(in*n.Attrs.Out, n.Name+".weight.grad")
+					p.dw = allocGrad(in*n.Attrs.Out, n.Name+".weight.grad")
 				}
 				if n.Attrs.Bias {
 					p.b = alloc(n.Attrs.Out, n.Name+".bias")
 					uniform(p.b, 0.1)
 					if trains {
-						p.db = alloc(n.Attrs.Out, n.Name+".bias.grad")
+						p.db = allocGrad(n.Attrs.Out, n.Name+".bias.grad")
 					}
 				}
 			}
@@ -60,14 +66,14 @@ func (r *Runner) static(seed int64) {
 				p.loraA, p.loraB = alloc(in*rank, n.Name+".lora_a"), alloc(rank*n.Attrs.Out, n.Name+".lora_b")
 				uniform(p.loraA, 1/math.Sqrt(float64(in)))
 				uniform(p.loraB, 1/math.Sqrt(float64(rank)))
-				p.dLoraA, p.dLoraB = alloc(in*rank, n.Name+".lora_a.grad"), alloc(rank*n.Attrs.Out, n.Name+".lora_b.grad")
+				p.dLoraA, p.dLoraB = allocGrad(in*rank, n.Name+".lora_a.grad"), allocGrad(rank*n.Attrs.Out, n.Name+".lora_b.grad")
 			}
 		case ir.ExpertLinear:
 			size := n.Attrs.Experts * g.Nodes[n.Inputs[0]].Shape.Last() * n.Attrs.Out
 			p.w = alloc(size, n.Name+".weight")
 			uniform(p.w, 1/math.Sqrt(float64(g.Nodes[n.Inputs[0]].Shape.Last())))
 			if trains {
-				p.dw = alloc(size, n.Name+".weight.grad")
+				p.dw = allocGrad(size, n.Name+".weight.grad")
 			}
 		case ir.LayerNorm, ir.RMSNorm:
 			h := n.Shape.Last()
@@ -76,13 +82,13 @@ func (r *Runner) static(seed int64) {
 				p.w[k] = 1 + float32(rng.Float64()-0.5)/4
 			}
 			if trains {
-				p.dw = alloc(h, n.Name+".weight.grad")
+				p.dw = allocGrad(h, n.Name+".weight.grad")
 			}
 			if n.Op == ir.LayerNorm {
 				p.b = alloc(h, n.Name+".bias")
 				uniform(p.b, 0.1)
 				if trains {
-					p.db = alloc(h, n.Name+".bias.grad")
+					p.db = allocGrad(h, n.Name+".bias.grad")
 				}
 			}
 		}

@@ -63,6 +63,12 @@ func VerifyPipeline(p *planner.Problem, plan *planner.PipelinePlan, seed int64) 
 		return nil, fmt.Errorf("the pipeline plan does not fit its budget: nothing to run")
 	}
 	pp := plan.Pipeline
+	// The pipeline holds its gradients through every microbatch, as
+	// PlanPipeline planned it.
+	p, err := p.Accumulating(max(pp.Microbatches, 2))
+	if err != nil {
+		return nil, err
+	}
 	ref, err := NewRunner(p, seed)
 	if err != nil {
 		return nil, err

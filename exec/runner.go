@@ -29,6 +29,10 @@ type Runner struct {
 	store   map[int]*Buffer // live storages by costmodel index
 	grads   map[int]*Buffer // live gradients by node (-1: δ_0)
 	scratch map[int]*Buffer // gradients being written by a second reader
+	// paramGrads counts the parameter gradients where they appear in the
+	// backward (stage.ParamGradBuf): the kernels write the params' own
+	// buffers, untracked then.
+	paramGrads map[int]*Buffer
 	work    *Buffer         // the running kernel's working memory
 	inputOf []int           // per stage: the node whose output enters it (-1: graph inputs)
 	flops   int64           // the cost model's FLOPs of the nodes run
@@ -116,7 +120,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 	defer kernel.UseGemm(nil)
 	kernel.ResetFLOPs()
 	defer func() { r.kernelFLOPs = kernel.FLOPs() }()
-	r.store, r.grads, r.scratch = map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}
+	r.store, r.grads, r.scratch, r.paramGrads = map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}, map[int]*Buffer{}
 	r.flops = 0
 	r.inputs()
 	ch := r.prob.Chain
@@ -289,6 +293,8 @@ func (r *Runner) runProgram(p stage.Program, i int) {
 				b = r.tr.AllocBytes(int(e.Bytes), "mask")
 			case e.Buf == stage.StorageBuf && r.c.Storages[e.Storage].DType == ir.Int64:
 				b = r.tr.AllocIDs(int(e.Bytes/8), "routing")
+			case e.Buf == stage.ParamGradBuf:
+				b = r.tr.Alloc(0, e.Bytes, r.g.Nodes[e.Node].Name+" parameter gradients")
 			default:
 				b = r.tr.Alloc(int(e.Bytes/4), e.Bytes, "")
 			}
@@ -306,6 +312,8 @@ func (r *Runner) runProgram(p stage.Program, i int) {
 				r.grads[r.inputOf[i]] = b
 			case stage.KernelBuf:
 				r.work = b
+			case stage.ParamGradBuf:
+				r.paramGrads[e.Node] = b
 			}
 		case stage.Free:
 			switch e.Buf {
@@ -324,6 +332,9 @@ func (r *Runner) runProgram(p stage.Program, i int) {
 			case stage.KernelBuf:
 				r.tr.Free(r.work)
 				r.work = nil
+			case stage.ParamGradBuf:
+				r.tr.Free(r.paramGrads[e.Node])
+				delete(r.paramGrads, e.Node)
 			}
 		case stage.RunForward, stage.Rerun:
 			r.forward(e.Node)

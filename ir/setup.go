@@ -24,7 +24,10 @@ type Setup struct {
 	// over fp32 weights (DType fp32), "" without autocast.
 	Autocast  string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
 	Numerics  Numerics `yaml:"numerics" json:"numerics"`
-	Optimizer string   `yaml:"optimizer" json:"optimizer"` // adamw | adamw8bit | paged-adamw8bit | paged-adamw | sgd | none
+	// Optimizer is the optimizer and, for PyTorch's AdamW, how its step
+	// runs: adamw is PyTorch's default on a GPU, adamw-foreach;
+	// adamw-fused and adamw-forloop are its fused=True and foreach=False.
+	Optimizer string `yaml:"optimizer" json:"optimizer"` // one of Optimizers
 	LoRA      LoRA     `yaml:"lora" json:"lora"`
 	// Quant is how the decoder layers' frozen linear weights are stored
 	// (bitsandbytes, as QLoRA trains): nf4 or fp4 (4 bits, blocks of 64
@@ -37,6 +40,11 @@ type Setup struct {
 	// quantization).
 	DoubleQuant bool     `yaml:"double_quant,omitempty" json:"double_quant,omitempty"`
 	Parallel    Parallel `yaml:"parallel" json:"parallel"`
+	// GradAccum is how many micro-batches a step accumulates gradients
+	// over before the optimizer runs (0 and 1: none). From the second on,
+	// every gradient is live through the whole micro-step, and each new
+	// one is added into it.
+	GradAccum int64 `yaml:"grad_accum,omitempty" json:"grad_accum,omitempty"`
 }
 
 // Numerics are the upcasts and the grouped-query implementation, which
@@ -125,7 +133,7 @@ type Parallel struct {
 var (
 	Attentions  = []string{"eager", "sdpa", "sdpa-math", "flash"}
 	Profiles    = []string{"transformers", "torch-eager", "megatron"}
-	Optimizers  = []string{"adamw", "adamw8bit", "paged-adamw8bit", "paged-adamw", "sgd", "none"}
+	Optimizers  = []string{"adamw", "adamw-foreach", "adamw-fused", "adamw-forloop", "adamw8bit", "paged-adamw8bit", "paged-adamw", "sgd", "none"}
 	Quants      = []string{"nf4", "fp4", "int8"}
 	GQAs        = []string{"repeat", "grouped"}
 	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}
@@ -223,6 +231,9 @@ func (s *Setup) Validate(prefix string) error {
 		if err := oneOf(fmt.Sprintf("%s[%d]", f("lora.targets"), i), t, LoRATargets); err != nil {
 			return err
 		}
+	}
+	if s.GradAccum < 0 {
+		return &FieldError{f("grad_accum"), fmt.Sprintf("must not be negative, got %d", s.GradAccum)}
 	}
 	if s.Parallel.Zero < 0 || s.Parallel.Zero > 3 {
 		return &FieldError{f("parallel.zero"), fmt.Sprintf("must be 0, 1, 2 or 3, got %d", s.Parallel.Zero)}

@@ -408,6 +408,11 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	if p.Costs == nil {
 		return nil, fmt.Errorf("%s is a profiled chain: pipeline parallelism needs a model's layers", p.Name)
 	}
+	// A device holds its gradients through every microbatch, and the
+	// in-flight replay counts them so.
+	if p, err = p.Accumulating(max(pp.Microbatches, 2)); err != nil {
+		return nil, err
+	}
 	var layers []int // chain stages that are decoder layers
 	for i, name := range p.names {
 		if isLayer(name) {

@@ -225,7 +225,12 @@ func TestPipelineReplayIsBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		single, err := p.Plan(&Options{Budget: 1 << 40, Strategy: StoreAll})
+		// A pipeline holds its gradients through the step.
+		held, err := p.Accumulating(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		single, err := held.Plan(&Options{Budget: 1 << 40, Strategy: StoreAll})
 		if err != nil {
 			t.Fatal(err)
 		}

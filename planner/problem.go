@@ -29,6 +29,7 @@ type Problem struct {
 	// searched says the stages' keep sets have been searched and are the
 	// chain's options (SearchKeepSets).
 	searched bool
+	byBlock  bool // the stages are the graph's blocks
 	// forward is each stage's whole forward. Under the transformers
 	// profile a recomputation stops early (stage.Stage.RerunFLOPs), so
 	// the chain costs every forward of stage i at its rerun; every
@@ -79,18 +80,35 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A model, and a traced graph, name their blocks; other graphs are cut
+	// at their cut points.
+	p, err := graphProblem(src.Name, g, src.Kind == graphio.KindModel || src.Kind == graphio.KindGraph && src.Graph.Traced != nil)
+	if err != nil {
+		return nil, err
+	}
+	stages := p.Stages
+	if note := routingNote(g, stages); note != "" {
+		p.Notes = append(p.Notes, note)
+	}
+	if src.Kind == graphio.KindGraph && len(stages) == 1 {
+		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
+	}
+	return p, nil
+}
+
+// graphProblem costs a graph and cuts it into a chain: at its blocks when
+// byBlock, at its cut points otherwise.
+func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	c, err := costmodel.Analyze(g)
 	if err != nil {
 		return nil, err
 	}
-	// A model, and a traced graph, name their blocks; other graphs are cut
-	// at their cut points.
-	stages, err := stage.Build(c, src.Kind == graphio.KindModel || src.Kind == graphio.KindGraph && src.Graph.Traced != nil)
+	stages, err := stage.Build(c, byBlock)
 	if err != nil {
 		return nil, err
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
-	p := &Problem{Name: src.Name, Unit: "FLOPs", Static: mem.Bytes(c.Static.Total()), Chain: toChain(stages, out), Costs: c, Stages: stages}
+	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
 		p.forward = append(p.forward, p.Chain.Forward[i])
@@ -100,13 +118,25 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 			p.Chain.Forward[i] = rerun
 		}
 	}
-	if note := routingNote(g, stages); note != "" {
-		p.Notes = append(p.Notes, note)
-	}
-	if src.Kind == graphio.KindGraph && len(stages) == 1 {
-		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
-	}
 	return p, nil
+}
+
+// Accumulating returns the problem of the same graph with gradients
+// accumulated over microbatches (ir.Setup.GradAccum, at least 2): held
+// through every microbatch, as a pipeline holds them. p itself when they
+// already are.
+func (p *Problem) Accumulating(microbatches int) (*Problem, error) {
+	if p.Costs == nil || !p.Costs.GradientsInBackward || microbatches < 2 {
+		return p, nil
+	}
+	g := *p.Costs.Graph
+	g.Setup.GradAccum = int64(microbatches)
+	q, err := graphProblem(p.Name, &g, p.byBlock)
+	if err != nil {
+		return nil, err
+	}
+	q.Notes = p.Notes
+	return q, nil
 }
 
 func chainProblem(c *graphio.Chain) *Problem {
@@ -171,6 +201,12 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 		ch.ForwardTempBytes = append(ch.ForwardTempBytes, st.ForwardTempBytes)
 		ch.FAllTempBytes = append(ch.FAllTempBytes, st.FAllTempBytes)
 		ch.BackwardTempBytes = append(ch.BackwardTempBytes, st.BackwardTempBytes)
+		if st.GradBytes > 0 {
+			if ch.GradBytes == nil {
+				ch.GradBytes = make([]mem.Bytes, len(stages))
+			}
+			ch.GradBytes[len(ch.Forward)-1] = st.GradBytes
+		}
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)
 	return ch

@@ -20,7 +20,8 @@ package stage
 // first time one is written, and a scratch buffer when another node wrote
 // it already (the kernel writes, the runner adds); after its backward the
 // node's own gradient is freed. The stage output's gradient is δ_{i+1},
-// which the chain accounts for.
+// which the chain accounts for. Where the parameter gradients appear in
+// the backward, a node's are allocated with its inputs' and kept.
 
 import (
 	"slices"
@@ -54,6 +55,12 @@ const (
 	ScratchBuf                   // a gradient written by a second reader, to be added
 	DeltaBuf                     // δ_i, the gradient of the stage's input
 	KernelBuf                    // a kernel's working memory
+	// ParamGradBuf is the gradient of a node's parameters, where they
+	// appear in the backward (costmodel.Costs.GradientsInBackward): made
+	// by the first backward to reach them and kept to the optimizer step;
+	// a later one (the embedding a head's weight is tied to) makes its
+	// gradient apart and frees it once added in.
+	ParamGradBuf
 )
 
 // Event is one step of a program. Node is the node run, or whose gradient
@@ -219,6 +226,16 @@ func (st *Stage) BackwardProgram() Program {
 			}
 			written[key] = true
 		}
+		keep, apart := st.paramGrad(id)
+		if keep > 0 {
+			p = append(p, Event{Kind: Alloc, Buf: ParamGradBuf, Node: id, Bytes: keep})
+		}
+		if apart > 0 {
+			e := Event{Kind: Alloc, Buf: ParamGradBuf, Node: id, Bytes: apart}
+			p = append(p, e)
+			e.Kind = Free
+			scratch = append(scratch, e)
+		}
 		p = append(p, withWorkspace(c, id, true, Event{Kind: RunBackward, Node: id})...)
 		p = append(p, scratch...)
 		if id != last && written[id] {
@@ -226,6 +243,52 @@ func (st *Stage) BackwardProgram() Program {
 		}
 	}
 	return p
+}
+
+// paramGrad returns the bytes of parameter gradients node id's backward
+// makes and keeps, and those it makes apart and adds into a gradient an
+// earlier backward made (a weight tied to a later node's): none unless
+// the gradients appear in the backward.
+func (st *Stage) paramGrad(id int) (keep, apart mem.Bytes) {
+	c := st.c
+	if !c.GradientsInBackward {
+		return 0, 0
+	}
+	g := c.Graph
+	holder := id
+	if t := g.Nodes[id].Attrs.Tied; t != "" {
+		h, ok := g.Lookup(t)
+		if !ok {
+			return 0, 0
+		}
+		holder = h
+	}
+	b := mem.Bytes(c.ParamGradBytes[holder])
+	if b == 0 {
+		return 0, 0
+	}
+	// The backward reaches the weight's last user first.
+	first := holder
+	for k := holder + 1; k < len(g.Nodes); k++ {
+		if g.Nodes[k].Attrs.Tied == g.Nodes[holder].Name {
+			first = k
+		}
+	}
+	if id == first {
+		return b, 0
+	}
+	return 0, b
+}
+
+// paramGradBytes returns the parameter gradients the stage's backward
+// makes and keeps.
+func (st *Stage) paramGradBytes() mem.Bytes {
+	var b mem.Bytes
+	for _, id := range st.Nodes {
+		k, _ := st.paramGrad(id)
+		b += k
+	}
+	return b
 }
 
 func (st *Stage) storageEvent(kind EventKind, s int) Event {

@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/ir"
@@ -29,8 +30,26 @@ func TestPrograms(t *testing.T) {
 					t.Errorf("%s stage %d %s: ends holding %d bytes after %d runs, want %d after %d", name, i, p.name, live, runs, p.want, len(st.Nodes))
 				}
 			}
-			if live, _ := replay(t, st.BackwardProgram()); live != st.InputBytes {
-				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d", name, i, live, st.InputBytes)
+			// The tiny models train in fp32, without tensor parallelism:
+			// 4 bytes a trained parameter, the weight tied to the head
+			// counted where the head is.
+			g := st.Costs().Graph
+			var grads mem.Bytes
+			for _, id := range st.Nodes {
+				n, tr := &g.Nodes[id], g.TrainableParams(id)
+				if n.Attrs.Tied != "" {
+					h, _ := g.Lookup(n.Attrs.Tied)
+					tr = g.TrainableParams(h)
+				} else if slices.ContainsFunc(g.Nodes, func(m ir.Node) bool { return m.Attrs.Tied == n.Name }) {
+					tr = 0
+				}
+				grads += mem.Bytes(4 * tr)
+			}
+			if st.GradBytes != grads || grads == 0 {
+				t.Errorf("%s stage %d: parameter gradients of %d bytes, want %d", name, i, st.GradBytes, grads)
+			}
+			if live, _ := replay(t, st.BackwardProgram()); live != st.InputBytes+grads {
+				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d and %d of parameter gradients", name, i, live, st.InputBytes, grads)
 			}
 		}
 	}

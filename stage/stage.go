@@ -39,6 +39,10 @@ type Stage struct {
 	ForwardTempBytes  mem.Bytes // beyond a_{i+1}, during a forward that keeps no tape
 	FAllTempBytes     mem.Bytes // beyond the tape, during a storing forward that keeps everything
 	BackwardTempBytes mem.Bytes // during the backward after keeping everything, δ_i included
+	// GradBytes are the parameter gradients the backward makes and keeps
+	// to the optimizer step (costmodel.Costs.GradientsInBackward; 0
+	// otherwise), counted in its transients at their moment.
+	GradBytes mem.Bytes
 	// KeepSets are the ways the storing forward may run; KeepSets[0]
 	// keeps everything (TapeBytes and the transients above). Build gives
 	// only that one; SearchKeepSets gives them all.
@@ -157,6 +161,7 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 	st.ForwardTempBytes = st.ForwardProgram().Peak() - st.OutputBytes()
 	st.FAllTempBytes = st.StoringProgram(&all).Peak() - st.TapeBytes
 	st.BackwardTempBytes = st.BackwardProgram().Peak()
+	st.GradBytes = st.paramGradBytes()
 	return st
 }
 
