@@ -40,10 +40,16 @@ func TestStaticZeRO(t *testing.T) {
 		opt   string
 		want  Static
 	}{
-		{"bf16 adamw", "bf16", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi}},
-		{"fp32 adamw", "fp32", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi}},
+		{"bf16 adamw", "bf16", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 4 * psi}},
+		{"fp32 adamw", "fp32", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, StepBytes: 4 * psi}},
 		{"bf16 sgd", "bf16", 0, "sgd", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 4 * psi}},
 		{"fp32 none", "fp32", 0, "none", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi}},
+		// The foreach step takes the square root of every fp32 second
+		// moment at once; the fused step makes nothing, the for-loop one
+		// the square root and quotient of the largest tensor, an MLP's
+		// 64·128 projection.
+		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi}},
+		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 2 * 4 * 64 * 128}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
 		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
 		// of it. Stage 1 fills the rank's shard of the gradients before it
@@ -51,15 +57,15 @@ func TestStaticZeRO(t *testing.T) {
 		// gradients produced since: a layer's (here more than the root's,
 		// whose embedding and head are 100 wide), or the root's.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer}},
+			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer}},
+			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
 		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
 		// the root (embedding, head, final norm) whole with its gradients,
 		// two layers' weights unsharded and two all-gather buffers of a
 		// layer's shard, two of a layer's unsharded gradients.
 		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			GatheredBytes: 2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, LayerParams: layer, LayerTrainable: layer}},
+			GatheredBytes: 2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,7 +185,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2 * 2048 * 16 * 2}
+	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2 * 2048 * 16 * 2, StepBytes: 4 * adapters}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}

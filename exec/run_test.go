@@ -242,7 +242,7 @@ func verifyShare(t *testing.T, src *graphio.Source, quarters mem.Bytes) {
 		t.Fatalf("%v, least budget %d", err, least.MinBudgetBytes)
 	}
 	low := least.MinBudgetBytes
-	plan, err := p.Plan(&planner.Options{Budget: low + (p.Static+all.Peak-low)*quarters/4})
+	plan, err := p.Plan(&planner.Options{Budget: low + (max(p.Static+all.Peak, p.StepPeak)-low)*quarters/4})
 	if err != nil || !plan.Feasible {
 		t.Fatalf("%v, feasible %v", err, plan.Feasible)
 	}

@@ -33,9 +33,9 @@ type Runner struct {
 	// backward (stage.ParamGradBuf): the kernels write the params' own
 	// buffers, untracked then.
 	paramGrads map[int]*Buffer
-	work    *Buffer         // the running kernel's working memory
-	inputOf []int           // per stage: the node whose output enters it (-1: graph inputs)
-	flops   int64           // the cost model's FLOPs of the nodes run
+	work       *Buffer // the running kernel's working memory
+	inputOf    []int   // per stage: the node whose output enters it (-1: graph inputs)
+	flops      int64   // the cost model's FLOPs of the nodes run
 	// kernelFLOPs are the products the kernels counted themselves.
 	kernelFLOPs int64
 	seed        uint64

@@ -41,8 +41,13 @@ type Export struct {
 	// ReserveBytes is the part of the budget left for what is not a
 	// tensor (CUDA context, workspaces, allocator slack).
 	ReserveBytes mem.Bytes `json:"reserve_bytes"`
-	StaticBytes  mem.Bytes `json:"static_bytes"` // weights, gradients, optimizer state: part of the peak
+	StaticBytes  mem.Bytes `json:"static_bytes"` // held the whole step (weights, optimizer state; gradients unless the backward makes them): part of the peak
 	PeakBytes    mem.Bytes `json:"peak_bytes"`
+	// PeakAt says when the step holds PeakBytes ("backward of layers.3",
+	// "optimizer step").
+	PeakAt string `json:"peak_at,omitempty"`
+	// StepPeakBytes is what the optimizer step holds.
+	StepPeakBytes mem.Bytes `json:"step_peak_bytes,omitempty"`
 	// RuntimePeakBytes is the peak run layer by layer (each layer stored,
 	// kept in part or checkpointed once; other stages stored), as trainers
 	// and ckptplan.apply run it, when known.
@@ -88,7 +93,10 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if !plan.Feasible {
 		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
-	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, Overhead: plan.Overhead}
+	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, StepPeakBytes: plan.StepPeakBytes, Overhead: plan.Overhead}
+	if plan.Peak != nil {
+		e.PeakAt = plan.Peak.At
+	}
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
 		e.Zero = s.Parallel.Zero

@@ -243,10 +243,14 @@ func TestTransformersPlanSaysWhatTheRuntimePays(t *testing.T) {
 	if err != nil || !all.Feasible {
 		t.Fatal(err)
 	}
+	least, err := p.Plan(&planner.Options{Budget: 1, Strategy: planner.Optimal})
+	if err != nil || least.MinBudgetBytes == 0 {
+		t.Fatal(err)
+	}
 	checked := 0
 	for _, s := range planner.Strategies {
 		for k := 1; k <= 19; k++ {
-			budget := all.StaticBytes + (all.PeakBytes-all.StaticBytes)*mem.Bytes(k)/20
+			budget := least.MinBudgetBytes + (all.PeakBytes-least.MinBudgetBytes)*mem.Bytes(k)/20
 			plan, err := p.Plan(&planner.Options{Budget: budget, Strategy: s, K: 1})
 			if err != nil || !plan.Feasible {
 				continue

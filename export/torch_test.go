@@ -48,8 +48,13 @@ func TestPyTorchExport(t *testing.T) {
 		}
 		var plans []*planner.Plan
 		all, _ := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
-		for _, f := range []mem.Bytes{6, 8, 10} {
-			plan, err := p.Plan(&planner.Options{Budget: p.Static + all.Peak*f/10})
+		least, err := p.Plan(&planner.Options{Budget: 1})
+		if err != nil || least.MinBudgetBytes == 0 {
+			t.Fatal(err)
+		}
+		low, high := least.MinBudgetBytes, max(p.Static+all.Peak, p.StepPeak)
+		for _, f := range []mem.Bytes{0, 5, 10} {
+			plan, err := p.Plan(&planner.Options{Budget: low + (high-low)*f/10})
 			if err != nil || !plan.Feasible {
 				t.Fatalf("%s at %d/10: %v", model, f, err)
 			}

@@ -22,13 +22,13 @@ type Setup struct {
 	Transformers string `yaml:"transformers,omitempty" json:"transformers,omitempty"`
 	// Autocast is the 16-bit dtype torch.autocast computes products in
 	// over fp32 weights (DType fp32), "" without autocast.
-	Autocast  string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
-	Numerics  Numerics `yaml:"numerics" json:"numerics"`
+	Autocast string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
+	Numerics Numerics `yaml:"numerics" json:"numerics"`
 	// Optimizer is the optimizer and, for PyTorch's AdamW, how its step
 	// runs: adamw is PyTorch's default on a GPU, adamw-foreach;
 	// adamw-fused and adamw-forloop are its fused=True and foreach=False.
 	Optimizer string `yaml:"optimizer" json:"optimizer"` // one of Optimizers
-	LoRA      LoRA     `yaml:"lora" json:"lora"`
+	LoRA      LoRA   `yaml:"lora" json:"lora"`
 	// Quant is how the decoder layers' frozen linear weights are stored
 	// (bitsandbytes, as QLoRA trains): nf4 or fp4 (4 bits, blocks of 64
 	// with an fp32 absolute maximum each), int8 (LLM.int8(): a byte and

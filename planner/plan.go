@@ -116,12 +116,74 @@ type Plan struct {
 	Static              *costmodel.Static `json:"-" yaml:"-"`
 	PeakBytes           mem.Bytes         `json:"peak_bytes" yaml:"peak_bytes"`
 	ActivationPeakBytes mem.Bytes         `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
-	Cost                float64           `json:"cost" yaml:"cost"`
-	BaselineCost        float64           `json:"baseline_cost" yaml:"baseline_cost"`
-	Overhead            float64           `json:"overhead" yaml:"overhead"`
-	Stages              []Stage           `json:"stages" yaml:"stages"`
-	Schedule            []Step            `json:"schedule" yaml:"schedule"`
-	Notes               []string          `json:"notes,omitempty" yaml:"notes,omitempty"`
+	// Peak says when the step holds PeakBytes and what it holds then.
+	Peak *Moment `json:"peak,omitempty" yaml:"peak,omitempty"`
+	// StepPeakBytes is what the optimizer step holds (0: not known, for a
+	// profiled chain).
+	StepPeakBytes mem.Bytes `json:"step_peak_bytes,omitempty" yaml:"step_peak_bytes,omitempty"`
+	Cost          float64   `json:"cost" yaml:"cost"`
+	BaselineCost  float64   `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead      float64   `json:"overhead" yaml:"overhead"`
+	Stages        []Stage   `json:"stages" yaml:"stages"`
+	Schedule      []Step    `json:"schedule" yaml:"schedule"`
+	Notes         []string  `json:"notes,omitempty" yaml:"notes,omitempty"`
+}
+
+// Moment is a moment of the step and what is live then, which adds up
+// to its bytes.
+type Moment struct {
+	// At names it: "forward of layers.3", "loss", "backward of head",
+	// "optimizer step".
+	At string `json:"at" yaml:"at"`
+	// Step is the index of the schedule's step, -1 for the optimizer
+	// step.
+	Step int `json:"step" yaml:"step"`
+	// StaticBytes are held the whole step: weights, optimizer state,
+	// buffers, and the gradients where they are not made in the backward.
+	StaticBytes mem.Bytes `json:"static_bytes" yaml:"static_bytes"`
+	// GradientsBytes are the parameter gradients the backward has made so
+	// far.
+	GradientsBytes mem.Bytes `json:"gradients_bytes" yaml:"gradients_bytes"`
+	// ActivationsBytes are the activations, tapes and the gradient
+	// flowing back (δ) live then.
+	ActivationsBytes mem.Bytes `json:"activations_bytes" yaml:"activations_bytes"`
+	// TransientBytes are the working memory of what runs then.
+	TransientBytes mem.Bytes `json:"transient_bytes" yaml:"transient_bytes"`
+}
+
+// Bytes returns the moment's bytes.
+func (m *Moment) Bytes() mem.Bytes {
+	return m.StaticBytes + m.GradientsBytes + m.ActivationsBytes + m.TransientBytes
+}
+
+// moment returns the peak moment of a schedule replayed to r (with its
+// timeline), or of the optimizer step when that holds more.
+func (p *Problem) moment(sched solver.Schedule, r solver.Result) *Moment {
+	if p.StepPeak > p.total(r.Peak) || len(r.Timeline) == 0 {
+		if p.StepPeak == 0 {
+			return nil
+		}
+		m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static, ActivationsBytes: p.Chain.ActBytes[0]}
+		m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
+		m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
+		return m
+	}
+	k := 0
+	for j, b := range r.Timeline {
+		if b > r.Timeline[k] {
+			k = j
+		}
+	}
+	op, u := sched[k], r.Usage[k]
+	at := "loss"
+	switch op.Kind {
+	case solver.B:
+		at = "backward of " + p.names[op.Stage]
+	case solver.FAll, solver.FCk, solver.FN:
+		at = "forward of " + p.names[op.Stage]
+	}
+	return &Moment{At: at, Step: k, StaticBytes: p.Static, GradientsBytes: u.ParamGrads,
+		ActivationsBytes: u.Activations + u.Tapes + u.Gradients, TransientBytes: u.Transient}
 }
 
 // Stage is one stage of the chain and what the plan does with it.
@@ -233,12 +295,16 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	var inf *solver.ErrInfeasible
 	if errors.As(err, &inf) {
 		if inf.MinBudget > 0 {
-			plan.MinBudgetBytes = p.total(inf.MinBudget) + opt.Reserve
+			plan.MinBudgetBytes = p.stepPeak(inf.MinBudget) + opt.Reserve
 		}
 		return plan, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Strategy.Name, err)
+	}
+	if p.StepPeak+opt.Reserve > opt.Budget { // the forward and backward fit, the optimizer step does not
+		plan.MinBudgetBytes = p.stepPeak(sol.Peak) + opt.Reserve
+		return plan, nil
 	}
 	p.fill(plan, sol.Schedule, sol.Result)
 	return plan, nil
@@ -285,11 +351,11 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 		return nil, err
 	}
 	if budget == 0 {
-		budget = p.total(r.Peak)
+		budget = p.stepPeak(r.Peak)
 	}
 	plan := p.newPlan(name, budget)
-	if p.total(r.Peak) > budget {
-		plan.MinBudgetBytes = p.total(r.Peak)
+	if p.stepPeak(r.Peak) > budget {
+		plan.MinBudgetBytes = p.stepPeak(r.Peak)
 		return plan, nil
 	}
 	p.fill(plan, sched, r)
@@ -298,7 +364,7 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit,
-		BudgetBytes: budget, StaticBytes: p.Static, BaselineCost: p.baseline(), Notes: p.Notes}
+		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s
@@ -327,7 +393,8 @@ func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	plan.Feasible = true
 	plan.ActivationPeakBytes = r.Peak
-	plan.PeakBytes = p.total(r.Peak)
+	plan.PeakBytes = p.stepPeak(r.Peak)
+	plan.Peak = p.moment(sched, r)
 	plan.Cost = p.cost(r.Cost)
 	if plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1

@@ -16,8 +16,12 @@ import (
 type Problem struct {
 	Name   string
 	Unit   string    // of the costs: FLOPs for models and graphs
-	Static mem.Bytes // static bytes of one rank: weights, gradients, optimizer
-	Chain  *solver.Chain
+	Static mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
+	// StepPeak is what the optimizer step holds: Static, the parameter
+	// gradients and δ_0 the backward ends with, and the step's working
+	// memory; 0 for a profiled chain.
+	StepPeak mem.Bytes
+	Chain    *solver.Chain
 	// Costs and Stages describe a model or graph; both are nil for a
 	// profiled chain.
 	Costs  *costmodel.Costs
@@ -109,6 +113,7 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
+	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) + mem.Bytes(c.Static.StepBytes)
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
 		p.forward = append(p.forward, p.Chain.Forward[i])
@@ -214,6 +219,12 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 
 // total is the one place static memory is added to activation bytes.
 func (p *Problem) total(activations mem.Bytes) mem.Bytes { return activations + p.Static }
+
+// stepPeak is the peak of the whole step whose forward and backward peak
+// at activations: theirs or the optimizer step's.
+func (p *Problem) stepPeak(activations mem.Bytes) mem.Bytes {
+	return max(p.total(activations), p.StepPeak)
+}
 
 // baselineCost is the cost of storing everything: every forward and
 // backward once.

@@ -54,7 +54,7 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	var peaks []mem.Bytes // activation peaks of s.Strategies
 	add := func(name string, sched solver.Schedule) {
 		if r, err := solver.Simulate(c, sched); err == nil {
-			s.Strategies = append(s.Strategies, StrategyPoint{name, p.total(r.Peak), p.cost(r.Cost), s.overhead(p.cost(r.Cost))})
+			s.Strategies = append(s.Strategies, StrategyPoint{name, p.stepPeak(r.Peak), p.cost(r.Cost), s.overhead(p.cost(r.Cost))})
 			peaks = append(peaks, r.Peak)
 		}
 	}
@@ -135,7 +135,7 @@ func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.
 		if math.IsInf(cost, 1) {
 			continue
 		}
-		out = append(out, SweepPoint{p.total(b), p.cost(cost), s.overhead(p.cost(cost))})
+		out = append(out, SweepPoint{p.stepPeak(b), p.cost(cost), s.overhead(p.cost(cost))})
 	}
 	return out, nil
 }

@@ -25,7 +25,7 @@ type Usage struct {
 	// ParamGrads are the parameter gradients the backwards have made so
 	// far (Chain.GradBytes).
 	ParamGrads mem.Bytes
-	Transient   mem.Bytes // the op's own working memory and new outputs
+	Transient  mem.Bytes // the op's own working memory and new outputs
 }
 
 // state is the live set of a replay.

@@ -22,6 +22,7 @@ type setupFlags struct {
 	zero               int64
 	sp                 bool
 	noSync             bool
+	gradAccum          int64
 	dropout            float64
 	logits             string
 	loraTargets        string
@@ -79,7 +80,8 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.kernels, "kernels", "", "whose kernels run the step: cuda | cpu (PyTorch's CPU kernels keep a layer norm's statistics in 16 bits and sdpa's log-sum-exp unpadded) (default: the model's; cuda for a config.json)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
-	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (8-bit and paged: bitsandbytes') (default: the model's)")
+	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
+	fs.Int64Var(&s.gradAccum, "grad-accum", 0, "micro-batches a step accumulates gradients over: from 2, the gradients are held through every micro-batch (default: the model's)")
 	fs.StringVar(&s.quant, "quant", "", "the decoder layers' frozen linear weights stored in nf4 | fp4 | int8 (bitsandbytes, under LoRA: QLoRA) | none (default: the model's)")
 	fs.BoolVar(&s.doubleQuant, "double-quant", false, "quantize the 4-bit weights' block maxima again (QLoRA's double quantization)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
@@ -169,6 +171,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.LoRA.Rank = s.loraRank
 		case "optimizer":
 			t.Optimizer = s.optimizer
+		case "grad-accum":
+			t.GradAccum = s.gradAccum
 		case "quant":
 			t.Quant = s.quant
 			if s.quant == "none" {
@@ -215,6 +219,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
 		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)
+	}
+	if s.gradAccum < 0 {
+		return nil, usagef("--grad-accum: must not be negative, got %d", s.gradAccum)
 	}
 	if s.optimizer != "" && !slices.Contains(ir.Optimizers, s.optimizer) {
 		return nil, usagef("--optimizer: unknown value %q (valid: %s)", s.optimizer, strings.Join(ir.Optimizers, ", "))

@@ -36,11 +36,11 @@ func figures(t *testing.T) map[string]*plot.Plot {
 	}
 	plain := *p.Chain
 	plain.Options = nil
-	sol, err := solver.Optimal(&plain, 900<<10, 0)
+	sol, err := solver.Optimal(&plain, 1500<<10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl, err := Timeline("tiny-llama", p.Static, p.Static+900<<10, sol.Result, nil)
+	tl, err := Timeline("tiny-llama", p.Static, p.Static+1500<<10, sol.Result, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

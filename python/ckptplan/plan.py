@@ -21,7 +21,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from . import _binary
 
@@ -73,7 +73,9 @@ class Plan:
     attention: str
     layers: tuple[Layer, ...]
     notes: tuple[str, ...] = ()
-    static_bytes: int = 0  # weights, gradients and optimizer state
+    static_bytes: int = 0  # held the whole step: weights, optimizer state (gradients unless the backward makes them)
+    peak_at: str = ""  # when the step holds peak_bytes: "backward of layers.3", "optimizer step"
+    step_peak_bytes: int = 0  # what the optimizer step holds (0: not known)
     runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -96,6 +98,7 @@ class Plan:
                    attention=d.get("attention", ""), layers=layers,
                    static_bytes=int(d.get("static_bytes", 0)),
                    runtime_peak_bytes=int(d.get("runtime_peak_bytes", 0)),
+                   peak_at=d.get("peak_at", ""), step_peak_bytes=int(d.get("step_peak_bytes", 0)),
                    notes=tuple(d.get("notes") or ()), raw=d)
 
     @classmethod
@@ -148,8 +151,10 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
     transformers' loss does, the default) or model; autocast: "bf16" when
     the step runs under torch.autocast with fp32 weights; optimizer: the
-    optimizer whose state the step holds (adamw, the default;
-    adamw8bit, paged-adamw8bit and paged-adamw for bitsandbytes'; sgd; none).
+    optimizer whose state and step the plan counts: a name (adamw, the
+    default, PyTorch's AdamW as it runs on a GPU, foreach; adamw-fused,
+    adamw-forloop; adamw8bit, paged-adamw8bit and paged-adamw for
+    bitsandbytes'; sgd; none) or the optimizer itself (``optimizer_name``).
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
 
@@ -179,7 +184,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     if reserve is not None:
         args += ["--reserve", str(reserve)]
     if optimizer is not None:
-        args += ["--optimizer", optimizer]
+        args += ["--optimizer", optimizer_name(optimizer)]
     from .layers import unwrap  # needs torch, as a model does
 
     base = unwrap(model)
@@ -202,6 +207,38 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     # temporary file the binary reads, in the plan and in its errors.
     name = setup.config.get("_name_or_path") or type(model).__name__
     return _ask(name, "config.json", json.dumps(setup.config), [*args, *setup.flags(), *extra_args])
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """The name ``plan`` gives an optimizer: a name as it is, or the one
+    an optimizer object runs as, with how PyTorch's AdamW runs its step.
+
+    >>> import torch
+    >>> w = [torch.nn.Parameter(torch.zeros(2))]
+    >>> optimizer_name(torch.optim.AdamW(w, fused=True))
+    'adamw-fused'
+    >>> optimizer_name(torch.optim.AdamW(w))  # on the CPU PyTorch loops
+    'adamw-forloop'
+    """
+    if isinstance(optimizer, str):
+        return optimizer
+    cls = type(optimizer).__name__
+    names = {"AdamW8bit": "adamw8bit", "PagedAdamW8bit": "paged-adamw8bit", "PagedAdamW": "paged-adamw", "PagedAdamW32bit": "paged-adamw"}
+    if cls in names:
+        return names[cls]
+    d = getattr(optimizer, "defaults", {})
+    if cls == "SGD" and not d.get("momentum"):
+        return "sgd"
+    if cls != "AdamW":
+        raise ValueError(f"ckptplan does not model {cls}: give one of adamw, adamw-fused, adamw-forloop, "
+                         "adamw8bit, paged-adamw8bit, paged-adamw, sgd (without momentum) or none")
+    if d.get("fused"):
+        return "adamw-fused"
+    foreach = d.get("foreach")
+    if foreach is None:  # PyTorch's default: foreach when every parameter is on a GPU
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        foreach = bool(params) and all(p.device.type == "cuda" for p in params)
+    return "adamw-foreach" if foreach else "adamw-forloop"
 
 
 def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast: Optional[str]) -> Plan:

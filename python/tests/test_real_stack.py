@@ -24,6 +24,12 @@ BATCH, SEQ, VOCAB = 2, 16, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+# The promises these tests check are each layer's; an optimizer with no
+# state (and gradients held the whole step, as before it runs) keeps the
+# step's peak in the forward and backward, so that budgets between
+# checkpointing and storing everything choose between them.
+OPTIMIZER = "none"
+
 LORA_TARGETS = {
     # StarCoder2's MLP alone: its c_proj is not GPT-2's, which also names
     # the attention's output projection.
@@ -223,7 +229,7 @@ def test_stored_layers_keep_what_ckptplan_predicts(ckptplan_binary, family, atte
     whose input (the frozen embedding's) needs no gradient: its hooks count
     lacks the output that the kept bytes have."""
     model = build(family, attention, dtype, dropout, lora)
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
+    plan = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
     assert plan.batch == BATCH and plan.seq == SEQ and plan.dtype == dtype
     # On CPU, sdpa with dropout runs PyTorch's math path (a traced plan
     # names the attention the model was set up with).
@@ -315,7 +321,7 @@ def test_experts_keep_the_same_bytes_under_any_routing(ckptplan_binary, family, 
     layer keeps what the plan says, which does not depend on the
     routing: every token sends k rows, whichever experts take them."""
     model = build(family, attention, dtype, dropout, lora)
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
+    plan = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none")
     counts = []
     for layer in model.model.layers:
         block = getattr(layer, "block_sparse_moe", None) or layer.mlp
@@ -336,16 +342,20 @@ def test_experts_keep_the_same_bytes_under_any_routing(ckptplan_binary, family, 
 def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
     """Mixtral before transformers 4.48: each layer holds cos and sin tables
     of every position, in the model's dtype, and indexes them. The plan's
-    static memory is the weights, gradients and AdamW state (16 bytes a
-    parameter: fp32 weights, gradients and moments; or 16-bit weights and
-    gradients, fp32 moments and master copy) and those tables, to the byte
-    (each layer's inv_freq, d/2 fp32 values, is not counted)."""
+    static memory, held the whole step, is the weights and AdamW state
+    (12 bytes a parameter: fp32 weights and moments; or 16-bit weights,
+    fp32 moments and master copy) and those tables, to the byte (each
+    layer's inv_freq, d/2 fp32 values, is not counted); the gradients (4
+    or 2 bytes a parameter) appear in the backward, and the optimizer step
+    holds them."""
     model = build("mixtral", "sdpa", dtype)
     tables = [b for n, b in model.named_buffers() if n.endswith(("cos_cached", "sin_cached"))]
     if not tables:
         pytest.skip(f"transformers {transformers.__version__} makes Mixtral's rotary tables in the model")
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
-    assert plan.static_bytes == 16 * model.num_parameters() + sum(t.nbytes for t in tables)
+    grad = 4 if dtype == "fp32" else 2
+    assert plan.static_bytes == (16 - grad) * model.num_parameters() + sum(t.nbytes for t in tables)
+    assert plan.step_peak_bytes >= plan.static_bytes + grad * model.num_parameters()
 
 
 def wrapped_numbers(model, data: dict, autocast=None) -> list:
@@ -420,14 +430,14 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
     ref = build(family, attention, dtype, dropout, lora)
     cast = AUTOCAST[autocast]
     base = measure(copy.deepcopy(ref), batch(), autocast=cast)
-    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
+    store = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none", autocast=autocast)
     # Budgets between checkpointing everything and storing everything.
-    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", autocast=autocast)
+    every = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k", autocast=autocast)
     low, high = every.peak_bytes, store.peak_bytes
     budgets = [low, (low + high) // 2, high] if solver == "every-k" else [low + (high - low) * f // 4 for f in (1, 2, 3)]
     modes = set()
     for budget in budgets:
-        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver, autocast=autocast)
+        plan = ckptplan.plan(ref, budget, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver=solver, autocast=autocast)
         model = copy.deepcopy(ref)
         apply(model, plan)
         torch.manual_seed(2)  # the same dropout masks in both runs
@@ -489,12 +499,12 @@ def stored_and_selective_hold(ref, data: dict, same_grads) -> None:
     keeping and recomputing what it says, with gradients same_grads as
     those of the run without it."""
     n = data["input_ids"].shape[0]
-    store = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="none")
+    store = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=n, seq=SEQ, solver="none")
     m = measure(copy.deepcopy(ref), data)
     for layer, got in zip(store.layers, m.layers):
         assert got.kept_bytes == layer.kept_bytes, f"batch {n}, {layer.name}: PyTorch holds {got.kept_bytes}, plan {layer.kept_bytes}"
-    low = ckptplan.plan(ref, "1GiB", batch=n, seq=SEQ, solver="every-k").peak_bytes
-    plan = ckptplan.plan(ref, (low + store.peak_bytes) // 2, batch=n, seq=SEQ, solver="selective")
+    low = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=n, seq=SEQ, solver="every-k").peak_bytes
+    plan = ckptplan.plan(ref, (low + store.peak_bytes) // 2, optimizer=OPTIMIZER, batch=n, seq=SEQ, solver="selective")
     model = copy.deepcopy(ref)
     apply(model, plan)
     torch.manual_seed(2)
@@ -515,9 +525,9 @@ def test_experts_on_transformers_5_are_traced(ckptplan_binary, tmp_path):
     such a model (test_plans_hold checks the plans), and the binary asked
     to build one for 5 says to trace it instead of planning other bytes."""
     model = build("mixtral", "sdpa", "fp32")
-    store = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
-    every = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
-    plan = ckptplan.plan(model, (store.peak_bytes + every.peak_bytes) // 2, batch=BATCH, seq=SEQ)
+    store = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none")
+    every = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k")
+    plan = ckptplan.plan(model, (store.peak_bytes + every.peak_bytes) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
     # Named by the trace: the experts' grouped products, as aten ops.
     saved = [s.name for layer in plan.layers for s in layer.saved]
     assert any(".mlp.experts._grouped_mm" in n for n in saved), saved
@@ -530,7 +540,7 @@ def test_experts_on_transformers_5_are_traced(ckptplan_binary, tmp_path):
 
 def test_other_shapes_are_refused(ckptplan_binary):
     model = build("llama", "sdpa", "fp32")
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="every-k")
+    plan = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k")
     apply(model, plan)
     with pytest.raises(ValueError, match="plan again"):
         model(input_ids=torch.zeros(1, SEQ, dtype=torch.long), labels=torch.zeros(1, SEQ, dtype=torch.long))
@@ -542,9 +552,9 @@ def test_a_layer_that_saves_otherwise_is_named(ckptplan_binary):
     call, naming the first saved activation that differs, the op that made
     it, the plan's tensor there and the versions."""
     planned = build("llama", "sdpa", "fp32")
-    low = ckptplan.plan(planned, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
-    high = ckptplan.plan(planned, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes
-    plan = ckptplan.plan(planned, (low + high) // 2, batch=BATCH, seq=SEQ, solver="selective")
+    low = ckptplan.plan(planned, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
+    high = ckptplan.plan(planned, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").peak_bytes
+    plan = ckptplan.plan(planned, (low + high) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="selective")
     assert "selective" in {l.mode for l in plan.layers}
     config = copy.deepcopy(planned.config)
     config.intermediate_size = 128
@@ -562,7 +572,7 @@ def test_a_layer_that_saves_otherwise_is_named(ckptplan_binary):
 def test_unplannable_budget_is_a_clear_error(ckptplan_binary):
     model = build("llama", "sdpa", "fp32")
     with pytest.raises(ckptplan.CkptplanError, match="LlamaForCausalLM does not fit"):
-        ckptplan.plan(model, "1KiB", batch=BATCH, seq=SEQ)
+        ckptplan.plan(model, "1KiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
 
 
 def test_a_mask_changed_in_place_cannot_be_kept(ckptplan_binary):
@@ -572,9 +582,9 @@ def test_a_mask_changed_in_place_cannot_be_kept(ckptplan_binary):
     import dataclasses
 
     model = build("gpt2", "eager", "fp32", 0.1)
-    low = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
-    high = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes
-    plan = ckptplan.plan(model, (low + high) // 2, batch=BATCH, seq=SEQ, solver="selective")
+    low = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
+    high = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").peak_bytes
+    plan = ckptplan.plan(model, (low + high) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="selective")
     layers = list(plan.layers)
     i = next(i for i, l in enumerate(layers) if l.mode == "selective")
     saved = tuple(dataclasses.replace(s, keep=s.name.endswith("attn_dropout:mask")) for s in layers[i].saved)
@@ -589,10 +599,10 @@ def test_bad_arguments_say_what_is_wrong(ckptplan_binary):
     """An argument the binary refuses comes back as its one-line reason."""
     model = build("llama", "sdpa", "fp32")
     with pytest.raises(ckptplan.CkptplanError, match="invalid byte count") as err:
-        ckptplan.plan(model, "lots", batch=BATCH, seq=SEQ)
+        ckptplan.plan(model, "lots", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
     assert err.value.code == 2 and "usage:" not in str(err.value)
     with pytest.raises(ckptplan.CkptplanError, match="unknown device"):
-        ckptplan.plan(model, batch=BATCH, seq=SEQ, device="tpu")
+        ckptplan.plan(model, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, device="tpu")
 
 
 @pytest.mark.parametrize("name", ["mistral-nemo", "gemma-7b", "phi-3-mini-4k", "starcoder2-3b", "granite-3.3-8b",

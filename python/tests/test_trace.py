@@ -25,6 +25,12 @@ from ckptplan import trace  # noqa: E402
 from test_real_stack import BATCH, SEQ, VOCAB, DTYPES, batch, build  # noqa: E402
 
 
+# The promises these tests check are each layer's; an optimizer with no
+# state (and gradients held the whole step, as before it runs) keeps the
+# step's peak in the forward and backward, so that budgets between
+# checkpointing and storing everything choose between them.
+OPTIMIZER = "none"
+
 def cost(path: str, flags=()) -> dict:
     """The binary's cost JSON: block name → block."""
     out = json.loads(_binary.call(["cost", "--format", "json", *flags, path]))
@@ -208,14 +214,14 @@ def test_traced_plans_hold(ckptplan_binary, model_type, attention, dtype, dropou
     ref = build_any(model_type, attention, dtype, dropout, lora)
     traced = True if model_type not in UNBUILT else None  # by default for those
     base = measure(copy.deepcopy(ref), batch())
-    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", traced=traced)
-    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", traced=traced)
+    store = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none", traced=traced)
+    every = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k", traced=traced)
     low, high = every.peak_bytes, store.peak_bytes
     assert low < high
     assert store.dtype == dtype, "the training dtype is the weights', not the fp32 adapters'"
     modes = set()
     for budget in [low + (high - low) * f // 4 for f in (1, 2, 3)]:
-        plan = ckptplan.plan(ref, budget, batch=BATCH, seq=SEQ, solver=solver, traced=traced)
+        plan = ckptplan.plan(ref, budget, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver=solver, traced=traced)
         assert plan.peak_bytes <= budget
         model = copy.deepcopy(ref)
         apply(model, plan)
@@ -249,12 +255,12 @@ def test_traced_plan_under_autocast(ckptplan_binary):
     from ckptplan import apply
 
     ref = build_unbuilt("gpt_neox", "sdpa", "fp32")
-    store = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none", autocast="bf16")
-    every = ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="every-k", autocast="bf16")
+    store = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none", autocast="bf16")
+    every = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k", autocast="bf16")
     stored = measure(copy.deepcopy(ref), batch(), autocast=torch.bfloat16)
     assert [l.saved_bytes for l in stored.layers] == [l.kept_bytes for l in store.layers]
-    assert store.layers[0].kept_bytes != ckptplan.plan(ref, "1GiB", batch=BATCH, seq=SEQ, solver="none").layers[0].kept_bytes
-    plan = ckptplan.plan(ref, (store.peak_bytes + every.peak_bytes) // 2, batch=BATCH, seq=SEQ, autocast="bf16")
+    assert store.layers[0].kept_bytes != ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").layers[0].kept_bytes
+    plan = ckptplan.plan(ref, (store.peak_bytes + every.peak_bytes) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, autocast="bf16")
     model = copy.deepcopy(ref)
     apply(model, plan)
     m = measure(model, batch(), autocast=torch.bfloat16)
@@ -273,7 +279,7 @@ def test_public_functions_stay_functions(ckptplan_binary):
         "num_attention_heads=2, intermediate_size=64, vocab_size=64)\n"
         "m = transformers.AutoModelForCausalLM.from_config(c)\n"
         "ckptplan.measure(m, {'input_ids': torch.zeros(1, 8, dtype=torch.long)})\n"
-        "ckptplan.plan(m, '1GiB', batch=1, seq=8)\n"
+        "ckptplan.plan(m, '1GiB', optimizer=OPTIMIZER, batch=1, seq=8)\n"
         "print(callable(ckptplan.apply), callable(ckptplan.trace), callable(ckptplan.measure))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -287,12 +293,12 @@ def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
     names); logits_dtype does not apply to a traced model."""
     import ckptplan
 
-    budget = lambda m: (ckptplan.plan(m, "1GiB", batch=BATCH, seq=SEQ, solver="none").peak_bytes  # noqa: E731
-                        + ckptplan.plan(m, "1GiB", batch=BATCH, seq=SEQ, solver="every-k").peak_bytes) // 2
+    budget = lambda m: (ckptplan.plan(m, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").peak_bytes  # noqa: E731
+                        + ckptplan.plan(m, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k").peak_bytes) // 2
     llama = build("llama", "sdpa", "fp32")
-    built = ckptplan.plan(llama, budget(llama), batch=BATCH, seq=SEQ)
+    built = ckptplan.plan(llama, budget(llama), optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
     neox = build_unbuilt("gpt_neox", "sdpa", "fp32")
-    traced = ckptplan.plan(neox, budget(neox), batch=BATCH, seq=SEQ)
+    traced = ckptplan.plan(neox, budget(neox), optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
     saved = lambda p: [s.name.split(".", 2)[2] for l in p.layers for s in l.saved]  # noqa: E731
     assert saved(built) and saved(traced), "both plans have selective layers"
     # The builder names a layer's tensors by module (mlp.up_proj), the
@@ -301,7 +307,7 @@ def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
     assert "mlp.dense_h_to_4h.addmm" in saved(traced)
     assert traced.attention == "sdpa" and traced.model == "GPTNeoXForCausalLM"
     with pytest.raises(ValueError, match="logits_dtype does not apply to a traced model"):
-        ckptplan.plan(neox, "1GiB", batch=BATCH, seq=SEQ, logits_dtype="fp32")
+        ckptplan.plan(neox, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, logits_dtype="fp32")
 
 
 def run_trace(*args: str) -> subprocess.CompletedProcess:
