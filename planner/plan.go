@@ -159,14 +159,14 @@ func (m *Moment) Bytes() mem.Bytes {
 // moment returns the peak moment of a schedule replayed to r (with its
 // timeline), or of the optimizer step when that holds more.
 func (p *Problem) moment(sched solver.Schedule, r solver.Result) *Moment {
-	if p.StepPeak > p.total(r.Peak) || len(r.Timeline) == 0 {
-		if p.StepPeak == 0 {
-			return nil
-		}
+	if p.StepPeak > 0 && p.StepPeak > p.total(r.Peak) {
 		m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static, ActivationsBytes: p.Chain.ActBytes[0]}
 		m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
 		m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
 		return m
+	}
+	if len(r.Timeline) == 0 {
+		return nil
 	}
 	k := 0
 	for j, b := range r.Timeline {
