@@ -15,6 +15,10 @@ func (s *GraphSpec) Build() (*ir.Graph, error) {
 	g := ir.NewGraph(s.Name, s.DType)
 	g.Setup = ir.DefaultSetup()
 	g.Setup.DType = s.DType.String()
+	if s.Optimizer != "" {
+		g.Setup.Optimizer = s.Optimizer
+	}
+	g.Setup.GradAccum = s.GradAccum
 	if b, ok := s.Dims["b"]; ok {
 		g.Setup.Batch = b
 	}

@@ -55,6 +55,10 @@ type GraphSpec struct {
 	// Traced is set for a graph a tracer wrote: its shapes are those of
 	// one batch and sequence, in one dtype.
 	Traced *Traced
+	// Optimizer and GradAccum, when set, are the training setup's: what
+	// runs after the ops, not one of them (ir.Setup).
+	Optimizer string
+	GradAccum int64
 
 	d      *decoder
 	inputs []inputSpec

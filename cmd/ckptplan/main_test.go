@@ -271,7 +271,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "missing-plan.json", "--to", "hf"}, false, "missing-plan.json"},
 		// Training flags change a model's setup; a graph or chain has none.
 		{[]string{"cost", "../../graphio/testdata/graphs/traced.yaml", "--optimizer", "paged-adamw8bit", "--zero", "3"}, true,
-			"traced.yaml is a traced graph: its ops are what the model ran; trace it again set up that way; training flags (--optimizer, --zero) apply to models and config.json files only"},
+			"traced.yaml is a traced graph: its ops are what the model ran; trace it again set up that way; training flags (--zero) apply to models and config.json files only"},
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--lora-rank", "4"}, true, "is a profiled chain: its costs are given; training flags (--lora-rank) apply to"},
 		{[]string{"sweep", "../../graphio/testdata/graphs/resmlp.yaml", "--quant", "nf4"}, true, "is an explicit graph"},
 		{[]string{"cost", "tiny-llama", "--lora-rank", "4", "--quant", "none", "--double-quant"}, true, "--double-quant quantizes 4-bit weights' constants"},

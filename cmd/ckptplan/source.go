@@ -104,7 +104,13 @@ func (s *setupFlags) applyTrainingTo(fs *flag.FlagSet, src *graphio.Source, arg 
 	}
 	var given []string
 	fs.Visit(func(f *flag.Flag) {
-		if s.training[f.Name] {
+		switch {
+		case src.Kind == graphio.KindGraph && f.Name == "optimizer":
+			// What runs after the ops, not one of them.
+			src.Graph.Optimizer = s.optimizer
+		case src.Kind == graphio.KindGraph && f.Name == "grad-accum":
+			src.Graph.GradAccum = s.gradAccum
+		case s.training[f.Name]:
 			given = append(given, "--"+f.Name)
 		}
 	})
