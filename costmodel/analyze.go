@@ -55,11 +55,10 @@ type Costs struct {
 	ForwardFLOPs                   int64
 	BackwardFLOPs                  int64
 	Static                         Static
-	// GradientsInBackward: the parameter gradients appear as the backward
-	// makes them (the function of that name), ParamGradBytes each node's,
-	// instead of being held the whole step (HeldBytes).
-	GradientsInBackward bool
-	ParamGradBytes      []int64
+	// ParamGrads says, node by node, where the backward makes the
+	// parameter gradients, when they appear in it (GradientsInBackward);
+	// nil when they are held the whole step.
+	ParamGrads []ParamGrad
 
 	outputs []int   // storage of each node's output
 	grad    []bool  // whether each node's output requires grad
@@ -67,10 +66,15 @@ type Costs struct {
 	reads   [][]int // storages of other nodes each node reads besides its inputs
 }
 
+// GradientsInBackward reports whether the parameter gradients appear in
+// the backward (the function of that name) rather than being held the
+// whole step.
+func (c *Costs) GradientsInBackward() bool { return c.ParamGrads != nil }
+
 // HeldBytes returns the static bytes held through the whole step: all of
 // Static, less the gradients when they appear in the backward.
 func (c *Costs) HeldBytes() int64 {
-	if c.GradientsInBackward {
+	if c.GradientsInBackward() {
 		return c.Static.Total() - c.Static.GradientsBytes
 	}
 	return c.Static.Total()
@@ -193,7 +197,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	st.BuffersBytes += a.heldInputs()
 	a.c.Static = st
 	if GradientsInBackward(g) && st.GradientsBytes > 0 {
-		a.c.GradientsInBackward, a.c.ParamGradBytes = true, paramGradBytes(g)
+		a.c.ParamGrads = paramGrads(g)
 	}
 	return a.c, nil
 }

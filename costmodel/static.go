@@ -70,39 +70,73 @@ func GradientsInBackward(g *ir.Graph) bool {
 		Profile(s.Profile) != Megatron && s.Optimizer != "none"
 }
 
-// paramGradBytes returns, for each node, the bytes of the gradients of
-// the parameters it holds, on one rank: trainable parameters (split over
-// tp ranks for linears and embeddings) in the gradient's dtype, as
-// staticOf counts them.
-func paramGradBytes(g *ir.Graph) []int64 {
-	out := make([]int64, len(g.Nodes))
+// ParamGrad is where node's backward puts parameter gradients, when they
+// appear in the backward: Keep, the bytes it makes and keeps to the
+// optimizer step; Apart, those it makes apart and adds into a gradient an
+// earlier backward made (the embedding a later head's weight is tied to).
+type ParamGrad struct{ Keep, Apart int64 }
+
+// paramGrads returns each node's ParamGrad: a node's trainable parameters
+// (split over tp ranks, tpShard) in the gradient's dtype (paramSizes), as
+// staticOf counts them. A tied weight's gradient is made by the backward
+// that reaches it first, its last user's; its other users make theirs
+// apart.
+func paramGrads(g *ir.Graph) []ParamGrad {
+	out := make([]ParamGrad, len(g.Nodes))
+	first := make([]int, len(g.Nodes)) // the node whose backward makes node i's weight gradient
 	for i := range g.Nodes {
-		tr := g.TrainableParams(i)
-		if tr == 0 {
-			continue
+		first[i] = i
+		if t := g.Nodes[i].Attrs.Tied; t != "" {
+			if h, ok := g.Lookup(t); ok {
+				first[h] = max(first[h], i)
+			}
 		}
-		if n := &g.Nodes[i]; n.Op == ir.Linear || n.Op == ir.Embedding {
-			tr = ceilDiv(tr, max(g.Setup.Parallel.TP, 1))
+	}
+	for i := range g.Nodes {
+		h := i
+		if t := g.Nodes[i].Attrs.Tied; t != "" {
+			var ok bool
+			if h, ok = g.Lookup(t); !ok {
+				continue
+			}
 		}
-		_, gradSize := paramSizes(g, i)
-		out[i] = tr * gradSize
+		_, _, gradSize := paramSizes(g, h)
+		b := tpShard(g, h, g.TrainableParams(h)) * gradSize
+		if i == first[h] {
+			out[i].Keep = b
+		} else {
+			out[i].Apart = b
+		}
 	}
 	return out
 }
 
-// paramSizes returns the bytes of one trainable parameter of node i and
-// of its gradient: the training dtype's, or a traced op's own; fp32 for
-// LoRA adapters PEFT keeps in fp32 over 16-bit weights; fp32 gradients
-// of 16-bit training under the megatron profile.
-func paramSizes(g *ir.Graph, i int) (train, grad int64) {
+// tpShard returns the part of n of node i's parameters one
+// tensor-parallel rank holds: linears and embeddings are split over tp,
+// norms replicated.
+func tpShard(g *ir.Graph, i int, n int64) int64 {
+	if op := g.Nodes[i].Op; op == ir.Linear || op == ir.Embedding {
+		return ceilDiv(n, max(g.Setup.Parallel.TP, 1))
+	}
+	return n
+}
+
+// paramSizes returns the bytes of one parameter of node i, of one
+// trainable parameter and of its gradient. A traced op's parameters may be
+// in a dtype of their own; PEFT's adapters over 16-bit weights are fp32,
+// as are their gradients; Megatron-LM accumulates and reduces 16-bit
+// training's gradients in fp32 buffers (its default for bf16, the
+// main_grad of every parameter): 2 + 4 + 12 = 18 bytes a parameter under
+// AdamW.
+func paramSizes(g *ir.Graph, i int) (weight, train, grad int64) {
 	s := g.Setup
 	e := g.DType.Size()
 	n := &g.Nodes[i]
-	size := e
+	weight = e
 	if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
-		size = n.Attrs.ParamDType.Size()
+		weight = n.Attrs.ParamDType.Size()
 	}
-	train = size
+	train = weight
 	if s.LoRA.FP32 && s.LoRA.Rank > 0 && e < 4 {
 		train = 4
 	}
@@ -110,7 +144,7 @@ func paramSizes(g *ir.Graph, i int) (train, grad int64) {
 	if Profile(s.Profile) == Megatron && e < 4 {
 		grad = 4
 	}
-	return train, grad
+	return weight, train, grad
 }
 
 // staticMemory follows the usual mixed-precision accounting (Rajbhandari
@@ -162,7 +196,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if e == 0 {
 		return Static{}, fmt.Errorf("graph %s has no dtype", g.Name)
 	}
-	tp, dp := max(s.Parallel.TP, 1), max(s.Parallel.DP, 1)
+	dp := max(s.Parallel.DP, 1)
 	opt, ok := optimizers[s.Optimizer]
 	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
@@ -183,20 +217,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		p, tr := g.Params(i), g.TrainableParams(i)
 		params += p
 		trainable += tr
-		split := n.Op == ir.Linear || n.Op == ir.Embedding
-		if split {
-			p, tr = ceilDiv(p, tp), ceilDiv(tr, tp)
-		}
-		// A traced op's parameters may be in a dtype of their own; PEFT's
-		// adapters over 16-bit weights are fp32, as are their gradients;
-		// Megatron-LM accumulates and reduces 16-bit training's gradients
-		// in fp32 buffers (its default for bf16, the main_grad of every
-		// parameter): 2 + 4 + 12 = 18 bytes a parameter under AdamW.
-		size := e
-		if n.Op == ir.Aten && n.Attrs.ParamDType != ir.Invalid {
-			size = n.Attrs.ParamDType.Size()
-		}
-		trainSize, gradSize := paramSizes(g, i)
+		p, tr = tpShard(g, i, p), tpShard(g, i, tr)
+		size, trainSize, gradSize := paramSizes(g, i)
 		approx += float64(p) * float64(2*max(size, trainSize)+16)
 		w0 := weights
 		weights += (p-tr)*size + tr*trainSize
@@ -206,9 +228,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		}
 		if opt.eightBit {
 			for _, t := range trainableTensors(g, i) {
-				if split {
-					t = ceilDiv(t, tp)
-				}
+				t = tpShard(g, i, t)
 				moments += adam8bitBytes(t)
 				eightBitState = eightBitState || t >= min8bitSize
 			}
@@ -217,9 +237,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		}
 		if s.Quant != "" {
 			for _, q := range quantizedWeights(g, i) {
-				if split {
-					q.elems, q.rows = ceilDiv(q.elems, tp), ceilDiv(q.rows, tp)
-				}
+				q.elems, q.rows = tpShard(g, i, q.elems), tpShard(g, i, q.rows)
 				weights += quantBytes(q, s.Quant, s.DoubleQuant) - q.elems*e
 				dequant = max(dequant, q.elems*e)
 			}
@@ -305,20 +323,17 @@ func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
 	if opt.moments == 0 || opt.eightBit || opt.paged || opt.impl == fused {
 		return 0
 	}
-	tp := max(g.Setup.Parallel.TP, 1)
 	var sum, largest int64
 	for i := range g.Nodes {
 		if !held(i) || g.TrainableParams(i) == 0 {
 			continue
 		}
-		train, _ := paramSizes(g, i)
+		_, train, _ := paramSizes(g, i)
 		if opt.master && train < 4 {
 			train = 4
 		}
 		for _, t := range trainableTensors(g, i) {
-			if n := g.Nodes[i].Op; n == ir.Linear || n == ir.Embedding {
-				t = ceilDiv(t, tp)
-			}
+			t = tpShard(g, i, t)
 			sum += t * train
 			largest = max(largest, t*train)
 		}
@@ -403,6 +418,19 @@ var optimizers = map[string]optimizer{
 	"adamw8bit":       {eightBit: true},
 	"paged-adamw8bit": {eightBit: true, paged: true},
 	"paged-adamw":     {moments: 8, paged: true},
+}
+
+// OptimizerName says which optimizer a setup names, and how PyTorch's
+// AdamW runs its step: "AdamW (foreach)" for adamw.
+func OptimizerName(name string) string {
+	o := optimizers[name]
+	switch {
+	case name == "none":
+		return "no optimizer"
+	case o.moments == 0 || o.eightBit || o.paged: // SGD, bitsandbytes'
+		return name
+	}
+	return "AdamW (" + [...]string{"foreach", "fused", "for-loop"}[o.impl] + ")"
 }
 
 // Bitsandbytes reports whether the named optimizer is one of

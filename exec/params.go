@@ -32,7 +32,7 @@ func (r *Runner) static(seed int64) {
 	// Gradients that appear in the backward are counted there
 	// (stage.ParamGradBuf).
 	allocGrad := alloc
-	if c.GradientsInBackward {
+	if c.GradientsInBackward() {
 		allocGrad = func(n int64, _ string) []float32 { return make([]float32, n) }
 	}
 	for i := range g.Nodes {

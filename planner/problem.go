@@ -131,7 +131,7 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 // through every microbatch, as a pipeline holds them. p itself when they
 // already are.
 func (p *Problem) Accumulating(microbatches int) (*Problem, error) {
-	if p.Costs == nil || !p.Costs.GradientsInBackward || microbatches < 2 {
+	if p.Costs == nil || !p.Costs.GradientsInBackward() || microbatches < 2 {
 		return p, nil
 	}
 	g := *p.Costs.Graph

@@ -79,6 +79,9 @@ func (c *Chain) Validate() error {
 			return fmt.Errorf("stage %d: tape of %d bytes is smaller than its output of %d", i, c.TapeBytes[i], c.ActBytes[i+1])
 		}
 	}
+	if c.Options != nil && len(c.Options) != l {
+		return fmt.Errorf("chain has options for %d stages, not %d", len(c.Options), l)
+	}
 	if c.GradBytes != nil && len(c.GradBytes) != l {
 		return fmt.Errorf("chain has gradient bytes for %d stages, not %d", len(c.GradBytes), l)
 	}
@@ -90,13 +93,10 @@ func (c *Chain) Validate() error {
 			return fmt.Errorf("stage %d: its backward's %d transient bytes do not count the %d bytes of gradients it makes", i, c.BackwardTempBytes[i], g)
 		}
 		for k := 1; k < c.NumOptions(i); k++ {
-			if c.Options != nil && len(c.Options) == l && c.Option(i, k).BackwardTempBytes < g {
+			if c.Option(i, k).BackwardTempBytes < g {
 				return fmt.Errorf("stage %d, option %d: its backward's transient bytes do not count the %d bytes of gradients it makes", i, k, g)
 			}
 		}
-	}
-	if c.Options != nil && len(c.Options) != l {
-		return fmt.Errorf("chain has options for %d stages, not %d", len(c.Options), l)
 	}
 	for i, opts := range c.Options {
 		for k, o := range opts {
@@ -170,16 +170,8 @@ func (c *Chain) FAllTemp(i int) mem.Bytes {
 // DeltaBytes returns the bytes of the gradient δ_i while it is live:
 // |a_i|, and with it the parameter gradients B(i) … B(L−1) have made
 // (GradBytes), which are live whenever δ_i is. δ_L, the loss's, is |a_L|.
-// O(L − i).
-func (c *Chain) DeltaBytes(i int) mem.Bytes {
-	d := c.ActBytes[i]
-	if c.GradBytes != nil {
-		for k := i; k < c.Len(); k++ {
-			d += c.GradBytes[k]
-		}
-	}
-	return d
-}
+// O(L).
+func (c *Chain) DeltaBytes(i int) mem.Bytes { return c.deltas()[i] }
 
 // deltas returns DeltaBytes(i) for i = 0 … L. O(L).
 func (c *Chain) deltas() []mem.Bytes {

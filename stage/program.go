@@ -56,7 +56,7 @@ const (
 	DeltaBuf                     // δ_i, the gradient of the stage's input
 	KernelBuf                    // a kernel's working memory
 	// ParamGradBuf is the gradient of a node's parameters, where they
-	// appear in the backward (costmodel.Costs.GradientsInBackward): made
+	// appear in the backward (costmodel.Costs.ParamGrads): made
 	// by the first backward to reach them and kept to the optimizer step;
 	// a later one (the embedding a head's weight is tied to) makes its
 	// gradient apart and frees it once added in.
@@ -246,38 +246,14 @@ func (st *Stage) BackwardProgram() Program {
 }
 
 // paramGrad returns the bytes of parameter gradients node id's backward
-// makes and keeps, and those it makes apart and adds into a gradient an
-// earlier backward made (a weight tied to a later node's): none unless
-// the gradients appear in the backward.
+// makes and keeps, and those it makes apart and adds in
+// (costmodel.ParamGrad): none unless the gradients appear in the backward.
 func (st *Stage) paramGrad(id int) (keep, apart mem.Bytes) {
-	c := st.c
-	if !c.GradientsInBackward {
+	if !st.c.GradientsInBackward() {
 		return 0, 0
 	}
-	g := c.Graph
-	holder := id
-	if t := g.Nodes[id].Attrs.Tied; t != "" {
-		h, ok := g.Lookup(t)
-		if !ok {
-			return 0, 0
-		}
-		holder = h
-	}
-	b := mem.Bytes(c.ParamGradBytes[holder])
-	if b == 0 {
-		return 0, 0
-	}
-	// The backward reaches the weight's last user first.
-	first := holder
-	for k := holder + 1; k < len(g.Nodes); k++ {
-		if g.Nodes[k].Attrs.Tied == g.Nodes[holder].Name {
-			first = k
-		}
-	}
-	if id == first {
-		return b, 0
-	}
-	return 0, b
+	pg := st.c.ParamGrads[id]
+	return mem.Bytes(pg.Keep), mem.Bytes(pg.Apart)
 }
 
 // paramGradBytes returns the parameter gradients the stage's backward

@@ -233,7 +233,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		fmt.Fprintf(w, "peak in the %s: static %v + gradients %v + activations %v + working memory %v\n", m.At, m.StaticBytes, m.GradientsBytes, m.ActivationsBytes, m.TransientBytes)
 	}
 	if s := p.Setup; s != nil {
-		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile, %s", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers), optimizerName(s.Optimizer))
+		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile, %s", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers), costmodel.OptimizerName(s.Optimizer))
 		if s.GradAccum > 1 {
 			fmt.Fprintf(w, ", %d micro-batches a step", s.GradAccum)
 		}
@@ -278,22 +278,6 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		fmt.Fprintf(w, "keep set: drop(…) lists the tensors a selective stage drops and its backward recomputes; keep(…) the only ones it keeps\n")
 	}
 	return nil
-}
-
-// optimizerName says which optimizer a setup names, and how PyTorch's
-// AdamW runs its step.
-func optimizerName(o string) string {
-	switch o {
-	case "", "adamw", "adamw-foreach":
-		return "AdamW (foreach)"
-	case "adamw-fused":
-		return "AdamW (fused)"
-	case "adamw-forloop":
-		return "AdamW (for-loop)"
-	case "none":
-		return "no optimizer"
-	}
-	return o
 }
 
 func costString(v float64, unit string) string {
