@@ -8,8 +8,9 @@ config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, num_atten
 model = transformers.LlamaForCausalLM(config)  # or a PEFT model; random weights here
 ids = torch.randint(0, config.vocab_size, (2, 32))
 
-store = ckptplan.plan(model, batch=2, seq=32, budget="1GiB", solver="none")
-plan = ckptplan.plan(model, batch=2, seq=32, budget=store.peak_bytes * 95 // 100)
+optimizer = torch.optim.AdamW(model.parameters(), fused=True)  # the one the step runs
+store = ckptplan.plan(model, batch=2, seq=32, budget="1GiB", solver="none", optimizer=optimizer)
+plan = ckptplan.plan(model, batch=2, seq=32, budget=store.peak_bytes * 95 // 100, optimizer=optimizer)
 print(plan.summary())
 ckptplan.apply(model, plan)
 m = ckptplan.measure(model, {"input_ids": ids})
