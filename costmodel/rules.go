@@ -125,7 +125,14 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.CrossEntropy:
 		// log_softmax keeps its output; nll_loss keeps only the targets.
-		a.keep(n, a.extra(n, LogSoftmax, x().Shape, x().DType, a.shard[n.Inputs[0]]))
+		// A loss that shifts the logits by a copy takes the log-softmax of
+		// the first s−1 positions.
+		sh := x().Shape
+		if a.g.Setup.Numerics.LossShiftCopy && len(sh) >= 3 && sh[len(sh)-2] > 1 {
+			sh = sh.Clone()
+			sh[len(sh)-2]--
+		}
+		a.keep(n, a.extra(n, LogSoftmax, sh, x().DType, a.shard[n.Inputs[0]]))
 	case ir.Attention:
 		a.keepAttention(n)
 	case ir.Aten:

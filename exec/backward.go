@@ -126,7 +126,11 @@ func (r *Runner) backward(id, stage int) {
 		}
 	case ir.CrossEntropy:
 		rw, cl := rows(r.node(n.Inputs[0]).Shape)
-		kernel.CrossEntropyBackward(dx, r.extra(id, costmodel.LogSoftmax), r.ids(n.Inputs[1]), dy[0], rw, cl)
+		var dlogp []float32 // none: a fused loss
+		if r.work != nil {
+			dlogp = r.work.F
+		}
+		kernel.CrossEntropyBackward(dx, r.extra(id, costmodel.LogSoftmax), dlogp, r.ids(n.Inputs[1]), dy[0], rw, cl)
 	default:
 		panic("exec: no backward kernel for " + n.Op.String())
 	}

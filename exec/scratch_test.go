@@ -13,7 +13,8 @@ import (
 // rank-r product and a chunk of at most 32 rows of its input; eager
 // attention's backward one s×s score matrix; flash attention's 64×64
 // tiles, clamped to the sequence, with two row statistics forward and
-// one value per query row backward. (The kernels refuse less; this
+// one value per query row backward; the loss's backward, nll_loss's
+// gradient of the log-probabilities, rows × vocab. (The kernels refuse less; this
 // catches a program that gives them more, or none.)
 func TestWorkspaceSizes(t *testing.T) {
 	for _, v := range []variant{
@@ -40,6 +41,8 @@ func TestWorkspaceSizes(t *testing.T) {
 				} else {
 					want[[2]int{id, 1}] = 4 * mem.Bytes(s*s)
 				}
+			case n.Op == ir.CrossEntropy:
+				want[[2]int{id, 1}] = 4 * mem.Bytes(g.Nodes[n.Inputs[0]].Shape.NumElements())
 			}
 		}
 		got := map[[2]int]mem.Bytes{}

@@ -8,7 +8,8 @@ package graphio
 // mask, and under sdpa a causal layer gets none), 4.54 (K and V go to
 // sdpa unexpanded, with enable_gqa, where there is no mask), 4.56 (the
 // contiguous copies dropped again) and in 5.2 and 5.4 (GPT-2's eager
-// attention became Llama's). Each of those changes what autograd saves,
+// attention became Llama's), and the causal LM loss stopped copying the
+// shifted logits in 4.49. Each of those changes what autograd saves,
 // so the transformers profile plans for one release, named in the setup
 // (training.transformers, --transformers), and this table is the one place
 // that says what a release does: every rule is a field of ir.Numerics,
@@ -47,6 +48,9 @@ type releaseRules struct {
 	sdpaContiguous, sdpaGQA, modelMasks bool
 	gpt2AdditiveMask, gpt2FloatScale    bool
 	phi3RopeCat                         bool
+	// lossShiftCopy: the causal LM loss shifts the logits by a
+	// contiguous copy (before 4.49).
+	lossShiftCopy bool
 	// softcapEager: a model whose attention soft-caps its scores
 	// (Gemma 2) has no sdpa attention, only eager and flash.
 	softcapEager bool
@@ -57,8 +61,9 @@ type releaseRules struct {
 }
 
 var releases = []releaseRules{
-	{from: Release{4, 46}},
-	{from: Release{4, 48}, sdpaContiguous: true, phi3RopeCat: true},
+	{from: Release{4, 46}, lossShiftCopy: true},
+	{from: Release{4, 48}, sdpaContiguous: true, phi3RopeCat: true, lossShiftCopy: true},
+	{from: Release{4, 49}, sdpaContiguous: true, phi3RopeCat: true},
 	{from: Release{4, 53}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true},
 	{from: Release{4, 54}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
 	{from: Release{4, 56}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
@@ -126,6 +131,7 @@ func ApplyRelease(t *ir.Setup, r Release) {
 	n.SDPAContiguous, n.SDPAGQA, n.ModelMasks = rules.sdpaContiguous, rules.sdpaGQA, rules.modelMasks
 	n.GPT2AdditiveMask, n.GPT2FloatScale = rules.gpt2AdditiveMask, rules.gpt2FloatScale
 	n.Phi3RopeCat = rules.phi3RopeCat
+	n.LossShiftCopy = rules.lossShiftCopy
 }
 
 // checkRelease reports what model m's setup asks of its transformers

@@ -95,6 +95,11 @@ type Numerics struct {
 	// its scores (transformers 5.2 and later), as Llama's does, instead
 	// of torch.where over its causal buffer.
 	GPT2AdditiveMask bool `yaml:"gpt2_additive_mask,omitempty" json:"gpt2_additive_mask,omitempty"`
+	// LossShiftCopy: the causal LM loss copies the logits of the first
+	// s−1 positions contiguous and takes the log-softmax of those
+	// (transformers before 4.49); later releases pad the labels instead
+	// and read all s positions in place.
+	LossShiftCopy bool `yaml:"loss_shift_copy,omitempty" json:"loss_shift_copy,omitempty"`
 	// CPUKernels: PyTorch's CPU kernels run the step (the Python package
 	// on a CPU); otherwise CUDA's, whose layer norm over 16-bit inputs
 	// keeps its statistics in fp32 and whose memory-efficient sdpa (fp32)

@@ -14,11 +14,27 @@ import (
 // attention's backward one head's s×s scores; flash attention a tile of
 // scores and its row statistics. The kernels check they are given this
 // much; the executor's tests check it against their published sizes.
+//
+// The loss holds what PyTorch's F.cross_entropy holds: in its backward,
+// nll_loss's gradient of the log-probabilities beside them (Megatron's
+// fused loss writes its gradient in place, and holds none); in its
+// forward, where the loss shifts the logits by a copy (transformers before
+// 4.49, ir.Numerics.LossShiftCopy), that copy beside the logits and the
+// log-probabilities. Both are the size of the log-probabilities.
 func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	g := c.Graph
 	n := &g.Nodes[id]
 	var floats int
 	switch n.Op {
+	case ir.CrossEntropy:
+		s := c.OwnedAs(id, costmodel.LogSoftmax)
+		if s < 0 {
+			return 0
+		}
+		if backward && c.Profile != costmodel.Megatron || !backward && g.Setup.Numerics.LossShiftCopy {
+			return mem.Bytes(c.Storages[s].Bytes)
+		}
+		return 0
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape

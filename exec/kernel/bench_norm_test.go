@@ -88,9 +88,10 @@ func BenchmarkCrossEntropy(b *testing.B) {
 		}
 	})
 	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, rows*vocab, 2)
+		benchNormBytes(b, rows*vocab, 3)
+		dlogp := make([]float32, CrossEntropyBackwardScratch(rows, vocab))
 		for b.Loop() {
-			CrossEntropyBackward(x, logp, targets, 1, rows, vocab)
+			CrossEntropyBackward(x, logp, dlogp, targets, 1, rows, vocab)
 		}
 	})
 }

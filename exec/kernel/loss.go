@@ -7,6 +7,13 @@
 //
 // N is the number of rows whose target is not −100 (all rows, in the
 // usual case). Torch-eager keeps logp alone; the targets are a graph input.
+//
+// The backward runs in PyTorch's two steps, and holds what they hold:
+// nll_loss's backward writes the gradient of logp (−dloss/N at each
+// target, 0 elsewhere) into a rows×vocab buffer of its own, and
+// log_softmax's backward reads it beside logp to write dlogits. So the
+// loss's backward holds, at its peak, logp, that gradient and dlogits: one
+// logits-sized tensor more than the gradient alone.
 package kernel
 
 import (
@@ -60,15 +67,36 @@ func CrossEntropy(logp, logits []float32, targets []int64, rows, vocab int) floa
 	return float32(s / float64(n))
 }
 
+// CrossEntropyBackwardScratch is the length of the scratch
+// CrossEntropyBackward needs: the gradient of logp, rows·vocab.
+func CrossEntropyBackwardScratch(rows, vocab int) int { return rows * vocab }
+
 // CrossEntropyBackward writes dlogits = (e^logp − onehot(target))·dloss/N
 // from the forward's logp and the targets, N being the rows that count;
-// ignored rows get 0. O(rows·vocab).
-func CrossEntropyBackward(dlogits, logp []float32, targets []int64, dloss float32, rows, vocab int) {
+// ignored rows get 0. As PyTorch, it first writes nll_loss's gradient of
+// logp into dlogp (at least CrossEntropyBackwardScratch(rows, vocab)
+// long), then log_softmax's backward from it: dlogits = dlogp −
+// e^logp·Σ dlogp. With dlogp nil it writes dlogits directly, as a fused
+// loss (Megatron's) does. O(rows·vocab).
+func CrossEntropyBackward(dlogits, logp, dlogp []float32, targets []int64, dloss float32, rows, vocab int) {
 	pointwiseMustLen("cross_entropy backward", "logp", len(logp), rows*vocab)
 	pointwiseMustLen("cross_entropy backward", "dlogits", len(dlogits), rows*vocab)
 	pointwiseMustLen("cross_entropy backward", "targets", len(targets), rows)
 	n := lossCount(targets, vocab)
 	g := float32(float64(dloss) / float64(n))
+	if dlogp != nil {
+		// nll_loss's backward.
+		mmCheck("cross_entropy scratch", len(dlogp), CrossEntropyBackwardScratch(rows, vocab))
+		dlogp = dlogp[:rows*vocab]
+		clear(dlogp)
+		for r, t := range targets {
+			if t != CrossEntropyIgnore {
+				dlogp[r*vocab+int(t)] = -g
+			}
+		}
+	}
+	// log_softmax's backward: a counted row's dlogp sums to −g, an
+	// ignored row's to 0.
 	for r, t := range targets {
 		lo, hi := r*vocab, (r+1)*vocab
 		dr := dlogits[lo:hi]
@@ -80,6 +108,13 @@ func CrossEntropyBackward(dlogits, logp []float32, targets []int64, dloss float3
 		for j := range dr {
 			dr[j] *= g
 		}
-		dr[t] -= g
+		if dlogp == nil {
+			dr[t] -= g
+			continue
+		}
+		dp := dlogp[lo:hi]
+		for j := range dr {
+			dr[j] += dp[j]
+		}
 	}
 }

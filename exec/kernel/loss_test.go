@@ -50,21 +50,25 @@ func TestCrossEntropy(t *testing.T) {
 			}
 			fdCheck(t, "logp", softmaxRef(fdWiden(logits), rows, vocab, true), logp, 1e-6)
 
-			dl := make([]float32, rows*vocab)
-			CrossEntropyBackward(dl, logp, targets, dloss, rows, vocab)
+			dl, dlogp := make([]float32, rows*vocab), mmNaN(CrossEntropyBackwardScratch(rows, vocab))
+			CrossEntropyBackward(dl, logp, dlogp, targets, dloss, rows, vocab)
 			fdGradCheck(t, "dlogits", func(v []float64) float64 {
 				return dloss * lossRef(v, targets, rows, vocab)
 			}, logits, dl)
 
 			logp2, dl2 := make([]float32, rows*vocab), make([]float32, rows*vocab)
 			loss2 := CrossEntropy(logp2, logits, targets, rows, vocab)
-			CrossEntropyBackward(dl2, logp2, targets, dloss, rows, vocab)
+			CrossEntropyBackward(dl2, logp2, mmNaN(CrossEntropyBackwardScratch(rows, vocab)), targets, dloss, rows, vocab)
 			fdSameBits(t, "loss", []float32{loss}, []float32{loss2})
 			fdSameBits(t, "logp", logp, logp2)
 			fdSameBits(t, "dlogits", dl, dl2)
+			// Fused, without the scratch: the same gradient.
+			dl3 := make([]float32, rows*vocab)
+			CrossEntropyBackward(dl3, logp, nil, targets, dloss, rows, vocab)
+			fdSameBits(t, "fused dlogits", dl, dl3)
 
 			fdNoAllocs(t, "forward", func() { CrossEntropy(logp, logits, targets, rows, vocab) })
-			fdNoAllocs(t, "backward", func() { CrossEntropyBackward(dl, logp, targets, dloss, rows, vocab) })
+			fdNoAllocs(t, "backward", func() { CrossEntropyBackward(dl, logp, dlogp, targets, dloss, rows, vocab) })
 		})
 	}
 }
@@ -75,7 +79,7 @@ func TestCrossEntropyAllIgnored(t *testing.T) {
 	if loss := CrossEntropy(logp, []float32{1, 2, 3, 4}, targets, 2, 2); !math.IsNaN(float64(loss)) {
 		t.Errorf("loss %v, want NaN", loss)
 	}
-	CrossEntropyBackward(dl, logp, targets, 1, 2, 2)
+	CrossEntropyBackward(dl, logp, mmNaN(4), targets, 1, 2, 2)
 	for i, v := range dl {
 		if v != 0 {
 			t.Errorf("dlogits[%d] = %v, want 0", i, v)
