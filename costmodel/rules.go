@@ -125,14 +125,19 @@ func (a *analyzer) keeps(n *ir.Node) {
 		}
 	case ir.CrossEntropy:
 		// log_softmax keeps its output; nll_loss keeps only the targets.
-		// A loss that shifts the logits by a copy takes the log-softmax of
-		// the first s−1 positions.
+		// A loss that shifts the logits by a copy (LossShiftCopy) takes
+		// the log-softmax of the first s−1 positions, and nll_loss keeps
+		// the contiguous copy of the last s−1 targets.
 		sh := x().Shape
-		if a.g.Setup.Numerics.LossShiftCopy && len(sh) >= 3 && sh[len(sh)-2] > 1 {
+		shift := a.g.Setup.Numerics.LossShiftCopy && len(sh) >= 3 && sh[len(sh)-2] > 1
+		if shift {
 			sh = sh.Clone()
 			sh[len(sh)-2]--
 		}
 		a.keep(n, a.extra(n, LogSoftmax, sh, x().DType, a.shard[n.Inputs[0]]))
+		if shift {
+			a.keep(n, a.extra(n, ShiftLabels, sh[:len(sh)-1], ir.Int64, false))
+		}
 	case ir.Attention:
 		a.keepAttention(n)
 	case ir.Aten:

@@ -72,6 +72,9 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 	if g.DType != ir.FP32 {
 		return nil, fmt.Errorf("the executor runs fp32 only; %s trains in %v", p.Name, g.DType)
 	}
+	if g.Setup.Numerics.LossShiftCopy {
+		return nil, fmt.Errorf("the executor's loss reads every position; %s shifts the logits by a copy (loss_shift_copy, transformers before 4.49): plan it without", p.Name)
+	}
 	r := &Runner{g: g, c: p.Costs, prob: p, stages: p.Stages, tr: NewTracker(), layout: layouts(p.Costs), seed: uint64(seed)}
 	// Pointwise kernels read their inputs whole; views, products (through
 	// their contiguous copies) and the ops that gather take strided ones.
@@ -170,8 +173,9 @@ func (r *Runner) Step(s solver.Schedule) error {
 }
 
 // backwardStage runs B(i) on the tape of keep set opt: it reruns what the
-// keep set dropped, runs the backward, and frees the tape (less skip, a
-// storage already freed; -1 for none) and δ_{i+1}.
+// keep set dropped, runs the backward (which frees the storages the
+// stage's ops save as their last reader runs), and frees the rest of the
+// tape (less skip, a storage already freed; -1 for none) and δ_{i+1}.
 func (r *Runner) backwardStage(i, opt, skip int) {
 	st := r.stages[i]
 	if ks := &st.KeepSets[opt]; len(ks.Recompute) > 0 {
@@ -179,9 +183,16 @@ func (r *Runner) backwardStage(i, opt, skip int) {
 		r.runProgram(st.RecomputeProgram(ks), i)
 		r.fresh = nil
 	}
-	r.runProgram(st.BackwardProgram(), i)
+	p := st.BackwardProgram()
+	r.runProgram(p, i)
+	freed := map[int]bool{skip: true}
+	for _, e := range p {
+		if e.Kind == stage.Free && e.Buf == stage.StorageBuf {
+			freed[e.Storage] = true
+		}
+	}
 	for _, s := range st.Tape() {
-		if s != skip {
+		if !freed[s] {
 			r.freeStorage(s)
 		}
 	}

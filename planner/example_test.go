@@ -22,7 +22,7 @@ func ExampleProblem_Plan() {
 	if err != nil {
 		panic(err)
 	}
-	plan, err := p.Plan(&planner.Options{Budget: 442 * mem.MiB / 100})
+	plan, err := p.Plan(&planner.Options{Budget: 435 * mem.MiB / 100})
 	if err != nil {
 		panic(err)
 	}
@@ -33,7 +33,7 @@ func ExampleProblem_Plan() {
 	// Output:
 	// true true true
 	// embed store
-	// layers.0 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
+	// layers.0 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.1 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.2 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.3 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)

@@ -26,7 +26,8 @@ type Chain struct {
 	// GradBytes[i] are the bytes of the parameter gradients B(i) makes,
 	// which stay live to the end of the step (the optimizer reads them):
 	// BackwardTempBytes[i] and every option's count them at their moment
-	// within B(i), and the gradient δ_i carried on counts them and those
+	// within B(i) (where B(i) may have freed part of its tape: never
+	// less than GradBytes[i] − TapeBytes[i]), and the gradient δ_i carried on counts them and those
 	// of every later stage (DeltaBytes). Nil: gradients are not the
 	// chain's (they are held the whole step, or there are none).
 	GradBytes     []mem.Bytes
@@ -89,11 +90,13 @@ func (c *Chain) Validate() error {
 		if g < 0 {
 			return fmt.Errorf("stage %d: negative gradient bytes", i)
 		}
-		if c.BackwardTempBytes[i] < g {
+		// B(i) may free its tape before it makes the gradients, never
+		// more than its tape.
+		if c.BackwardTempBytes[i]+c.TapeBytes[i] < g {
 			return fmt.Errorf("stage %d: its backward's %d transient bytes do not count the %d bytes of gradients it makes", i, c.BackwardTempBytes[i], g)
 		}
 		for k := 1; k < c.NumOptions(i); k++ {
-			if c.Option(i, k).BackwardTempBytes < g {
+			if o := c.Option(i, k); o.BackwardTempBytes+o.TapeBytes < g {
 				return fmt.Errorf("stage %d, option %d: its backward's transient bytes do not count the %d bytes of gradients it makes", i, k, g)
 			}
 		}

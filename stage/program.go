@@ -15,11 +15,15 @@ package stage
 // allocating what it owns that was not kept; what the backward does not
 // read is freed after its last reader.
 //
-// Backward: δ_i (the gradient of the stage's input) is allocated first;
-// nodes run in reverse; a node allocates the gradients of its inputs the
-// first time one is written, and a scratch buffer when another node wrote
+// Backward: nodes run in reverse; a node allocates the gradients of its
+// inputs the first time one is written (δ_i, the gradient of the stage's
+// input, too: autograd makes it when the first node that reads the input
+// runs its backward; a stage whose input gets no gradient allocates it
+// last, zero, for the chain's accounting), and a scratch buffer when another node wrote
 // it already (the kernel writes, the runner adds); after its backward the
-// node's own gradient is freed. The stage output's gradient is δ_{i+1},
+// node's own gradient is freed, and so are the tape storages whose last
+// reader it was (autograd releases a node's saved tensors once its
+// backward has run). The stage output's gradient is δ_{i+1},
 // which the chain accounts for. Where the parameter gradients appear in
 // the backward, a node's are allocated with its inputs' and kept.
 
@@ -192,14 +196,15 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 }
 
 // BackwardProgram returns the program of the stage's backward, which
-// allocates δ_i first and reads the whole tape.
+// reads the whole tape, frees what of it the stage's ops save, and ends
+// holding δ_i.
 func (st *Stage) BackwardProgram() Program {
 	c, nodes := st.c, st.Nodes
 	g := c.Graph
 	in := inStage(g, nodes)
 	last := nodes[len(nodes)-1]
 	delta := st.InputBytes
-	p := Program{{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta}}
+	var p Program
 	written := map[int]bool{} // nodes whose gradient (or δ_i, key -1) was written
 	for k := len(nodes) - 1; k >= 0; k-- {
 		id := nodes[k]
@@ -207,6 +212,7 @@ func (st *Stage) BackwardProgram() Program {
 			continue // no gradient reaches this node
 		}
 		var scratch []Event
+		mark := len(p) // where the gradients of the inputs start
 		for i, src := range g.Nodes[id].Inputs {
 			if !c.RequiresGrad(src) || g.Nodes[id].Op.Routes(i) {
 				continue
@@ -223,8 +229,14 @@ func (st *Stage) BackwardProgram() Program {
 				scratch = append(scratch, e)
 			case key >= 0:
 				p = append(p, Event{Kind: Alloc, Buf: GradBuf, Node: src, Bytes: bytes})
+			default:
+				p = append(p, Event{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta})
 			}
 			written[key] = true
+		}
+		if ws := shiftedLossWorkspace(c, id); ws > 0 {
+			p = append(p[:mark], shiftedLossBackward(id, ws, p[mark:], st.release[id], st)...)
+			continue
 		}
 		keep, apart := st.paramGrad(id)
 		if keep > 0 {
@@ -241,8 +253,34 @@ func (st *Stage) BackwardProgram() Program {
 		if id != last && written[id] {
 			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: gradBytes(g, id)})
 		}
+		for _, s := range st.release[id] {
+			p = append(p, st.storageEvent(Free, s))
+		}
+	}
+	if !written[-1] {
+		p = append(p, Event{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta})
 	}
 	return p
+}
+
+// shiftedLossBackward returns the backward of a loss over shifted logits
+// (ir.Numerics.LossShiftCopy), in the order PyTorch runs it: nll_loss's
+// gradient of the log-probabilities and log_softmax's gradient of the
+// shifted copy (ws bytes each) beside the log-probabilities; then those
+// and the loss's tape freed; then slice's backward makes the gradient of
+// the whole logits (grads, the events that allocate its inputs'
+// gradients) and the copy's gradient is freed.
+func shiftedLossBackward(id int, ws mem.Bytes, grads []Event, release []int, st *Stage) Program {
+	nll := Event{Kind: Alloc, Buf: KernelBuf, Node: id, Storage: 0, Bytes: ws}
+	copyGrad := Event{Kind: Alloc, Buf: KernelBuf, Node: id, Storage: 1, Bytes: ws}
+	p := Program{nll, copyGrad, {Kind: RunBackward, Node: id}}
+	nll.Kind, copyGrad.Kind = Free, Free
+	p = append(p, nll)
+	for _, s := range release {
+		p = append(p, st.storageEvent(Free, s))
+	}
+	p = append(p, grads...)
+	return append(p, copyGrad)
 }
 
 // paramGrad returns the bytes of parameter gradients node id's backward

@@ -10,7 +10,9 @@ import (
 
 // TestPrograms checks the invariants of every stage program of the tiny
 // models: a forward without tapes ends holding only its output, a storing
-// forward exactly its tape, a backward only δ_i; nothing is freed twice or
+// forward exactly its tape, a backward δ_i, its parameter gradients and
+// the part of the tape no op of the stage saves (the rest it frees, each
+// storage once no node left to run saves it); nothing is freed twice or
 // before it is allocated, and every node runs once.
 func TestPrograms(t *testing.T) {
 	for _, name := range []string{"tiny-gpt2", "tiny-llama"} {
@@ -25,7 +27,7 @@ func TestPrograms(t *testing.T) {
 				{"forward", st.ForwardProgram(), st.OutputBytes()},
 				{"storing forward", st.StoringProgram(&all), st.TapeBytes},
 			} {
-				live, runs := replay(t, p.prog)
+				live, runs := replay(t, p.prog, nil)
 				if live != p.want || runs != len(st.Nodes) {
 					t.Errorf("%s stage %d %s: ends holding %d bytes after %d runs, want %d after %d", name, i, p.name, live, runs, p.want, len(st.Nodes))
 				}
@@ -48,15 +50,51 @@ func TestPrograms(t *testing.T) {
 			if st.GradBytes != grads || grads == 0 {
 				t.Errorf("%s stage %d: parameter gradients of %d bytes, want %d", name, i, st.GradBytes, grads)
 			}
-			if live, _ := replay(t, st.BackwardProgram()); live != st.InputBytes+grads {
-				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d and %d of parameter gradients", name, i, live, st.InputBytes, grads)
+			c := st.Costs()
+			var unsaved mem.Bytes
+			savers := map[int][]int{} // tape storage → the stage's nodes that save it
+			for _, s := range st.Tape() {
+				for _, id := range st.Nodes {
+					if slices.Contains(c.Nodes[id].Saved, s) {
+						savers[s] = append(savers[s], id)
+					}
+				}
+				if savers[s] == nil {
+					unsaved += mem.Bytes(c.Storages[s].Bytes)
+				}
+			}
+			prog := st.BackwardProgram()
+			ran := map[int]bool{}
+			for _, e := range prog {
+				switch {
+				case e.Kind == RunBackward:
+					ran[e.Node] = true
+				case e.Kind == Free && e.Buf == StorageBuf:
+					for _, id := range savers[e.Storage] {
+						if !ran[id] {
+							t.Errorf("%s stage %d backward: frees %s before the backward of %s, which saves it", name, i, st.TensorName(e.Storage), g.Nodes[id].Name)
+						}
+					}
+				}
+			}
+			if live, _ := replay(t, prog, st); live != st.InputBytes+grads+unsaved {
+				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d, %d of parameter gradients and %d of tape no op saves", name, i, live, st.InputBytes, grads, unsaved)
 			}
 		}
 	}
 }
 
-func replay(t *testing.T, p Program) (live mem.Bytes, runs int) {
+// replay runs p from holding nothing, or the tape of st when st is not
+// nil (a backward), and returns what it ends holding.
+func replay(t *testing.T, p Program, st *Stage) (live mem.Bytes, runs int) {
 	held := map[[3]int]bool{}
+	if st != nil {
+		for _, s := range st.Tape() {
+			e := st.storageEvent(Alloc, s)
+			held[[3]int{int(e.Buf), e.Node, e.Storage}] = true
+			live += e.Bytes
+		}
+	}
 	for _, e := range p {
 		key := [3]int{int(e.Buf), e.Node, e.Storage}
 		switch e.Kind {

@@ -57,10 +57,15 @@ type Stage struct {
 	// its only keep set keeps everything.
 	Routed bool
 
-	c      *costmodel.Costs
-	tape   []int       // every storage keeping everything keeps, sorted
-	index  map[int]int // saved storage → its index in Saved
-	prefix string      // the nodes' common dotted name prefix, left out of tensor names
+	c    *costmodel.Costs
+	tape []int // every storage keeping everything keeps, sorted
+	// release says, node by node, the tape storages whose last reader
+	// its backward is: autograd frees a node's saved tensors once its
+	// backward has run, and a storage with them when no other node still
+	// saves it.
+	release map[int][]int
+	index   map[int]int // saved storage → its index in Saved
+	prefix  string      // the nodes' common dotted name prefix, left out of tensor names
 }
 
 // Build cuts a costed graph into stages, at its blocks when byBlock (a
@@ -148,6 +153,17 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 		st.TapeBytes += mem.Bytes(c.Storages[s].Bytes)
 	}
 	slices.Sort(st.tape)
+	st.release = map[int][]int{}
+	for _, s := range st.tape {
+		// The backward runs in reverse: the first node in graph order
+		// that saves s reads it last.
+		for _, id := range sp.nodes {
+			if slices.Contains(c.Nodes[id].Saved, s) {
+				st.release[id] = append(st.release[id], s)
+				break
+			}
+		}
+	}
 	for _, id := range sp.nodes {
 		for _, s := range c.Owned(id) {
 			if inTape[s] && s != st.Output {
@@ -160,8 +176,8 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 	all := st.keepAll()
 	st.ForwardTempBytes = st.ForwardProgram().Peak() - st.OutputBytes()
 	st.FAllTempBytes = st.StoringProgram(&all).Peak() - st.TapeBytes
-	st.BackwardTempBytes = st.BackwardProgram().Peak()
 	st.GradBytes = st.paramGradBytes()
+	st.BackwardTempBytes = st.BackwardProgram().Peak()
 	return st
 }
 
@@ -218,7 +234,9 @@ func (st *Stage) OutputBytes() mem.Bytes { return mem.Bytes(st.c.Storages[st.Out
 func (st *Stage) Costs() *costmodel.Costs { return st.c }
 
 // Tape returns every storage a storing forward that keeps everything
-// keeps, a_{i+1} included, in storage order; the backward frees them.
+// keeps, a_{i+1} included, in storage order; the backward frees them:
+// those an op of the stage saves once the last of them has run its
+// backward, the others when the stage's backward ends.
 func (st *Stage) Tape() []int { return st.tape }
 
 // TensorName returns the name of a storage in the vocabulary of the

@@ -20,7 +20,9 @@ import (
 // fused loss writes its gradient in place, and holds none); in its
 // forward, where the loss shifts the logits by a copy (transformers before
 // 4.49, ir.Numerics.LossShiftCopy), that copy beside the logits and the
-// log-probabilities. Both are the size of the log-probabilities.
+// log-probabilities. Both are the size of the log-probabilities. The
+// backward of a shifted loss holds more, in an order of its own
+// (shiftedLossWorkspace, shiftedLossBackward).
 func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	g := c.Graph
 	n := &g.Nodes[id]
@@ -31,10 +33,10 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		if s < 0 {
 			return 0
 		}
-		if backward && c.Profile != costmodel.Megatron || !backward && g.Setup.Numerics.LossShiftCopy {
+		if backward && c.Profile != costmodel.Megatron && !g.Setup.Numerics.LossShiftCopy || !backward && g.Setup.Numerics.LossShiftCopy {
 			return mem.Bytes(c.Storages[s].Bytes)
 		}
-		return 0
+		return 0 // the backward of a shifted loss: shiftedLossBackward
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape
@@ -53,4 +55,17 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		}
 	}
 	return 4 * mem.Bytes(floats)
+}
+
+// shiftedLossWorkspace returns the size of each of the two gradients the
+// backward of a loss over shifted logits (ir.Numerics.LossShiftCopy)
+// holds beside its log-probabilities, theirs; 0 for any other node.
+func shiftedLossWorkspace(c *costmodel.Costs, id int) mem.Bytes {
+	if c.Graph.Nodes[id].Op != ir.CrossEntropy || !c.Graph.Setup.Numerics.LossShiftCopy {
+		return 0
+	}
+	if s := c.OwnedAs(id, costmodel.LogSoftmax); s >= 0 {
+		return mem.Bytes(c.Storages[s].Bytes)
+	}
+	return 0
 }
