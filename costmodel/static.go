@@ -201,7 +201,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
 	}
-	var params, trainable, weights, grads, moments, masters, dequant int64
+	var params, trainable, weights, grads, moments, masters, dequant, tensors int64
 	var approx float64     // bytes, in float64: it cannot wrap
 	eightBitState := false // some tensor's moments are 8-bit
 	// The unsharded weights and gradients of each decoder layer, and of
@@ -223,6 +223,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		w0 := weights
 		weights += (p-tr)*size + tr*trainSize
 		grads += tr * gradSize
+		tensors += int64(len(trainableTensors(g, i)))
 		if trainSize < 4 {
 			masters += tr
 		}
@@ -270,6 +271,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
+	}
+	if opt.counter && (opt.impl == fused || s.Numerics.CPUKernels) {
+		st.OptimizerBytes += tensors * counterBytes
 	}
 	if eightBitState {
 		// The optimizer's two quantization maps, 256 fp32 values each,
@@ -393,7 +397,14 @@ type optimizer struct {
 	master   bool  // an fp32 master copy of weights trained in 16 bits (mixed precision)
 	paged    bool  // its state in CUDA unified memory (bitsandbytes' paged optimizers)
 	impl     stepImpl
+	// counter: PyTorch's AdamW counts its steps in a 0-dim fp32 tensor a
+	// trained tensor, on the device when fused (or on the CPU the step
+	// runs on), on the host otherwise; bitsandbytes' in a Python int.
+	counter bool
 }
+
+// counterBytes is one step counter of PyTorch's AdamW.
+const counterBytes = 4
 
 // stepImpl is how PyTorch's AdamW runs its step (stepWorkspace).
 type stepImpl uint8
@@ -408,11 +419,11 @@ const (
 // AdamW. PyTorch's keep a master copy under mixed precision;
 // bitsandbytes' update the weights in their own dtype.
 var optimizers = map[string]optimizer{
-	"":                {moments: 8, master: true},
-	"adamw":           {moments: 8, master: true},
-	"adamw-foreach":   {moments: 8, master: true},
-	"adamw-fused":     {moments: 8, master: true, impl: fused},
-	"adamw-forloop":   {moments: 8, master: true, impl: forLoop},
+	"":                {moments: 8, master: true, counter: true},
+	"adamw":           {moments: 8, master: true, counter: true},
+	"adamw-foreach":   {moments: 8, master: true, counter: true},
+	"adamw-fused":     {moments: 8, master: true, impl: fused, counter: true},
+	"adamw-forloop":   {moments: 8, master: true, impl: forLoop, counter: true},
 	"sgd":             {master: true},
 	"none":            {},
 	"adamw8bit":       {eightBit: true},
@@ -553,27 +564,38 @@ func trainableTensors(g *ir.Graph, i int) []int64 {
 // through the step: one pair per distinct (sequence, head size) among the
 // graph's RoPE nodes when the model makes them once, none when its layers
 // make their own (their copies are the layers' activations), and a pair
-// for every position in each layer whose RoPE indexes a cache of its own.
+// for every position in each layer whose RoPE indexes a cache of its own;
+// and the inverse frequencies each rotary embedding module holds as a
+// buffer (inv_freq: head size / 2 fp32 values), the model's one or each
+// layer's.
 func ropeTables(g *ir.Graph, held func(int) bool) int64 {
 	seen := map[[2]int64]bool{}
-	cached := map[string]bool{}
+	layers := map[string]bool{}
 	inLayer := false
-	var model, b int64
+	var model, b, invFreq int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		if n.Op != ir.RoPE || !held(i) {
 			continue
 		}
+		perLayer := n.Attrs.Tables || n.Attrs.CacheLen > 0
 		inLayer = inLayer || n.Attrs.Tables
-		if c := n.Attrs.CacheLen; c > 0 && !cached[n.Block] {
-			cached[n.Block] = true
-			b += 2 * c * n.Shape.Last() * g.DType.Size()
+		if perLayer && !layers[n.Block] {
+			layers[n.Block] = true
+			b += n.Shape.Last() / 2 * 4
+			if c := n.Attrs.CacheLen; c > 0 {
+				b += 2 * c * n.Shape.Last() * g.DType.Size()
+			}
 		}
 		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
 		if !seen[k] {
 			seen[k] = true
 			model += 2 * k[0] * k[1] * g.DType.Size()
+			invFreq += k[1] / 2 * 4
 		}
+	}
+	if len(layers) == 0 {
+		b += invFreq
 	}
 	if !inLayer {
 		b += model

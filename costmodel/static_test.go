@@ -18,8 +18,9 @@ func TestStaticZeRO(t *testing.T) {
 		m.Training.DType, m.Training.Optimizer = dtype, opt
 		m.Training.Parallel = ir.Parallel{DP: dp, TP: 1, Zero: zero}
 		c := analyzeModel(t, m)
-		// The rotary tables: cos and sin, seq × head size each.
-		if want := 2 * m.Training.Seq * 16 * c.Graph.DType.Size(); c.Static.BuffersBytes != want {
+		// The rotary tables: cos and sin, seq × head size each; and the
+		// rotary module's inverse frequencies, head size / 2 in fp32.
+		if want := 2*m.Training.Seq*16*c.Graph.DType.Size() + 16/2*4; c.Static.BuffersBytes != want {
 			t.Errorf("buffers = %d, want %d", c.Static.BuffersBytes, want)
 		}
 		st := c.Static
@@ -47,8 +48,11 @@ func TestStaticZeRO(t *testing.T) {
 		// The foreach step takes the square root of every fp32 second
 		// moment at once; the fused step makes nothing, the for-loop one
 		// the square root and quotient of the largest tensor, an MLP's
-		// 64·128 projection.
-		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi}},
+		// 64·128 projection. The fused step keeps its step counters on
+		// the device, a 0-dim fp32 tensor for each of the 21 trained
+		// tensors (embedding, head, final norm, 9 a layer); the others on
+		// the host.
+		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8*psi + 4*21}},
 		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 2 * 4 * 64 * 128}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
 		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
@@ -185,7 +189,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2 * 2048 * 16 * 2, StepBytes: 4 * adapters}
+	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2*2048*16*2 + 16/2*4, StepBytes: 4 * adapters}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
