@@ -53,6 +53,7 @@ const (
 	RNGState                    // CUDA's flash sdpa: its philox seed, int64
 	RNGOffset                   // and offset
 	ShiftLabels                 // cross-entropy over shifted logits: the contiguous copy of the shifted targets, int64
+	TotalWeight                 // cross-entropy: nll_loss's count of the targets that count, a 0-dim fp32
 	// Out1 is a traced op's first extra output; its k-th is Out1+k-1
 	// (ExtraRole), up to ir.MaxExtras.
 	Out1
@@ -68,7 +69,7 @@ var roleNames = [...]string{
 	LoRAInput: "lora_input", WeightCopy: "weight_16", LoRAAWeight: "lora_a_weight_16", LoRABWeight: "lora_b_weight_16",
 	OnePlusWeight: "one_plus_weight", Scaled: "scaled", AttnMask: "attn_mask",
 	Indices: "indices", Route: "route", Sum: "sum", InputCopy: "input_copy",
-	RNGState: "rng_state", RNGOffset: "rng_offset", ShiftLabels: "shift_labels",
+	RNGState: "rng_state", RNGOffset: "rng_offset", ShiftLabels: "shift_labels", TotalWeight: "total_weight",
 }
 
 // ExtraRole is the role of a traced op's k-th extra output (k from 1).

@@ -124,7 +124,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 			a.keepHost(n, WrappedScalarBytes)
 		}
 	case ir.CrossEntropy:
-		// log_softmax keeps its output; nll_loss keeps only the targets.
+		// log_softmax keeps its output; nll_loss the targets.
 		// A loss that shifts the logits by a copy (LossShiftCopy) takes
 		// the log-softmax of the first s−1 positions, and nll_loss keeps
 		// the contiguous copy of the last s−1 targets.
@@ -137,6 +137,13 @@ func (a *analyzer) keeps(n *ir.Node) {
 		a.keep(n, a.extra(n, LogSoftmax, sh, x().DType, a.shard[n.Inputs[0]]))
 		if shift {
 			a.keep(n, a.extra(n, ShiftLabels, sh[:len(sh)-1], ir.Int64, false))
+		}
+		if a.profile == Transformers {
+			// nll_loss keeps the count it divides by, a 0-dim fp32
+			// tensor. (PyTorch frees it once nll_loss's backward has
+			// run, before log_softmax's: a cross_entropy node frees it
+			// after both.)
+			a.keep(n, a.extra(n, TotalWeight, ir.Shape{1}, ir.FP32, false))
 		}
 	case ir.Attention:
 		a.keepAttention(n)

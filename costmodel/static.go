@@ -16,7 +16,9 @@ type Static struct {
 	GradientsBytes      int64 // on one rank
 	OptimizerBytes      int64 // on one rank, fp32 master weights included
 	// BuffersBytes are the model's non-trained tensors that live for the
-	// whole step: the rotary embedding's cos and sin tables.
+	// whole step: the rotary embedding's cos and sin tables and its
+	// registered buffers (ropeTables), or the buffers measured on the
+	// live model (ir.Setup.BuffersBytes).
 	BuffersBytes int64
 	// DequantBytes is the largest quantized weight dequantized to the
 	// training dtype, which a layer makes for each product in forward and
@@ -300,7 +302,19 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
-	st.BuffersBytes = ropeTables(g, held)
+	made, registered := ropeTables(g, held)
+	if s.BuffersBytes > 0 {
+		registered = s.BuffersBytes // measured on the live model
+	}
+	st.BuffersBytes = made + registered
+	if made+registered > 0 && Profile(s.Profile) == Transformers {
+		// The positions (cache_position, and position_ids a view of it)
+		// the model makes each forward, int64: a checkpointed layer's
+		// call holds them to its backward. Counted the whole step, they
+		// bound that (storing everything, they are freed with the
+		// forward).
+		st.BuffersBytes += 8 * s.Seq
+	}
 	st.StepBytes = stepWorkspace(g, held, opt)
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
@@ -560,45 +574,44 @@ func trainableTensors(g *ir.Graph, i int) []int64 {
 	return []int64{g.TrainableParams(i)}
 }
 
-// ropeTables returns the bytes of the cos and sin tables the model holds
-// through the step: one pair per distinct (sequence, head size) among the
-// graph's RoPE nodes when the model makes them once, none when its layers
-// make their own (their copies are the layers' activations), and a pair
-// for every position in each layer whose RoPE indexes a cache of its own;
-// and the inverse frequencies each rotary embedding module holds as a
-// buffer (inv_freq: head size / 2 fp32 values), the model's one or each
-// layer's.
-func ropeTables(g *ir.Graph, held func(int) bool) int64 {
+// ropeTables returns the bytes of the rotary embedding's tensors the model
+// holds through the step: made, the cos and sin tables it makes in the
+// forward, one pair per distinct (sequence, head size) among the graph's
+// RoPE nodes when the model makes them once (none when its layers make
+// their own: their copies are the layers' activations); and registered,
+// its buffers: each rotary module's inverse frequencies (head size / 2
+// fp32 values), the model's one or each layer's, and a pair of tables of
+// every position in each layer whose RoPE indexes a cache of its own.
+func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 	seen := map[[2]int64]bool{}
 	layers := map[string]bool{}
 	inLayer := false
-	var model, b, invFreq int64
+	var invFreq int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		if n.Op != ir.RoPE || !held(i) {
 			continue
 		}
-		perLayer := n.Attrs.Tables || n.Attrs.CacheLen > 0
 		inLayer = inLayer || n.Attrs.Tables
-		if perLayer && !layers[n.Block] {
+		if (n.Attrs.Tables || n.Attrs.CacheLen > 0) && !layers[n.Block] {
 			layers[n.Block] = true
-			b += n.Shape.Last() / 2 * 4
+			registered += n.Shape.Last() / 2 * 4
 			if c := n.Attrs.CacheLen; c > 0 {
-				b += 2 * c * n.Shape.Last() * g.DType.Size()
+				registered += 2 * c * n.Shape.Last() * g.DType.Size()
 			}
 		}
 		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
 		if !seen[k] {
 			seen[k] = true
-			model += 2 * k[0] * k[1] * g.DType.Size()
+			made += 2 * k[0] * k[1] * g.DType.Size()
 			invFreq += k[1] / 2 * 4
 		}
 	}
 	if len(layers) == 0 {
-		b += invFreq
+		registered += invFreq
 	}
-	if !inLayer {
-		b += model
+	if inLayer {
+		made = 0
 	}
-	return b
+	return made, registered
 }

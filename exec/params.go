@@ -119,11 +119,16 @@ func (r *Runner) static(seed int64) {
 		}
 		kernel.RopeTables(cos, sin, int(k[0]), int(k[1]), theta)
 		r.rope[k] = [2][]float32{cos, sin}
-		// The rotary module's buffer of inverse frequencies, which the
-		// model holds beside the tables it made from them.
-		inv := alloc(k[1]/2, "rope.inv_freq")
-		for j := range inv {
-			inv[j] = float32(1 / math.Pow(theta, float64(2*j)/float64(k[1])))
+		if g.Setup.BuffersBytes == 0 {
+			// The rotary module's buffer of inverse frequencies, which
+			// the model holds beside the tables it made from them.
+			inv := alloc(k[1]/2, "rope.inv_freq")
+			for j := range inv {
+				inv[j] = float32(1 / math.Pow(theta, float64(2*j)/float64(k[1])))
+			}
 		}
+	}
+	if b := g.Setup.BuffersBytes; b > 0 {
+		r.tr.Alloc(0, mem.Bytes(b), "buffers") // as measured on the live model
 	}
 }

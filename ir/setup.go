@@ -45,6 +45,11 @@ type Setup struct {
 	// every gradient is live through the whole micro-step, and each new
 	// one is added into it.
 	GradAccum int64 `yaml:"grad_accum,omitempty" json:"grad_accum,omitempty"`
+	// BuffersBytes are the bytes of the model's registered buffers (the
+	// rotary modules' inverse frequencies and cached tables, a causal
+	// mask), as a live model holds them: the Python package measures
+	// them. 0: modeled from the config (the rotary modules' buffers).
+	BuffersBytes int64 `yaml:"buffers_bytes,omitempty" json:"buffers_bytes,omitempty"`
 }
 
 // Numerics are the upcasts and the grouped-query implementation, which
@@ -239,6 +244,9 @@ func (s *Setup) Validate(prefix string) error {
 	}
 	if s.GradAccum < 0 {
 		return &FieldError{f("grad_accum"), fmt.Sprintf("must not be negative, got %d", s.GradAccum)}
+	}
+	if s.BuffersBytes < 0 {
+		return &FieldError{f("buffers_bytes"), fmt.Sprintf("must not be negative, got %d", s.BuffersBytes)}
 	}
 	if s.Parallel.Zero < 0 || s.Parallel.Zero > 3 {
 		return &FieldError{f("parallel.zero"), fmt.Sprintf("must be 0, 1, 2 or 3, got %d", s.Parallel.Zero)}

@@ -23,6 +23,7 @@ type setupFlags struct {
 	sp                 bool
 	noSync             bool
 	gradAccum          int64
+	buffersBytes       int64
 	dropout            float64
 	logits             string
 	loraTargets        string
@@ -82,6 +83,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
 	fs.Int64Var(&s.gradAccum, "grad-accum", 0, "micro-batches a step accumulates gradients over: from 2, the gradients are held through every micro-batch (default: the model's)")
+	fs.Int64Var(&s.buffersBytes, "buffers-bytes", 0, "bytes of the model's registered buffers (rotary inverse frequencies and cached tables, causal masks), as the live model holds them: the Python package measures them (default: the model's; modeled from the config)")
 	fs.StringVar(&s.quant, "quant", "", "the decoder layers' frozen linear weights stored in nf4 | fp4 | int8 (bitsandbytes, under LoRA: QLoRA) | none (default: the model's)")
 	fs.BoolVar(&s.doubleQuant, "double-quant", false, "quantize the 4-bit weights' block maxima again (QLoRA's double quantization)")
 	fs.Int64Var(&s.tp, "tp", 0, "tensor parallel degree (default: the model's)")
@@ -179,6 +181,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Optimizer = s.optimizer
 		case "grad-accum":
 			t.GradAccum = s.gradAccum
+		case "buffers-bytes":
+			t.BuffersBytes = s.buffersBytes
 		case "quant":
 			t.Quant = s.quant
 			if s.quant == "none" {
@@ -228,6 +232,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.gradAccum < 0 {
 		return nil, usagef("--grad-accum: must not be negative, got %d", s.gradAccum)
+	}
+	if s.buffersBytes < 0 {
+		return nil, usagef("--buffers-bytes: must not be negative, got %d", s.buffersBytes)
 	}
 	if s.optimizer != "" && !slices.Contains(ir.Optimizers, s.optimizer) {
 		return nil, usagef("--optimizer: unknown value %q (valid: %s)", s.optimizer, strings.Join(ir.Optimizers, ", "))

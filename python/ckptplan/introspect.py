@@ -63,6 +63,7 @@ class Setup:
     lora_dtype: str = "model"  # fp32: PEFT's adapters over 16-bit weights
     quant: Optional[str] = None  # nf4 or fp4: bitsandbytes' 4-bit linears (QLoRA)
     double_quant: bool = False  # the 4-bit blocks' maxima quantized again
+    buffers_bytes: int = 0  # the model's registered buffers, each storage once, as it holds them
 
     def flags(self) -> list[str]:
         """The ckptplan command-line flags for this setup."""
@@ -83,6 +84,8 @@ class Setup:
                   "--lora-dropout", repr(self.lora_dropout), "--lora-dtype", self.lora_dtype]
         if self.quant:
             f += ["--quant", self.quant] + (["--double-quant"] if self.double_quant else [])
+        if self.buffers_bytes:
+            f += ["--buffers-bytes", str(self.buffers_bytes)]
         return f
 
 
@@ -155,10 +158,23 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
                   transformers=versions.transformers_release(),
                   gqa_kernel=_gqa_kernel(next(layers.parameters()), _TORCH[dtype],
                                          int(getattr(attn_module, "head_dim", 0) or 64)),
-                  legacy_sdpa=legacy_sdpa and impl == "sdpa")
+                  legacy_sdpa=legacy_sdpa and impl == "sdpa",
+                  buffers_bytes=buffers_bytes(base))
     _lora(model, setup, _model_type(config))
     _quant(layers, setup)
     return setup
+
+
+def buffers_bytes(model: nn.Module) -> int:
+    """The bytes of model's registered buffers, each storage once (a
+    buffer may share another's: transformers' original_inv_freq before 5.0).
+
+    >>> m = torch.nn.BatchNorm1d(4)  # running mean and variance, fp32; a step count, int64
+    >>> buffers_bytes(m)
+    40
+    """
+    storages = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in model.buffers()}
+    return sum(storages.values())
 
 
 def _gqa_kernel(like: torch.Tensor, dtype: torch.dtype, head_dim: int) -> str:

@@ -344,17 +344,21 @@ def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
     of every position, in the model's dtype, and indexes them. The plan's
     static memory, held the whole step, is the weights and AdamW state
     (12 bytes a parameter: fp32 weights and moments; or 16-bit weights,
-    fp32 moments and master copy) and those tables, to the byte (each
-    layer's inv_freq, d/2 fp32 values, is not counted); the gradients (4
-    or 2 bytes a parameter) appear in the backward, and the optimizer step
-    holds them."""
+    fp32 moments and master copy; and a 4-byte step counter a trained
+    tensor, on the CPU the step runs on), the model's registered buffers
+    (those tables and each layer's inv_freq) and the positions the model
+    makes (seq int64s), to the byte; the gradients (4 or 2 bytes a
+    parameter) appear in the backward, and the optimizer step holds
+    them."""
     model = build("mixtral", "sdpa", dtype)
     tables = [b for n, b in model.named_buffers() if n.endswith(("cos_cached", "sin_cached"))]
     if not tables:
         pytest.skip(f"transformers {transformers.__version__} makes Mixtral's rotary tables in the model")
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none")
     grad = 4 if dtype == "fp32" else 2
-    assert plan.static_bytes == (16 - grad) * model.num_parameters() + sum(t.nbytes for t in tables)
+    buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in model.buffers()}
+    counters = 4 * sum(1 for p in model.parameters() if p.requires_grad)
+    assert plan.static_bytes == (16 - grad) * model.num_parameters() + counters + sum(buffers.values()) + 8 * SEQ
     assert plan.step_peak_bytes >= plan.static_bytes + grad * model.num_parameters()
 
 

@@ -3,9 +3,11 @@
 One training step of a small transformers Llama (fp32, CPU, a warm-up step
 first so that the optimizer state exists) runs under the profiler with
 ``profile_memory=True``; the running total of its allocator events, over
-what the step starts with (weights, optimizer state, inputs), is the
-memory the step holds. Markers from module and optimizer hooks say which
-part of the step each event falls in.
+what the step starts with (weights, buffers, optimizer state, inputs, each
+storage once), is the memory the step holds. Markers from module and
+optimizer hooks say which part of the step each event falls in. The step
+runs as Hugging Face's Trainer runs it: the model's outputs are dropped
+once the loss is taken, before the backward.
 """
 from __future__ import annotations
 
@@ -36,15 +38,17 @@ def step_peaks(model, optimizer, batch) -> dict[str, int]:
     from torch.profiler import ProfilerActivity, profile
 
     def run():
-        out = model(**batch)
-        out.loss.backward()
-        del out
+        loss = model(**batch).loss
+        loss.backward()
+        del loss
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     run()  # the optimizer state
-    start = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), *batch.values()])
-    start += sum(v.untyped_storage().nbytes() for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    held = [*model.parameters(), *model.buffers(), *batch.values()]
+    held += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    start = sum(storages.values())
 
     def mark(name):
         with torch.profiler.record_function("ckptplan-mark::" + name):
@@ -89,16 +93,83 @@ def test_optimizer_step(ckptplan_binary, impl, kwargs):
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     peaks = step_peaks(model, optimizer, {"input_ids": ids, "labels": ids.clone()})
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    tables = 2 * SEQ * (128 // 4) * 4  # cos and sin, seq × head size, fp32
-    # What the allocator holds at the step beside: AdamW's step counters,
-    # the rotary inv_freq, a scalar or two (under 1 KiB; not yet counted
-    # byte by byte).
-    counters = 1024
+    tables = 2 * SEQ * (128 // 4) * 4 + 8 * SEQ  # cos and sin, seq × head size, fp32; positions, int64
     excess = plan.step_peak_bytes - peaks["step"]
     print(f"{impl}: step measured {peaks['step']}, predicted {plan.step_peak_bytes}; "
           f"whole step measured {max(peaks.values())} at {max(peaks, key=peaks.get)}, "
           f"predicted {plan.peak_bytes} at {plan.peak_at}")
-    assert tables - counters <= excess <= tables, (peaks, plan.step_peak_bytes)
+    assert 0 <= tables - excess <= 1024, (peaks, plan.step_peak_bytes)
     # The step holds less than the forward and backward here: the
     # plan's peak is not the optimizer step's.
     assert plan.peak_at != "optimizer step" and plan.peak_bytes > plan.step_peak_bytes
+
+
+def _part(at: str) -> str:
+    """The part of the step (as step_peaks names them) a plan's peak_at
+    falls in."""
+    if at == "optimizer step":
+        return "step"
+    return "backward" if at.startswith("backward") else "forward"
+
+
+def whole_step(model, optimizer, plan, batch) -> tuple[int, str]:
+    """The measured peak of one step and the part it falls in, beside the
+    plan's."""
+    peaks = step_peaks(model, optimizer, batch)
+    part = max(peaks, key=peaks.get)
+    print(f"measured {peaks[part]} in the {part}; plan {plan.peak_bytes} at {plan.peak_at}: "
+          f"{plan.peak_bytes - peaks[part]:+d} bytes")
+    return peaks[part], part
+
+
+def test_whole_step_store_everything(ckptplan_binary):
+    """Storing everything, the whole step's peak — the loss's backward
+    here: the log-probabilities, nll_loss's gradient of them and the
+    logits' gradient (from transformers 4.49; before, its forward, where
+    the loss copies the shifted logits beside them) — is the plan's to
+    the byte, and falls where the plan says, but for the positions the
+    model makes (cache_position, seq int64s), which the plan holds the
+    whole step for a checkpointed layer's sake and PyTorch frees with the
+    forward here, and where the backward peaks 4 bytes: nll_loss's count
+    of targets, which PyTorch frees once nll_loss's own backward has run."""
+    model = build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    measured, part = whole_step(model, optimizer, plan, {"input_ids": ids, "labels": ids.clone()})
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    positions = 8 * SEQ
+    assert plan.peak_bytes - measured == positions + (4 if part == "backward" else 0)
+
+
+@pytest.mark.parametrize("share", [80, 60])
+def test_whole_step_planned(ckptplan_binary, share):
+    """A plan in a budget below storing everything, applied: the step's
+    measured peak is the plan's, and falls where the plan says. On the CPU
+    the allocator counts too what a checkpointed or selective layer keeps
+    in host memory (plan.layers' host_bytes: the random-number state
+    torch.utils.checkpoint stashes), apart from the GPU's budget; and where
+    the backward peaks the plan counts 4 bytes more (nll_loss's count of
+    targets, as storing everything)."""
+    model = build()
+    from ckptplan.introspect import describe
+
+    if describe(model, batch=BATCH, seq=SEQ).gqa_kernel == "math":
+        # PyTorch 2.5 to 2.7 on the CPU run sdpa's math path for grouped
+        # K and V (transformers 4.54 and later); rerun in a selective
+        # layer's backward, its _safe_softmax holds temporaries (a copy of
+        # the probabilities, a mask) the plan's rerun does not count:
+        # 1.4 MB over the plan here.
+        pytest.xfail("sdpa's math path for grouped K and V: its rerun's _safe_softmax temporaries are not counted")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    store = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    budget = store.static_bytes + (store.peak_bytes - store.static_bytes) * share // 100
+    plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
+    assert plan.peak_bytes < store.peak_bytes
+    ckptplan.apply(model, plan)
+    measured, part = whole_step(model, optimizer, plan, {"input_ids": ids, "labels": ids.clone()})
+    host = sum(layer.host_bytes for layer in plan.layers)
+    assert host > 0, "no layer checkpointed or selective"
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert plan.peak_bytes + host - measured == (4 if part == "backward" else 0)
