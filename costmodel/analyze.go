@@ -57,8 +57,12 @@ type Costs struct {
 	Static                         Static
 	// ParamGrads says, node by node, where the backward makes the
 	// parameter gradients, when they appear in it (GradientsInBackward);
-	// nil when they are held the whole step.
+	// nil when they are held the whole step and not accumulated into.
 	ParamGrads []ParamGrad
+	// inBackward: the gradients appear in the backward (ParamGrads says
+	// where); otherwise, with ParamGrads, each backward after the first
+	// of a step makes them apart and adds them in (AccumulatesGradients).
+	inBackward bool
 
 	outputs []int   // storage of each node's output
 	grad    []bool  // whether each node's output requires grad
@@ -69,7 +73,12 @@ type Costs struct {
 // GradientsInBackward reports whether the parameter gradients appear in
 // the backward (the function of that name) rather than being held the
 // whole step.
-func (c *Costs) GradientsInBackward() bool { return c.ParamGrads != nil }
+func (c *Costs) GradientsInBackward() bool { return c.inBackward }
+
+// AccumulatesGradients reports whether the backward of a micro-batch
+// after the first makes the parameter gradients apart and adds them into
+// those held (the function of that name).
+func (c *Costs) AccumulatesGradients() bool { return c.ParamGrads != nil && !c.inBackward }
 
 // HeldBytes returns the static bytes held through the whole step: all of
 // Static, less the gradients when they appear in the backward.
@@ -196,8 +205,9 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	}
 	st.BuffersBytes += a.heldInputs()
 	a.c.Static = st
-	if GradientsInBackward(g) && st.GradientsBytes > 0 {
+	if st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)) {
 		a.c.ParamGrads = paramGrads(g)
+		a.c.inBackward = GradientsInBackward(g)
 	}
 	return a.c, nil
 }

@@ -72,6 +72,17 @@ func GradientsInBackward(g *ir.Graph) bool {
 		Profile(s.Profile) != Megatron && s.Optimizer != "none"
 }
 
+// AccumulatesGradients reports whether a backward after the first of a
+// step adds its parameter gradients into those held (PyTorch's
+// AccumulateGrad: the new gradient made apart, added in place, freed):
+// gradient accumulation without ZeRO (DeepSpeed and FSDP accumulate in
+// buffers of their own) or the megatron profile (Megatron-LM's fused
+// accumulation into its gradient buffer).
+func AccumulatesGradients(g *ir.Graph) bool {
+	s := g.Setup
+	return s.GradAccum >= 2 && s.Parallel.Zero == 0 && Profile(s.Profile) != Megatron
+}
+
 // ParamGrad is where node's backward puts parameter gradients, when they
 // appear in the backward: Keep, the bytes it makes and keeps to the
 // optimizer step; Apart, those it makes apart and adds into a gradient an

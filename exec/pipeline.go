@@ -127,6 +127,7 @@ func (r *Runner) runPipeline(plan *planner.PipelinePlan, seed uint64) (*Pipeline
 	}
 	kernel.UseGemm(r.workspace.F)
 	defer kernel.UseGemm(nil)
+	r.paramGrads = map[int]*Buffer{} // the accumulated gradients made apart
 	l := p0.Chain.Len()
 	states := map[[2]int]*pipeState{} // by model chunk and microbatch
 	wire := map[[2]int][]float32{}    // what model chunk g sent for a microbatch, forward or back

@@ -285,13 +285,20 @@ func shiftedLossBackward(id int, ws mem.Bytes, grads []Event, release []int, st 
 
 // paramGrad returns the bytes of parameter gradients node id's backward
 // makes and keeps, and those it makes apart and adds in
-// (costmodel.ParamGrad): none unless the gradients appear in the backward.
+// (costmodel.ParamGrad): under gradient accumulation, all of them apart;
+// none when the gradients are held the whole step otherwise.
 func (st *Stage) paramGrad(id int) (keep, apart mem.Bytes) {
-	if !st.c.GradientsInBackward() {
-		return 0, 0
+	switch {
+	case st.c.GradientsInBackward():
+		pg := st.c.ParamGrads[id]
+		return mem.Bytes(pg.Keep), mem.Bytes(pg.Apart)
+	case st.c.AccumulatesGradients():
+		// A micro-batch after the first: every gradient is made apart
+		// and added into the one held.
+		pg := st.c.ParamGrads[id]
+		return 0, mem.Bytes(pg.Keep + pg.Apart)
 	}
-	pg := st.c.ParamGrads[id]
-	return mem.Bytes(pg.Keep), mem.Bytes(pg.Apart)
+	return 0, 0
 }
 
 // paramGradBytes returns the parameter gradients the stage's backward

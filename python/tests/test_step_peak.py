@@ -21,7 +21,9 @@ import ckptplan  # noqa: E402
 BATCH, SEQ, VOCAB = 2, 256, 1000
 
 
-def build() -> "torch.nn.Module":
+def build(lora: int = 0) -> "torch.nn.Module":
+    """The Llama the tests train; with LoRA adapters of that rank on q and
+    v (PEFT) when lora is not 0."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
@@ -29,18 +31,24 @@ def build() -> "torch.nn.Module":
     cfg._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(cfg)
     model.config.use_cache = False
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=lora, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
     return model
 
 
-def step_peaks(model, optimizer, batch) -> dict[str, int]:
+def step_peaks(model, optimizer, batch, micro: int = 1) -> dict[str, int]:
     """The most bytes each part of one step holds ("forward", "backward",
-    "step"), on the CPU allocator, what the step starts with included."""
+    "step"), on the CPU allocator, what the step starts with included;
+    the step accumulates gradients over micro micro-batches (the same
+    batch each time)."""
     from torch.profiler import ProfilerActivity, profile
 
     def run():
-        loss = model(**batch).loss
-        loss.backward()
-        del loss
+        for _ in range(micro):
+            loss = model(**batch).loss / micro
+            loss.backward()
+            del loss
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -112,64 +120,95 @@ def _part(at: str) -> str:
     return "backward" if at.startswith("backward") else "forward"
 
 
-def whole_step(model, optimizer, plan, batch) -> tuple[int, str]:
+def whole_step(model, optimizer, plan, batch, micro: int = 1) -> tuple[int, str]:
     """The measured peak of one step and the part it falls in, beside the
     plan's."""
-    peaks = step_peaks(model, optimizer, batch)
+    peaks = step_peaks(model, optimizer, batch, micro)
     part = max(peaks, key=peaks.get)
     print(f"measured {peaks[part]} in the {part}; plan {plan.peak_bytes} at {plan.peak_at}: "
           f"{plan.peak_bytes - peaks[part]:+d} bytes")
     return peaks[part], part
 
 
-def test_whole_step_store_everything(ckptplan_binary):
+def _slack(plan, measured: int, part: str) -> int:
+    """What the plan counts beyond the measured peak, less what it is
+    known to: on the CPU the allocator counts too what the layers keep in
+    host memory (plan.layers' host_bytes: the Python numbers products
+    keep, and the random-number state torch.utils.checkpoint stashes),
+    apart from the GPU's budget; where the backward peaks the plan counts
+    nll_loss's count of targets (4 bytes), which PyTorch frees once
+    nll_loss's own backward has run, before log_softmax's."""
+    host = sum(layer.host_bytes for layer in plan.layers)
+    return plan.peak_bytes + host - measured - (4 if part == "backward" else 0)
+
+
+def _allowed(lora: int) -> tuple[int, ...]:
+    """The slack allowed: none; under LoRA, where no op saves the frozen
+    embedding's output (transformers 4.49 and later), PyTorch frees it
+    after the first layer's forward, though the plan's tape holds it to
+    the backward (batch × seq × hidden fp32)."""
+    return (0, BATCH * SEQ * 128 * 4) if lora else (0,)
+
+
+# (name, LoRA rank, micro-batches a step accumulates gradients over)
+SETUPS = [("full", 0, 1), ("lora", 8, 1), ("accumulate", 0, 2)]
+
+
+def _setup(lora: int, micro: int):
+    model = build(lora)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    extra = ("--grad-accum", str(micro)) if micro > 1 else ()
+    return model, optimizer, {"input_ids": ids, "labels": ids.clone()}, extra
+
+
+@pytest.mark.parametrize("name,lora,micro", SETUPS)
+def test_whole_step_store_everything(ckptplan_binary, name, lora, micro):
     """Storing everything, the whole step's peak — the loss's backward
     here: the log-probabilities, nll_loss's gradient of them and the
     logits' gradient (from transformers 4.49; before, its forward, where
     the loss copies the shifted logits beside them) — is the plan's to
-    the byte, and falls where the plan says, but for the positions the
+    the byte, and falls where the plan says, full fine-tuning, LoRA, and
+    accumulating gradients over two micro-batches (each one's gradients
+    made apart and added into those held); but for the positions the
     model makes (cache_position, seq int64s), which the plan holds the
     whole step for a checkpointed layer's sake and PyTorch frees with the
-    forward here, and where the backward peaks 4 bytes: nll_loss's count
-    of targets, which PyTorch frees once nll_loss's own backward has run."""
-    model = build()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    measured, part = whole_step(model, optimizer, plan, {"input_ids": ids, "labels": ids.clone()})
+    forward here, and what _slack says."""
+    model, optimizer, batch, extra = _setup(lora, micro)
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, extra_args=extra)
+    measured, part = whole_step(model, optimizer, plan, batch, micro)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
     positions = 8 * SEQ
-    assert plan.peak_bytes - measured == positions + (4 if part == "backward" else 0)
+    assert _slack(plan, measured, part) - positions in _allowed(lora)
 
 
 @pytest.mark.parametrize("share", [80, 60])
-def test_whole_step_planned(ckptplan_binary, share):
+@pytest.mark.parametrize("name,lora,micro", SETUPS)
+def test_whole_step_planned(ckptplan_binary, name, lora, micro, share):
     """A plan in a budget below storing everything, applied: the step's
-    measured peak is the plan's, and falls where the plan says. On the CPU
-    the allocator counts too what a checkpointed or selective layer keeps
-    in host memory (plan.layers' host_bytes: the random-number state
-    torch.utils.checkpoint stashes), apart from the GPU's budget; and where
-    the backward peaks the plan counts 4 bytes more (nll_loss's count of
-    targets, as storing everything)."""
-    model = build()
+    measured peak is the plan's (_slack), and falls where the plan says."""
+    model, optimizer, batch, extra = _setup(lora, micro)
     from ckptplan.introspect import describe
 
-    if describe(model, batch=BATCH, seq=SEQ).gqa_kernel == "math":
+    setup = describe(model, batch=BATCH, seq=SEQ)
+    if setup.gqa_kernel == "math" and tuple(map(int, setup.transformers.split("."))) >= (4, 54):
         # PyTorch 2.5 to 2.7 on the CPU run sdpa's math path for grouped
         # K and V (transformers 4.54 and later); rerun in a selective
         # layer's backward, its _safe_softmax holds temporaries (a copy of
         # the probabilities, a mask) the plan's rerun does not count:
         # 1.4 MB over the plan here.
         pytest.xfail("sdpa's math path for grouped K and V: its rerun's _safe_softmax temporaries are not counted")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    store = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    if lora and share < 80 and tuple(map(int, setup.transformers.split("."))) < (4, 49):
+        # Before 4.49, under LoRA, a selective first layer holds one
+        # hidden-sized product more than its keep set names (262,144
+        # bytes here, at the loss's forward): not yet attributed.
+        pytest.xfail("transformers before 4.49 under LoRA: a selective layer holds a product its keep set does not name")
+    store = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, extra_args=extra)
     budget = store.static_bytes + (store.peak_bytes - store.static_bytes) * share // 100
-    plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
+    plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, extra_args=extra)
     assert plan.peak_bytes < store.peak_bytes
     ckptplan.apply(model, plan)
-    measured, part = whole_step(model, optimizer, plan, {"input_ids": ids, "labels": ids.clone()})
-    host = sum(layer.host_bytes for layer in plan.layers)
-    assert host > 0, "no layer checkpointed or selective"
+    measured, part = whole_step(model, optimizer, plan, batch, micro)
+    assert any(layer.host_bytes >= 5056 for layer in plan.layers), "no layer checkpointed or selective"
     assert part == _part(plan.peak_at), (part, plan.peak_at)
-    assert plan.peak_bytes + host - measured == (4 if part == "backward" else 0)
+    assert _slack(plan, measured, part) in _allowed(lora)
