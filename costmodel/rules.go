@@ -138,6 +138,12 @@ func (a *analyzer) keeps(n *ir.Node) {
 		if shift {
 			a.keep(n, a.extra(n, ShiftLabels, sh[:len(sh)-1], ir.Int64, false))
 		}
+		if src := &a.g.Nodes[n.Inputs[0]]; a.profile == Transformers && src.Op == ir.Cast {
+			// The loss upcasts the logits (logits.float()) while the
+			// model's output still holds them in its dtype: they live
+			// until the loss's forward is done.
+			a.c.reads[n.ID] = append(a.c.reads[n.ID], a.lay.out[src.Inputs[0]])
+		}
 		if a.profile == Transformers {
 			// nll_loss keeps the count it divides by, a 0-dim fp32
 			// tensor. (PyTorch frees it once nll_loss's backward has

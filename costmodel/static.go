@@ -214,6 +214,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
 	}
+	ownDType := s.MasterWeights == "none" && opt.master // PyTorch's, over 16-bit weights: moments in their dtype
+	if ownDType {
+		opt.master = false
+	}
 	var params, trainable, weights, grads, moments, masters, dequant, tensors int64
 	var approx float64     // bytes, in float64: it cannot wrap
 	eightBitState := false // some tensor's moments are 8-bit
@@ -246,6 +250,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 				moments += adam8bitBytes(t)
 				eightBitState = eightBitState || t >= min8bitSize
 			}
+		} else if ownDType {
+			moments += tr * opt.moments / 4 * trainSize
 		} else {
 			moments += tr * opt.moments
 		}

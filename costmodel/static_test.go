@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -16,6 +17,9 @@ func TestStaticZeRO(t *testing.T) {
 	build := func(dtype string, zero, dp int64, opt string) Static {
 		m := &graphio.Model{Name: "s", Family: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
 		m.Training.DType, m.Training.Optimizer = dtype, opt
+		if o, ok := strings.CutSuffix(opt, " own-dtype"); ok {
+			m.Training.Optimizer, m.Training.MasterWeights = o, "none"
+		}
 		m.Training.Parallel = ir.Parallel{DP: dp, TP: 1, Zero: zero}
 		c := analyzeModel(t, m)
 		// The rotary tables: cos and sin, seq × head size each; and the
@@ -44,6 +48,9 @@ func TestStaticZeRO(t *testing.T) {
 		{"bf16 adamw", "bf16", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 4 * psi}},
 		{"fp32 adamw", "fp32", 0, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, StepBytes: 4 * psi}},
 		{"bf16 sgd", "bf16", 0, "sgd", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 4 * psi}},
+		// PyTorch's AdamW over bf16 weights keeps bf16 moments and no
+		// master copy, and its foreach step a bf16 square root of each.
+		{"bf16 adamw, moments in bf16", "bf16", 0, "adamw own-dtype", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 4 * psi, StepBytes: 2 * psi}},
 		{"fp32 none", "fp32", 0, "none", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi}},
 		// The foreach step takes the square root of every fp32 second
 		// moment at once; the fused step makes nothing, the for-loop one

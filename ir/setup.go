@@ -45,6 +45,12 @@ type Setup struct {
 	// every gradient is live through the whole micro-step, and each new
 	// one is added into it.
 	GradAccum int64 `yaml:"grad_accum,omitempty" json:"grad_accum,omitempty"`
+	// MasterWeights is what PyTorch's optimizers keep of 16-bit trained
+	// weights: "fp32" (the default), an fp32 master copy and fp32 moments,
+	// as mixed-precision trainers run them (DeepSpeed, Megatron-LM); or
+	// "none", moments in the weights' own dtype and no copy, as PyTorch's
+	// AdamW and SGD do over 16-bit parameters.
+	MasterWeights string `yaml:"master_weights,omitempty" json:"master_weights,omitempty"`
 	// BuffersBytes are the bytes of the model's registered buffers (the
 	// rotary modules' inverse frequencies and cached tables, a causal
 	// mask), as a live model holds them: the Python package measures
@@ -244,6 +250,9 @@ func (s *Setup) Validate(prefix string) error {
 	}
 	if s.GradAccum < 0 {
 		return &FieldError{f("grad_accum"), fmt.Sprintf("must not be negative, got %d", s.GradAccum)}
+	}
+	if s.MasterWeights != "" && s.MasterWeights != "fp32" && s.MasterWeights != "none" {
+		return &FieldError{f("master_weights"), fmt.Sprintf("unknown value %q (valid: fp32, none)", s.MasterWeights)}
 	}
 	if s.BuffersBytes < 0 {
 		return &FieldError{f("buffers_bytes"), fmt.Sprintf("must not be negative, got %d", s.BuffersBytes)}

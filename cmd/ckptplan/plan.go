@@ -234,6 +234,9 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 	}
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile, %s", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers), costmodel.OptimizerName(s.Optimizer))
+		if s.MasterWeights == "none" && s.DType != "fp32" {
+			fmt.Fprintf(w, " (%s moments, no master copy)", s.DType)
+		}
 		if s.GradAccum > 1 {
 			fmt.Fprintf(w, ", %d micro-batches a step", s.GradAccum)
 		}

@@ -24,6 +24,7 @@ type setupFlags struct {
 	noSync             bool
 	gradAccum          int64
 	buffersBytes       int64
+	masterWeights      string
 	dropout            float64
 	logits             string
 	loraTargets        string
@@ -83,6 +84,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
 	fs.Int64Var(&s.gradAccum, "grad-accum", 0, "micro-batches a step accumulates gradients over: from 2, the gradients are held through every micro-batch (default: the model's)")
+	fs.StringVar(&s.masterWeights, "master-weights", "", "what the optimizer keeps of 16-bit trained weights: fp32 (an fp32 master copy and fp32 moments: DeepSpeed, Megatron-LM) | none (moments in the weights' dtype, no copy: PyTorch's AdamW and SGD over 16-bit parameters) (default: the model's; fp32)")
 	fs.Int64Var(&s.buffersBytes, "buffers-bytes", 0, "bytes of the model's registered buffers (rotary inverse frequencies and cached tables, causal masks), as the live model holds them: the Python package measures them (default: the model's; modeled from the config)")
 	fs.StringVar(&s.quant, "quant", "", "the decoder layers' frozen linear weights stored in nf4 | fp4 | int8 (bitsandbytes, under LoRA: QLoRA) | none (default: the model's)")
 	fs.BoolVar(&s.doubleQuant, "double-quant", false, "quantize the 4-bit weights' block maxima again (QLoRA's double quantization)")
@@ -183,6 +185,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.GradAccum = s.gradAccum
 		case "buffers-bytes":
 			t.BuffersBytes = s.buffersBytes
+		case "master-weights":
+			t.MasterWeights = s.masterWeights
 		case "quant":
 			t.Quant = s.quant
 			if s.quant == "none" {
@@ -232,6 +236,9 @@ func (s *setupFlags) load(arg string) (*graphio.Source, error) {
 	}
 	if s.gradAccum < 0 {
 		return nil, usagef("--grad-accum: must not be negative, got %d", s.gradAccum)
+	}
+	if s.masterWeights != "" && s.masterWeights != "fp32" && s.masterWeights != "none" {
+		return nil, usagef("--master-weights: unknown value %q (valid: fp32, none)", s.masterWeights)
 	}
 	if s.buffersBytes < 0 {
 		return nil, usagef("--buffers-bytes: must not be negative, got %d", s.buffersBytes)

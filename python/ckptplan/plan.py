@@ -155,6 +155,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     default, PyTorch's AdamW as it runs on a GPU, foreach; adamw-fused,
     adamw-forloop; adamw8bit, paged-adamw8bit and paged-adamw for
     bitsandbytes'; sgd; none) or the optimizer itself (``optimizer_name``).
+    Over a model that trains 16-bit parameters PyTorch's optimizers keep
+    their moments in that dtype, with no fp32 master copy, and the plan
+    counts them so (``--master-weights none``).
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
 
@@ -185,6 +188,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--reserve", str(reserve)]
     if optimizer is not None:
         args += ["--optimizer", optimizer_name(optimizer)]
+    if _own_dtype_moments(model, optimizer):
+        args += ["--master-weights", "none"]
     from .layers import unwrap  # needs torch, as a model does
 
     base = unwrap(model)
@@ -239,6 +244,20 @@ def optimizer_name(optimizer: Any) -> str:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         foreach = bool(params) and all(p.device.type == "cuda" for p in params)
     return "adamw-foreach" if foreach else "adamw-forloop"
+
+
+def _own_dtype_moments(model, optimizer: Any) -> bool:
+    """Whether the optimizer keeps its moments in 16-bit trained weights'
+    own dtype, with no fp32 master copy: PyTorch's AdamW and SGD (the
+    default optimizer among them) over a model that trains 16-bit
+    parameters."""
+    name = optimizer_name(optimizer) if optimizer is not None else "adamw"
+    if not (name.startswith("adamw") and "8bit" not in name or name == "sgd"):
+        return False
+    import torch
+
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return bool(trained) and any(p.dtype in (torch.bfloat16, torch.float16) for p in trained)
 
 
 def _plan_traced(model, name: str, args: list, *, batch: int, seq: int, autocast: Optional[str]) -> Plan:
