@@ -15,33 +15,44 @@ import (
 // s² scores need more: 2 TiB): graph, costs, keep
 // sets, chain, table, schedule, and the baselines the strategy compares
 // itself with; the layer-level optimal strategy and the selective one,
-// with flash and eager attention.
+// with flash and eager attention; on the whole step's timeline (step:
+// gradients made in the backward, the optimizer step) and, to compare,
+// with the gradients held the whole step and no optimizer (held).
 func BenchmarkPlan70B(b *testing.B) {
 	for _, attention := range []string{"flash", "eager"} {
 		for _, strategy := range []Strategy{Optimal, Selective} {
-			b.Run(attention+"/"+strategy.Name, func(b *testing.B) {
-				src, err := graphio.Load("llama-3-70b")
-				if err != nil {
-					b.Fatal(err)
-				}
-				src.Model.Training.Attention = attention
-				act := mem.Bytes(40 << 30)
-				if attention == "eager" {
-					act = 2 << 40
-				}
-				for b.Loop() {
-					p, err := New(src)
-					if err != nil {
-						b.Fatal(err)
-					}
-					// act for activations beyond what the optimizer step
-					// holds: every gradient, the weights and state.
-					plan, err := p.Plan(&Options{Budget: p.StepPeak + act, Strategy: strategy})
-					if err != nil || !plan.Feasible {
-						b.Fatal(err, plan.MinBudgetBytes)
-					}
-				}
-			})
+			for _, timeline := range []string{"step", "held"} {
+				b.Run(attention+"/"+strategy.Name+"/"+timeline, func(b *testing.B) {
+					benchPlan70B(b, attention, strategy, timeline == "held")
+				})
+			}
+		}
+	}
+}
+
+func benchPlan70B(b *testing.B, attention string, strategy Strategy, held bool) {
+	src, err := graphio.Load("llama-3-70b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if held {
+		src.Model.Training.Optimizer = "none"
+	}
+	src.Model.Training.Attention = attention
+	act := mem.Bytes(40 << 30)
+	if attention == "eager" {
+		act = 2 << 40
+	}
+	for b.Loop() {
+		p, err := New(src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// act for activations beyond what the optimizer step
+		// holds: every gradient, the weights and state.
+		plan, err := p.Plan(&Options{Budget: p.StepPeak + act, Strategy: strategy})
+		if err != nil || !plan.Feasible {
+			b.Fatal(err, plan.MinBudgetBytes)
 		}
 	}
 }
