@@ -209,7 +209,14 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 		return err
 	}
 	title := fmt.Sprintf("%s, %s solver: memory over the schedule", plan.Model, plan.Solver)
-	fig, err := figure.Timeline(title, plan.StaticBytes, plan.BudgetBytes, sim, measured)
+	var step *figure.Step
+	if p.StepPeak > 0 && measured == nil {
+		// The optimizer step: every gradient, the inputs, its working
+		// memory.
+		grads := p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
+		step = &figure.Step{Gradients: grads, Activations: p.Chain.ActBytes[0], Transient: p.StepPeak - p.Static - grads - p.Chain.ActBytes[0]}
+	}
+	fig, err := figure.Timeline(title, plan.StaticBytes, plan.BudgetBytes, sim, step, measured)
 	if err != nil {
 		return err
 	}

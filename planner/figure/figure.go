@@ -154,21 +154,34 @@ func palette(i int) color.Color {
 	return p[i%len(p)]
 }
 
+// Step is what the optimizer step holds beside the static memory: the
+// parameter gradients, the inputs, and its working memory.
+type Step struct {
+	Gradients, Activations, Transient mem.Bytes
+}
+
 // Timeline draws memory over a schedule, stacked by kind (static,
-// activations and checkpoints, tapes, gradients, transients), with the
-// budget as a line and, when measured is not nil, the measured per-op peak
-// over it.
-func Timeline(title string, static, budget mem.Bytes, sim solver.Result, measured []mem.Bytes) (*plot.Plot, error) {
+// activations and checkpoints, tapes, parameter gradients, the gradient
+// flowing back, transients), with the budget as a line and, when measured
+// is not nil, the measured per-op peak over it; and, when step is not
+// nil, the optimizer step as a last column.
+func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *Step, measured []mem.Bytes) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "schedule op"
+	usage := sim.Usage
 	top := max(budget, sim.Peak+static)
+	if step != nil {
+		usage = append(usage[:len(usage):len(usage)], solver.Usage{Activations: step.Activations, ParamGrads: step.Gradients, Transient: step.Transient})
+		top = max(top, static+step.Gradients+step.Activations+step.Transient)
+		p.X.Label.Text = "schedule op, then the optimizer step"
+	}
 	for _, m := range measured {
 		top = max(top, m)
 	}
 	div, unit := unitFor(top)
 	p.Y.Label.Text = fmt.Sprintf("memory (%s)", unit)
-	n := len(sim.Usage)
+	n := len(usage)
 	layers := []struct {
 		name string
 		get  func(u solver.Usage) mem.Bytes
@@ -177,6 +190,7 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, measure
 		{"static", func(solver.Usage) mem.Bytes { return static }, color.RGBA{199, 199, 199, 255}},
 		{"activations and checkpoints", func(u solver.Usage) mem.Bytes { return u.Activations }, color.RGBA{31, 119, 180, 255}},
 		{"kept tensors (tapes)", func(u solver.Usage) mem.Bytes { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
+		{"parameter gradients", func(u solver.Usage) mem.Bytes { return u.ParamGrads }, color.RGBA{148, 103, 189, 255}},
 		{"gradients", func(u solver.Usage) mem.Bytes { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
 		{"transients", func(u solver.Usage) mem.Bytes { return u.Transient }, color.RGBA{214, 39, 40, 255}},
 	}
@@ -185,7 +199,7 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, measure
 	tops := make([][]float64, len(layers))
 	for li, l := range layers {
 		tops[li] = make([]float64, n)
-		for k, u := range sim.Usage {
+		for k, u := range usage {
 			base[k] += float64(l.get(u)) / div
 			tops[li][k] = base[k]
 		}

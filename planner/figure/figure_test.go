@@ -40,7 +40,7 @@ func figures(t *testing.T) map[string]*plot.Plot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl, err := Timeline("tiny-llama", p.Static, p.Static+1500<<10, sol.Result, nil)
+	tl, err := Timeline("tiny-llama", p.Static, p.Static+1500<<10, sol.Result, &Step{Gradients: 1 << 20, Transient: 1 << 19}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
