@@ -342,10 +342,10 @@ def test_experts_keep_the_same_bytes_under_any_routing(ckptplan_binary, family, 
 def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
     """Mixtral before transformers 4.48: each layer holds cos and sin tables
     of every position, in the model's dtype, and indexes them. The plan's
-    static memory, held the whole step, is the weights and AdamW state
-    (12 bytes a parameter: fp32 weights and moments; or 16-bit weights,
-    fp32 moments and master copy; and a 4-byte step counter a trained
-    tensor, on the CPU the step runs on), the model's registered buffers
+    static memory, held the whole step, is the weights and PyTorch's
+    AdamW state (12 bytes a parameter: fp32 weights and moments; or 6:
+    bf16 weights and moments, no master copy; and a 4-byte step counter a
+    trained tensor, on the CPU the step runs on), the model's registered buffers
     (those tables and each layer's inv_freq) and the positions the model
     makes (seq int64s), to the byte; the gradients (4 or 2 bytes a
     parameter) appear in the backward, and the optimizer step holds
@@ -358,7 +358,7 @@ def test_cached_rotary_tables_are_static_memory(ckptplan_binary, dtype):
     grad = 4 if dtype == "fp32" else 2
     buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in model.buffers()}
     counters = 4 * sum(1 for p in model.parameters() if p.requires_grad)
-    assert plan.static_bytes == (16 - grad) * model.num_parameters() + counters + sum(buffers.values()) + 8 * SEQ
+    assert plan.static_bytes == 3 * grad * model.num_parameters() + counters + sum(buffers.values()) + 8 * SEQ
     assert plan.step_peak_bytes >= plan.static_bytes + grad * model.num_parameters()
 
 
