@@ -15,6 +15,11 @@ type Static struct {
 	WeightsBytes        int64 // on one rank
 	GradientsBytes      int64 // on one rank
 	OptimizerBytes      int64 // on one rank, fp32 master weights included
+	// CountersBytes are PyTorch AdamW's step counters where the step
+	// keeps them on the device: a 0-dim fp32 tensor a trained tensor
+	// (none for a traced graph, whose nodes give their parameters'
+	// count, not their tensors).
+	CountersBytes int64
 	// BuffersBytes are the model's non-trained tensors that live for the
 	// whole step: the rotary embedding's cos and sin tables and its
 	// registered buffers (ropeTables), or the buffers measured on the
@@ -54,7 +59,7 @@ type Static struct {
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.CountersBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes
 }
 
 // GradientsInBackward reports whether the parameter gradients appear as
@@ -291,8 +296,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
 	}
-	if opt.counter && (opt.impl == fused || s.Numerics.CPUKernels) {
-		st.OptimizerBytes += tensors * counterBytes
+	if opt.counter && (opt.impl == fused || s.Numerics.CPUKernels) && !traced(g) {
+		st.CountersBytes = tensors * counterBytes
 	}
 	if eightBitState {
 		// The optimizer's two quantization maps, 256 fp32 values each,
@@ -432,6 +437,16 @@ type optimizer struct {
 	// trained tensor, on the device when fused (or on the CPU the step
 	// runs on), on the host otherwise; bitsandbytes' in a Python int.
 	counter bool
+}
+
+// traced reports whether g is a trace (its ops ATen's).
+func traced(g *ir.Graph) bool {
+	for i := range g.Nodes {
+		if g.Nodes[i].Op == ir.Aten {
+			return true
+		}
+	}
+	return false
 }
 
 // counterBytes is one step counter of PyTorch's AdamW.

@@ -59,7 +59,7 @@ func TestStaticZeRO(t *testing.T) {
 		// the device, a 0-dim fp32 tensor for each of the 21 trained
 		// tensors (embedding, head, final norm, 9 a layer); the others on
 		// the host.
-		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8*psi + 4*21}},
+		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, CountersBytes: 4 * 21}},
 		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 2 * 4 * 64 * 128}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
 		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy

@@ -99,8 +99,8 @@ func (r *Runner) static(seed int64) {
 			r.params[i].w, r.params[i].dw = r.params[src].w, r.params[src].dw
 		}
 	}
-	if c.Static.OptimizerBytes > 0 {
-		r.tr.Alloc(0, mem.Bytes(c.Static.OptimizerBytes), "optimizer state")
+	if b := c.Static.OptimizerBytes + c.Static.CountersBytes; b > 0 {
+		r.tr.Alloc(0, mem.Bytes(b), "optimizer state")
 	}
 	r.rope = map[[2]int64][2][]float32{}
 	for i := range g.Nodes {

@@ -360,6 +360,9 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	}
 	out := fmt.Sprintf("weights %v%s, gradients %v%s, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
 		mem.Bytes(st.GradientsBytes), grads, mem.Bytes(st.OptimizerBytes), opt)
+	if st.CountersBytes > 0 {
+		out += fmt.Sprintf(", step counters %v", mem.Bytes(st.CountersBytes))
+	}
 	if st.DequantBytes > 0 {
 		out += fmt.Sprintf(", dequantized weight %v", mem.Bytes(st.DequantBytes))
 	}
