@@ -215,11 +215,11 @@ MEGATRON_CASES = {
                           ("selective", None, None, ["core_attn"]), None),
     "closest-modules": ("llama-3-8b", 1, False,
                         ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
-                         "--budget", "90GiB"],
+                         "--budget", "88GiB"],
                         ("selective", None, None, ["core_attn", "layernorm", "mlp"]), None),
     "closest-block": ("llama-3-8b", 1, False,
                       ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
-                       "--budget", "86GiB"],
+                       "--budget", "82GiB"],
                       ("full", "block", "1 to 32"), None),
     "pp8": ("gpt3-175b", 8, True,
             ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb",
@@ -238,7 +238,7 @@ MEGATRON_CASES = {
     "pp4-interleaved": ("llama-3-70b", 8, True,
                         ["--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4",
                          "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2",
-                         "--device", "h100-80gb"],
+                         "--device", "h100-80gb", "--budget", "72GiB"],
                         ("full", "block", 10), [20] * 4),
 }
 
