@@ -156,14 +156,24 @@ func (m *Moment) Bytes() mem.Bytes {
 	return m.StaticBytes + m.GradientsBytes + m.ActivationsBytes + m.TransientBytes
 }
 
+// StepMoment returns the optimizer step and what it holds: the static
+// memory, every gradient, the inputs (δ_0 carries a_0), and its working
+// memory; nil when the problem has no optimizer step.
+func (p *Problem) StepMoment() *Moment {
+	if p.StepPeak == 0 {
+		return nil
+	}
+	m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static, ActivationsBytes: p.Chain.ActBytes[0]}
+	m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
+	m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
+	return m
+}
+
 // moment returns the peak moment of a schedule replayed to r (with its
 // timeline), or of the optimizer step when that holds more.
 func (p *Problem) moment(sched solver.Schedule, r solver.Result) *Moment {
-	if p.StepPeak > 0 && p.StepPeak > p.total(r.Peak) {
-		m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static, ActivationsBytes: p.Chain.ActBytes[0]}
-		m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
-		m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
-		return m
+	if p.StepPeak > p.total(r.Peak) {
+		return p.StepMoment()
 	}
 	if len(r.Timeline) == 0 {
 		return nil

@@ -235,7 +235,7 @@ func (st *Stage) BackwardProgram() Program {
 			written[key] = true
 		}
 		if ws := shiftedLossWorkspace(c, id); ws > 0 {
-			p = append(p[:mark], shiftedLossBackward(id, ws, p[mark:], st.release[id], st)...)
+			p = append(p[:mark], st.shiftedLossBackward(id, ws, p[mark:])...)
 			continue
 		}
 		keep, apart := st.paramGrad(id)
@@ -270,13 +270,13 @@ func (st *Stage) BackwardProgram() Program {
 // and the loss's tape freed; then slice's backward makes the gradient of
 // the whole logits (grads, the events that allocate its inputs'
 // gradients) and the copy's gradient is freed.
-func shiftedLossBackward(id int, ws mem.Bytes, grads []Event, release []int, st *Stage) Program {
+func (st *Stage) shiftedLossBackward(id int, ws mem.Bytes, grads []Event) Program {
 	nll := Event{Kind: Alloc, Buf: KernelBuf, Node: id, Storage: 0, Bytes: ws}
 	copyGrad := Event{Kind: Alloc, Buf: KernelBuf, Node: id, Storage: 1, Bytes: ws}
 	p := Program{nll, copyGrad, {Kind: RunBackward, Node: id}}
 	nll.Kind, copyGrad.Kind = Free, Free
 	p = append(p, nll)
-	for _, s := range release {
+	for _, s := range st.release[id] {
 		p = append(p, st.storageEvent(Free, s))
 	}
 	p = append(p, grads...)

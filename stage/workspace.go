@@ -33,10 +33,13 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		if s < 0 {
 			return 0
 		}
-		if backward && c.Profile != costmodel.Megatron && !g.Setup.Numerics.LossShiftCopy || !backward && g.Setup.Numerics.LossShiftCopy {
+		shift := g.Setup.Numerics.LossShiftCopy
+		switch {
+		case !backward && shift, // the shifted copy
+			backward && !shift && c.Profile != costmodel.Megatron: // nll_loss's gradient
 			return mem.Bytes(c.Storages[s].Bytes)
 		}
-		return 0 // the backward of a shifted loss: shiftedLossBackward
+		return 0 // a shifted loss's backward: shiftedLossBackward
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape

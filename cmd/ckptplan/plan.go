@@ -210,11 +210,8 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 	}
 	title := fmt.Sprintf("%s, %s solver: memory over the schedule", plan.Model, plan.Solver)
 	var step *figure.Step
-	if p.StepPeak > 0 && measured == nil {
-		// The optimizer step: every gradient, the inputs, its working
-		// memory.
-		grads := p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
-		step = &figure.Step{Gradients: grads, Activations: p.Chain.ActBytes[0], Transient: p.StepPeak - p.Static - grads - p.Chain.ActBytes[0]}
+	if m := p.StepMoment(); m != nil && measured == nil {
+		step = &figure.Step{Gradients: m.GradientsBytes, Activations: m.ActivationsBytes, Transient: m.TransientBytes}
 	}
 	fig, err := figure.Timeline(title, plan.StaticBytes, plan.BudgetBytes, sim, step, measured)
 	if err != nil {

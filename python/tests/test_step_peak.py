@@ -39,6 +39,21 @@ def build(lora: int = 0, dtype: str = "fp32") -> "torch.nn.Module":
     return model
 
 
+def train_step(model, optimizer, batch, micro: int = 1, between=None) -> None:
+    """One training step as the Trainer runs it: the loss of each of micro
+    micro-batches (the same batch each time) backward, the model's outputs
+    dropped once the loss is taken; then the optimizer step. between runs
+    before each micro-batch after the first."""
+    for k in range(micro):
+        if between is not None and k > 0:
+            between()
+        loss = model(**batch).loss / micro
+        loss.backward()
+        del loss
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def step_peaks(model, optimizer, batch, micro: int = 1) -> dict[str, int]:
     """The most bytes each part of one step holds ("forward", "backward",
     "step"), on the CPU allocator, what the step starts with included;
@@ -46,15 +61,7 @@ def step_peaks(model, optimizer, batch, micro: int = 1) -> dict[str, int]:
     batch each time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    def run():
-        for _ in range(micro):
-            loss = model(**batch).loss / micro
-            loss.backward()
-            del loss
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    run()  # the optimizer state
+    train_step(model, optimizer, batch, micro)  # the optimizer state
     held = [*model.parameters(), *model.buffers(), *batch.values()]
     held += [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
@@ -70,7 +77,7 @@ def step_peaks(model, optimizer, batch, micro: int = 1) -> dict[str, int]:
              optimizer.register_step_post_hook(lambda *a: mark("after"))]
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            run()
+            train_step(model, optimizer, batch, micro)
     finally:
         for h in hooks:
             h.remove()
@@ -159,8 +166,8 @@ def _allowed(lora: int, dtype: str = "fp32") -> tuple[int, ...]:
     return (0, BATCH * SEQ * 128 * 4) if lora else (0,)
 
 
-# (name, LoRA rank, micro-batches a step accumulates gradients over)
-SETUPS = [("full", 0, 1), ("lora", 8, 1), ("accumulate", 0, 2), ("bf16", 0, 1)]
+# (name, LoRA rank, micro-batches a step accumulates gradients over, dtype)
+SETUPS = [("full", 0, 1, "fp32"), ("lora", 8, 1, "fp32"), ("accumulate", 0, 2, "fp32"), ("bf16", 0, 1, "bf16")]
 
 
 def _setup(lora: int, micro: int, dtype: str = "fp32"):
@@ -171,8 +178,8 @@ def _setup(lora: int, micro: int, dtype: str = "fp32"):
     return model, optimizer, {"input_ids": ids, "labels": ids.clone()}, extra
 
 
-@pytest.mark.parametrize("name,lora,micro", SETUPS)
-def test_whole_step_store_everything(ckptplan_binary, name, lora, micro):
+@pytest.mark.parametrize("name,lora,micro,dtype", SETUPS)
+def test_whole_step_store_everything(ckptplan_binary, name, lora, micro, dtype):
     """Storing everything, the whole step's peak — the loss's backward
     here: the log-probabilities, nll_loss's gradient of them and the
     logits' gradient (from transformers 4.49; before, its forward, where
@@ -183,20 +190,20 @@ def test_whole_step_store_everything(ckptplan_binary, name, lora, micro):
     model makes (cache_position, seq int64s), which the plan holds the
     whole step for a checkpointed layer's sake and PyTorch frees with the
     forward here, and what _slack says."""
-    model, optimizer, batch, extra = _setup(lora, micro, "bf16" if name == "bf16" else "fp32")
+    model, optimizer, batch, extra = _setup(lora, micro, dtype)
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, extra_args=extra)
     measured, part = whole_step(model, optimizer, plan, batch, micro)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
     positions = 8 * SEQ
-    assert _slack(plan, measured, part) - positions in _allowed(lora, "bf16" if name == "bf16" else "fp32")
+    assert _slack(plan, measured, part) - positions in _allowed(lora, dtype)
 
 
 @pytest.mark.parametrize("share", [80, 60])
-@pytest.mark.parametrize("name,lora,micro", SETUPS)
-def test_whole_step_planned(ckptplan_binary, name, lora, micro, share):
+@pytest.mark.parametrize("name,lora,micro,dtype", SETUPS)
+def test_whole_step_planned(ckptplan_binary, name, lora, micro, dtype, share):
     """A plan in a budget below storing everything, applied: the step's
     measured peak is the plan's (_slack), and falls where the plan says."""
-    model, optimizer, batch, extra = _setup(lora, micro, "bf16" if name == "bf16" else "fp32")
+    model, optimizer, batch, extra = _setup(lora, micro, dtype)
     from ckptplan.introspect import describe
 
     setup = describe(model, batch=BATCH, seq=SEQ)
@@ -220,36 +227,26 @@ def test_whole_step_planned(ckptplan_binary, name, lora, micro, share):
     measured, part = whole_step(model, optimizer, plan, batch, micro)
     assert any(layer.host_bytes >= 5056 for layer in plan.layers), "no layer checkpointed or selective"
     assert part == _part(plan.peak_at), (part, plan.peak_at)
-    assert _slack(plan, measured, part) in _allowed(lora, "bf16" if name == "bf16" else "fp32")
+    assert _slack(plan, measured, part) in _allowed(lora, dtype)
 
 
-@pytest.mark.parametrize("name,lora,micro", SETUPS)
-def test_memtracker_agrees(ckptplan_binary, name, lora, micro):
+@pytest.mark.parametrize("name,lora,micro,dtype", SETUPS)
+def test_memtracker_agrees(ckptplan_binary, name, lora, micro, dtype):
     """PyTorch's own tracker (torch.distributed._tools.mem_tracker,
     which attributes every tensor to parameters, buffers, gradients,
     optimizer state, activations and temporaries) sees the step's peak
     where the allocator does, to the byte; the plan says the same peak as
     measured against the allocator (test_whole_step_store_everything)."""
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
-    model, optimizer, batch, extra = _setup(lora, micro, "bf16" if name == "bf16" else "fp32")
+    model, optimizer, batch, extra = _setup(lora, micro, dtype)
     plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, extra_args=extra)
-
-    def run(tracker=None):
-        for k in range(micro):
-            if tracker is not None and k > 0:
-                tracker.reset_mod_stats()  # it tracks a module's call once
-            loss = model(**batch).loss / micro
-            loss.backward()
-            del loss
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    run()  # the optimizer state
+    train_step(model, optimizer, batch, micro)  # the optimizer state
     tracker = mem_tracker.MemTracker()
     tracker.track_external(model, optimizer, *batch.values())
     try:
         with tracker:
-            run(tracker)
+            # It tracks a module's call once a step: reset between micro-batches.
+            train_step(model, optimizer, batch, micro, between=tracker.reset_mod_stats)
     except RuntimeError as e:
         if "doesn't require gradient" not in str(e):
             raise
@@ -260,4 +257,4 @@ def test_memtracker_agrees(ckptplan_binary, name, lora, micro):
     measured, part = whole_step(model, optimizer, plan, batch, micro)
     assert tracked == measured
     positions = 8 * SEQ
-    assert _slack(plan, tracked, part) - positions in _allowed(lora, "bf16" if name == "bf16" else "fp32")
+    assert _slack(plan, tracked, part) - positions in _allowed(lora, dtype)
