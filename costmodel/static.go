@@ -53,8 +53,16 @@ type Static struct {
 	// runs short; counted on the GPU.
 	Paged bool
 	// StepBytes is the optimizer step's working memory beside the state
-	// (stepWorkspace): live only while the step runs, so not in Total.
+	// (stepWorkspace, or deepSpeedStep under ZeRO stages 1 and 2): live
+	// only while the step runs, so not in Total.
 	StepBytes int64
+	// StepFreedBytes are the bytes of Total the step no longer holds: the
+	// rotary tables and positions a forward makes, freed with the
+	// backward's graph; under ZeRO stages 1 and 2, the reduce buffers,
+	// freed when the backward ends, and the 16-bit gradients, which
+	// DeepSpeed turns into an fp32 partition (counted in StepBytes)
+	// before it updates.
+	StepFreedBytes int64
 }
 
 // Total returns the static bytes of one rank.
@@ -224,6 +232,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		opt.master = false
 	}
 	var params, trainable, weights, grads, moments, masters, dequant, tensors int64
+	var trainedShard int64 // the trained parameters on this tensor-parallel rank
 	var approx float64     // bytes, in float64: it cannot wrap
 	eightBitState := false // some tensor's moments are 8-bit
 	// The unsharded weights and gradients of each decoder layer, and of
@@ -240,6 +249,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		params += p
 		trainable += tr
 		p, tr = tpShard(g, i, p), tpShard(g, i, tr)
+		trainedShard += tr
 		size, trainSize, gradSize := paramSizes(g, i)
 		approx += float64(p) * float64(2*max(size, trainSize)+16)
 		w0 := weights
@@ -329,19 +339,57 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		registered = s.BuffersBytes // measured on the live model
 	}
 	st.BuffersBytes = made + registered
+	if Profile(s.Profile) != Megatron {
+		st.StepFreedBytes = made // the forward's tables, freed with the backward's graph
+	}
 	if made+registered > 0 && Profile(s.Profile) == Transformers {
 		// The positions (cache_position, and position_ids a view of it)
 		// the model makes each forward, int64: a checkpointed layer's
-		// call holds them to its backward. Counted the whole step, they
-		// bound that (storing everything, they are freed with the
-		// forward).
+		// call holds them to its backward. Counted through the forward
+		// and backward, they bound that (storing everything, they are
+		// freed with the forward); the step holds none.
 		st.BuffersBytes += 8 * s.Seq
+		st.StepFreedBytes += 8 * s.Seq
 	}
 	st.StepBytes = stepWorkspace(g, held, opt)
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
 	}
+	if (s.Parallel.Zero == 1 || s.Parallel.Zero == 2) && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != "none" && trainable > 0 {
+		partition := int64(4) // DeepSpeed's fp32 partition of the trained weights
+		if ownDType {
+			partition = e
+		}
+		st.StepFreedBytes += st.GradientsBytes + st.ReduceBytes
+		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt)
+	}
 	return st, nil
+}
+
+// deepSpeedStep is what DeepSpeed's ZeRO stages 1 and 2 allocate in their
+// step (stage_1_and_2.py, step) beside the weights and the optimizer
+// state, once the backward has freed its reduce buffers: the rank's
+// gradient partition (grads bytes, in the gradients' dtype) is flattened
+// into one tensor and converted to the dtype of the rank's master
+// partition (master bytes; when the dtypes agree the flat copy is the
+// converted one), the partition is freed, and the optimizer updates the
+// master partition as one tensor. PyTorch's AdamW over one tensor makes a
+// master-sized square root (foreach), a square root and a quotient
+// (for-loop), or nothing (fused); the first dtype's all-gather of the
+// updated weights writes into the weights. The most held is the larger of
+// the conversion (the partition, its flat copy, the converted copy) and
+// the update (the converted gradients and the optimizer's working
+// memory).
+func deepSpeedStep(grads, master int64, opt optimizer) int64 {
+	converted := master
+	if grads == master {
+		converted = 0
+	}
+	var work int64
+	if opt.moments > 0 && !opt.eightBit && !opt.paged {
+		work = [...]int64{forEach: 1, fused: 0, forLoop: 2}[opt.impl] * master
+	}
+	return max(2*grads+converted, master+work)
 }
 
 // stepWorkspace is what PyTorch's AdamW allocates while its step runs,
@@ -353,7 +401,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 //     moment-sized tensor for every trained tensor of the group;
 //   - for-loop (adamw-forloop; the default on the CPU) makes the
 //     denominator of one tensor at a time, its square root and the
-//     quotient both live: twice the largest trained tensor's moment;
+//     quotient both live, while the previous tensor's denominator is
+//     still bound to its variable: the most of twice a trained tensor's
+//     moment and the one before it's, in the parameters' order;
 //   - fused (adamw-fused) updates in one kernel: nothing.
 //
 // A moment has its parameter's dtype, or fp32 with a master copy. SGD
@@ -363,7 +413,7 @@ func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
 	if opt.moments == 0 || opt.eightBit || opt.paged || opt.impl == fused {
 		return 0
 	}
-	var sum, largest int64
+	var sum, loop, prev int64
 	for i := range g.Nodes {
 		if !held(i) || g.TrainableParams(i) == 0 {
 			continue
@@ -373,13 +423,14 @@ func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
 			train = 4
 		}
 		for _, t := range trainableTensors(g, i) {
-			t = tpShard(g, i, t)
-			sum += t * train
-			largest = max(largest, t*train)
+			t = tpShard(g, i, t) * train
+			sum += t
+			loop = max(loop, 2*t+prev)
+			prev = t
 		}
 	}
 	if opt.impl == forLoop {
-		return 2 * largest
+		return loop
 	}
 	return sum
 }

@@ -29,6 +29,8 @@ func TestStaticZeRO(t *testing.T) {
 		}
 		st := c.Static
 		st.BuffersBytes = 0
+		// The step no longer holds the tables the forward made.
+		st.StepFreedBytes -= 2 * m.Training.Seq * 16 * c.Graph.DType.Size()
 		return st
 	}
 	psi := build("bf16", 0, 1, "adamw").Parameters
@@ -55,22 +57,32 @@ func TestStaticZeRO(t *testing.T) {
 		// The foreach step takes the square root of every fp32 second
 		// moment at once; the fused step makes nothing, the for-loop one
 		// the square root and quotient of the largest tensor, an MLP's
-		// 64·128 projection. The fused step keeps its step counters on
+		// 64·128 projection, while the denominator of the one before it,
+		// another, is still bound. The fused step keeps its step counters on
 		// the device, a 0-dim fp32 tensor for each of the 21 trained
 		// tensors (embedding, head, final norm, 9 a layer); the others on
 		// the host.
 		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, CountersBytes: 4 * 21}},
-		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 2 * 4 * 64 * 128}},
+		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 3 * 4 * 64 * 128}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
 		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
 		// of it. Stage 1 fills the rank's shard of the gradients before it
 		// frees the whole ones; stage 2 holds, beside the bucket, the
 		// gradients produced since: a layer's (here more than the root's,
 		// whose embedding and head are 100 wide), or the root's.
+		//
+		// Their step, as DeepSpeed runs it, holds neither: the backward's
+		// end frees the bucket and stage 1's whole gradients, and the step
+		// turns the rank's bf16 partition (2Ψ/4) into an fp32 one (4Ψ/4),
+		// through a flat bf16 copy, before the foreach update's square
+		// root of the fp32 partition (4Ψ/4): the larger of 2·2Ψ/4 + 4Ψ/4
+		// and 4Ψ/4 + 4Ψ/4.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
+			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
+			StepFreedBytes: 2*psi + 2*2*layer + 2*psi/4}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
+			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
+			StepFreedBytes: 2*psi/4 + 2*2*layer + 2*layer}},
 		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
 		// the root (embedding, head, final norm) whole with its gradients,
 		// two layers' weights unsharded and two all-gather buffers of a
@@ -181,6 +193,13 @@ func TestStaticNoSync(t *testing.T) {
 		}
 		want := synced
 		want.GradientsBytes = 2 * psi
+		// DeepSpeed's step (deepSpeedStep) is for ZeRO 1 and 2 reducing
+		// every backward; reduced once, the shards are updated by
+		// PyTorch's foreach AdamW: a square root of each fp32 second
+		// moment's shard.
+		if zero == 1 || zero == 2 {
+			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.BuffersBytes-64*4 // all but the registered inverse frequencies
+		}
 		if diff := cmp.Diff(want, st); diff != "" {
 			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)
 		}
@@ -196,7 +215,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2*2048*16*2 + 16/2*4, StepBytes: 4 * adapters}
+	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2*2048*16*2 + 16/2*4, StepBytes: 4 * adapters, StepFreedBytes: 2 * 2048 * 16 * 2}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
@@ -247,6 +266,9 @@ func TestStaticQLoRA(t *testing.T) {
 		BuffersBytes:   c.Static.BuffersBytes,
 		DequantBytes:   2 * h * f,
 		Paged:          true,
+		// The rotary tables the forward makes, cos and sin of 8192 × 128,
+		// and its int64 positions.
+		StepFreedBytes: 2*8192*128*2 + 8*8192,
 	}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
@@ -322,5 +344,33 @@ func TestInt8KeepsInput(t *testing.T) {
 	e := int64(4)
 	if got, want := saved("int8")-saved("nf4"), e*b*s*(2*h+f); got != want {
 		t.Errorf("int8 layer keeps %d bytes more than nf4, want %d (inputs of o, gate/up, down)", got, want)
+	}
+}
+
+// TestDeepSpeedStep follows DeepSpeed's ZeRO 1/2 step over a rank's
+// partition of P parameters (stage_1_and_2.py): the bf16 gradients (2P),
+// their flat copy (2P) and its fp32 conversion (4P), then the update of
+// the fp32 partition by PyTorch's AdamW. The bf16 for-loop case is
+// DeepSpeed 0.16.4's on the CPU over a 4-layer Llama of 180,800
+// parameters on 2 ranks, read from the allocator's events: from the state
+// without the gradients, 361,600 B for the fp32 gradients, then 361,600 B
+// for the square root and 361,600 B for the quotient, 1,084,800 B in all.
+func TestDeepSpeedStep(t *testing.T) {
+	const p = 90400
+	for _, tt := range []struct {
+		opt         string
+		grads, want int64
+	}{
+		{"adamw-forloop", 2 * p, 12 * p},
+		{"adamw-foreach", 2 * p, 8 * p},
+		{"adamw-fused", 2 * p, 8 * p},   // the conversion: 2P + 2P + 4P
+		{"adamw-fused", 4 * p, 8 * p},   // fp32: the gradients and their flat copy, which the conversion returns
+		{"adamw-foreach", 4 * p, 8 * p}, // fp32: the flat gradients and the square root
+		{"sgd", 2 * p, 8 * p},
+		{"adamw8bit", 2 * p, 8 * p},
+	} {
+		if got := deepSpeedStep(tt.grads, 4*p, optimizers[tt.opt]); got != tt.want {
+			t.Errorf("%s over %d B of gradients: %d, want %d", tt.opt, tt.grads, got, tt.want)
+		}
 	}
 }

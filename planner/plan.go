@@ -157,13 +157,13 @@ func (m *Moment) Bytes() mem.Bytes {
 }
 
 // StepMoment returns the optimizer step and what it holds: the static
-// memory, every gradient, the inputs (δ_0 carries a_0), and its working
-// memory; nil when the problem has no optimizer step.
+// memory it keeps, every gradient, the inputs (δ_0 carries a_0), and its
+// working memory; nil when the problem has no optimizer step.
 func (p *Problem) StepMoment() *Moment {
 	if p.StepPeak == 0 {
 		return nil
 	}
-	m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static, ActivationsBytes: p.Chain.ActBytes[0]}
+	m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static - mem.Bytes(p.Costs.Static.StepFreedBytes), ActivationsBytes: p.Chain.ActBytes[0]}
 	m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
 	m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
 	return m

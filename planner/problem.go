@@ -17,9 +17,10 @@ type Problem struct {
 	Name   string
 	Unit   string    // of the costs: FLOPs for models and graphs
 	Static mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
-	// StepPeak is what the optimizer step holds: Static, the parameter
-	// gradients and δ_0 the backward ends with, and the step's working
-	// memory; 0 for a profiled chain.
+	// StepPeak is what the optimizer step holds: Static less what the
+	// backward's end frees (costmodel.Static.StepFreedBytes), the
+	// parameter gradients and δ_0 the backward ends with, and the step's
+	// working memory; 0 for a profiled chain.
 	StepPeak mem.Bytes
 	Chain    *solver.Chain
 	// Costs and Stages describe a model or graph; both are nil for a
@@ -113,7 +114,7 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
-	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) + mem.Bytes(c.Static.StepBytes)
+	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - mem.Bytes(c.Static.StepFreedBytes) + mem.Bytes(c.Static.StepBytes)
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
 		p.forward = append(p.forward, p.Chain.Forward[i])

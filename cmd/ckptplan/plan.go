@@ -211,7 +211,7 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 	title := fmt.Sprintf("%s, %s solver: memory over the schedule", plan.Model, plan.Solver)
 	var step *figure.Step
 	if m := p.StepMoment(); m != nil && measured == nil {
-		step = &figure.Step{Gradients: m.GradientsBytes, Activations: m.ActivationsBytes, Transient: m.TransientBytes}
+		step = &figure.Step{Static: m.StaticBytes, Gradients: m.GradientsBytes, Activations: m.ActivationsBytes, Transient: m.TransientBytes}
 	}
 	fig, err := figure.Timeline(title, plan.StaticBytes, plan.BudgetBytes, sim, step, measured)
 	if err != nil {

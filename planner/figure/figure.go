@@ -154,10 +154,11 @@ func palette(i int) color.Color {
 	return p[i%len(p)]
 }
 
-// Step is what the optimizer step holds beside the static memory: the
+// Step is what the optimizer step holds: the static memory it keeps
+// (less than the schedule's where the backward's end frees some), the
 // parameter gradients, the inputs, and its working memory.
 type Step struct {
-	Gradients, Activations, Transient mem.Bytes
+	Static, Gradients, Activations, Transient mem.Bytes
 }
 
 // Timeline draws memory over a schedule, stacked by kind (static,
@@ -171,9 +172,17 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *S
 	p.X.Label.Text = "schedule op"
 	usage := sim.Usage
 	top := max(budget, sim.Peak+static)
+	staticAt := func(int) mem.Bytes { return static }
 	if step != nil {
 		usage = append(usage[:len(usage):len(usage)], solver.Usage{Activations: step.Activations, ParamGrads: step.Gradients, Transient: step.Transient})
-		top = max(top, static+step.Gradients+step.Activations+step.Transient)
+		top = max(top, step.Static+step.Gradients+step.Activations+step.Transient)
+		last := len(usage) - 1
+		staticAt = func(k int) mem.Bytes {
+			if k == last {
+				return step.Static
+			}
+			return static
+		}
 		p.X.Label.Text = "schedule op, then the optimizer step"
 	}
 	for _, m := range measured {
@@ -184,15 +193,15 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *S
 	n := len(usage)
 	layers := []struct {
 		name string
-		get  func(u solver.Usage) mem.Bytes
+		get  func(k int, u solver.Usage) mem.Bytes
 		c    color.Color
 	}{
-		{"static", func(solver.Usage) mem.Bytes { return static }, color.RGBA{199, 199, 199, 255}},
-		{"activations and checkpoints", func(u solver.Usage) mem.Bytes { return u.Activations }, color.RGBA{31, 119, 180, 255}},
-		{"kept tensors (tapes)", func(u solver.Usage) mem.Bytes { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
-		{"parameter gradients", func(u solver.Usage) mem.Bytes { return u.ParamGrads }, color.RGBA{148, 103, 189, 255}},
-		{"gradients", func(u solver.Usage) mem.Bytes { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
-		{"transients", func(u solver.Usage) mem.Bytes { return u.Transient }, color.RGBA{214, 39, 40, 255}},
+		{"static", func(k int, _ solver.Usage) mem.Bytes { return staticAt(k) }, color.RGBA{199, 199, 199, 255}},
+		{"activations and checkpoints", func(_ int, u solver.Usage) mem.Bytes { return u.Activations }, color.RGBA{31, 119, 180, 255}},
+		{"kept tensors (tapes)", func(_ int, u solver.Usage) mem.Bytes { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
+		{"parameter gradients", func(_ int, u solver.Usage) mem.Bytes { return u.ParamGrads }, color.RGBA{148, 103, 189, 255}},
+		{"gradients", func(_ int, u solver.Usage) mem.Bytes { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
+		{"transients", func(_ int, u solver.Usage) mem.Bytes { return u.Transient }, color.RGBA{214, 39, 40, 255}},
 	}
 	base := make([]float64, n)
 	// Draw from the top of the stack down so that each band shows.
@@ -200,7 +209,7 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *S
 	for li, l := range layers {
 		tops[li] = make([]float64, n)
 		for k, u := range usage {
-			base[k] += float64(l.get(u)) / div
+			base[k] += float64(l.get(k, u)) / div
 			tops[li][k] = base[k]
 		}
 	}

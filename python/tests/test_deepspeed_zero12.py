@@ -17,9 +17,20 @@ allocator counts what it holds on rank 0 and reports the sum with every
 allocation (the CPU's ``torch.cuda.max_memory_allocated``). Its
 peak over the forward and backward of the second and third steps (the
 first makes the optimizer's state) stays within the plan's peak under the
-exported config, and passes it under DeepSpeed's defaults. The optimizer
-step, after the backward, is measured and reported, not compared: the
-plan does not count the update's own working memory.
+exported config, and passes it under DeepSpeed's defaults.
+
+The optimizer step is compared with the plan's (``step_peak_bytes``,
+with ``--optimizer adamw-forloop``: PyTorch's AdamW over CPU tensors runs
+its for-loop). DeepSpeed's step frees the bucket, turns the rank's bf16
+gradient partition into an fp32 one and updates the fp32 partition as
+one tensor (costmodel's deepSpeedStep). Measured as what the run's own
+tensors (weights, buffers, the inputs, the fp32 partition, the gradient
+partition, the optimizer's state) hold when the step starts plus the
+most the allocator's total rises during it, which leaves out what gloo
+still holds, the step is the plan's less at most 128 bytes: the plan
+counts the inputs twice, as the ids and as the labels, which are one
+tensor here, and DeepSpeed's scalars (the gradient norm, the step counter
+and its increment) take a few bytes of that back.
 
 One allowance, for what the CPU run holds beyond its steady state:
 DeepSpeed reduces each bucket through a flattened copy
@@ -83,31 +94,47 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
         engine, _, _, _ = deepspeed.initialize(model=model, config=config,
                                                optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
         x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+        known = {}  # what the step starts with that the run's own tensors hold, by step
         for step in range(3):
             gc.collect()
             with record_function(f"backward {step}"):
                 loss = engine(input_ids=x, labels=x).loss
                 engine.backward(loss)
+            zero = engine.optimizer
+            held = [*model.parameters(), *model.buffers(), x, *zero.single_partition_of_fp32_groups,
+                    *(g for grads in zero.averaged_gradients.values() if grads for g in grads)]
+            held += [v for st in zero.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+            known[step] = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values())
+            del held, zero  # the step frees the gradients
             with record_function(f"update {step}"):
                 engine.step()
     # Each allocation event carries what the CPU allocator holds after it
     # (total_allocated): the allocator keeps that sum over every thread,
     # so a tensor a gloo thread frees, which the profiler records no event
     # for, leaves it.
+    if rank != 0:
+        return
     nodes = list(prof.profiler.kineto_results.experimental_event_tree())
     spans, held = {}, []
     while nodes:
         n = nodes.pop()
         nodes.extend(n.children)
-        if n.name.startswith(("backward ", "update ")):
+        if n.tag == _EventType.Allocation:
+            held.append((n.start_time_ns, n.extra_fields.total_allocated, n.extra_fields.alloc_size))
+        elif n.tag == _EventType.TorchOp and n.name.startswith(("backward ", "update ")):
             spans[n.name] = (n.start_time_ns, n.end_time_ns)
-        elif n.tag == _EventType.Allocation:
-            held.append((n.start_time_ns, n.extra_fields.total_allocated))
-    peak = {name: max(b for t, b in held if start <= t <= end) for name, (start, end) in spans.items()}
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"backward": max(peak["backward 1"], peak["backward 2"]),
-                       "update": max(peak["update 1"], peak["update 2"])}, f)
+    held.sort()
+    peak = {name: max(b for t, b, _ in held if start <= t <= end) for name, (start, end) in spans.items()}
+    # The step's own: from what the run's tensors hold when it starts, up
+    # by the most the allocator's total rises over its value then.
+    steady = []
+    for step in (1, 2):
+        start, end = spans[f"update {step}"]
+        within = [(b, size) for t, b, size in held if start <= t <= end]
+        steady.append(known[step] + max(b for b, _ in within) - (within[0][0] - within[0][1]))
+    with open(out, "w") as f:
+        json.dump({"backward": max(peak["backward 1"], peak["backward 2"]),
+                   "update": max(peak["update 1"], peak["update 2"]), "step": max(steady)}, f)
 
 
 @pytest.mark.parametrize("solver", ["none", "every-k"])
@@ -131,8 +158,13 @@ def test_deepspeed_holds_within_the_plan(ckptplan_binary, model_config, tmp_path
     checkpointing = solver == "every-k"
 
     planned = spawn(tmp_path, "test_deepspeed_zero12", zero, checkpointing)
+    step = json.loads(run(ckptplan_binary, "plan", model_config, *plan_flags, "--optimizer", "adamw-forloop",
+                          "--format", "json"))["step_peak_bytes"]
     print(f"stage {stage}, {solver}: plan peak {plan['peak_bytes']} B (reduce buffers {static['reduce_bytes']} B); "
-          f"DeepSpeed holds {planned['backward']} B in forward and backward, {planned['update']} B in its step")
+          f"DeepSpeed holds {planned['backward']} B in forward and backward, {planned['update']} B in its step "
+          f"({planned['update'] - step:+d} B beside the plan's step, {step} B; a bucket is {2 * zero['reduce_bucket_size']} B), "
+          f"its own {planned['step']} ({planned['step'] - step:+d} B)")
+    assert 0 <= step - planned["step"] <= 128, (planned, step)
     gloo = 2 * 2 * zero["reduce_bucket_size"]  # two flattened bf16 buckets gloo may still hold (see above)
     assert planned["backward"] <= plan["peak_bytes"] + gloo, planned
     # What DeepSpeed holds includes every weight, the optimizer's state and
