@@ -144,6 +144,13 @@ func (a *analyzer) keeps(n *ir.Node) {
 			// until the loss's forward is done.
 			a.c.reads[n.ID] = append(a.c.reads[n.ID], a.lay.out[src.Inputs[0]])
 		}
+		if h := headInput(a.g, n); a.profile == Transformers && h >= 0 {
+			// transformers computes the loss inside the model's forward,
+			// whose output object (last_hidden_state) holds the head's
+			// input until it returns: under LoRA, where nothing saves it,
+			// it lives until the loss's forward is done.
+			a.c.reads[n.ID] = append(a.c.reads[n.ID], a.lay.out[h])
+		}
 		if a.profile == Transformers {
 			// nll_loss keeps the count it divides by, a 0-dim fp32
 			// tensor. (PyTorch frees it once nll_loss's backward has
@@ -168,6 +175,20 @@ func (a *analyzer) keeps(n *ir.Node) {
 	default:
 		panic(fmt.Sprintf("costmodel: no rule for op %v", n.Op))
 	}
+}
+
+// headInput returns the node whose output the head (the linear the loss
+// node reads the logits of, through casts and reshapes) reads: the
+// model's last hidden state; -1 when the loss reads no linear.
+func headInput(g *ir.Graph, loss *ir.Node) int {
+	id := loss.Inputs[0]
+	for g.Nodes[id].Op == ir.Cast || g.Nodes[id].Op == ir.Reshape {
+		id = g.Nodes[id].Inputs[0]
+	}
+	if g.Nodes[id].Op != ir.Linear {
+		return -1
+	}
+	return g.Nodes[id].Inputs[0]
 }
 
 // keepTraced keeps what the tracer saw a PyTorch op save, in its order:
