@@ -352,7 +352,7 @@ func (b *builder) sdpaMath(q, k, v int, interleave bool) int {
 	k = b.op("attn.k_scaled", ir.Scale, ir.Attrs{Factor: root, ScalarArg: true}, k)
 	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
 	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
-	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{}, s)
+	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Safe: true}, s)
 	s = b.dropout("attn.attn_dropout", s)
 	o := b.op("attn.av_matmul", ir.MatMul, ir.Attrs{}, s, v)
 	return b.cast("attn.out_cast", dt, o)

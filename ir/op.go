@@ -156,6 +156,7 @@ type Attrs struct {
 	LoRARank    int64   // Linear: rank of a trainable low-rank adapter (0: none)
 	LoRADrop    float64 // Linear: dropout probability on the adapter's input
 	Upcast      bool    // RMSNorm, LayerNorm, Softmax: compute in fp32; RoPE, CausalMask: return fp32 (fp32 tables or mask)
+	Safe        bool    // Softmax: PyTorch's _safe_softmax (sdpa's math path, 2.5 on), which zeroes rows of -inf scores through a softmax made apart and masks
 	OnePlus     bool    // RMSNorm: scale by 1 + weight, in fp32, and cast the product back (Gemma)
 	Autocast    bool    // Linear: the weight is cast to the input's 16-bit dtype (torch.autocast)
 	P           float64 // Dropout, Attention: drop probability

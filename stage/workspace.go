@@ -23,11 +23,24 @@ import (
 // log-probabilities. Both are the size of the log-probabilities. The
 // backward of a shifted loss holds more, in an order of its own
 // (shiftedLossWorkspace, shiftedLossBackward).
+//
+// sdpa's math path takes _safe_softmax (PyTorch 2.5 on), which makes the
+// softmax apart, a boolean mask of the -inf scores and a flag a row, and
+// writes its output through torch.where with two 0-dim fp32 scalars:
+// beside its input and output, an output's worth, a byte a score, a byte
+// a row and 8 bytes.
 func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	g := c.Graph
 	n := &g.Nodes[id]
 	var floats int
 	switch n.Op {
+	case ir.Softmax:
+		if !n.Attrs.Safe || backward {
+			return 0
+		}
+		out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
+		scores := out / n.DType.Size()
+		return mem.Bytes(out + scores + scores/n.Shape.Last() + 8)
 	case ir.CrossEntropy:
 		s := c.OwnedAs(id, costmodel.LogSoftmax)
 		if s < 0 {
