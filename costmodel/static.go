@@ -375,8 +375,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 // converted one), the partition is freed, and the optimizer updates the
 // master partition as one tensor. PyTorch's AdamW over one tensor makes a
 // master-sized square root (foreach), a square root and a quotient
-// (for-loop), or nothing (fused); the first dtype's all-gather of the
-// updated weights writes into the weights. The most held is the larger of
+// (for-loop), or nothing (fused); the all-gather of the updated weights
+// then writes into the weights themselves. The most held is the larger of
 // the conversion (the partition, its flat copy, the converted copy) and
 // the update (the converted gradients and the optimizer's working
 // memory).
