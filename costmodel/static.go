@@ -42,6 +42,15 @@ type Static struct {
 	// whole gradients still live. Not under the megatron profile.
 	// Counted for the whole step, it bounds the reduction.
 	ReduceBytes int64
+	// BucketBytes are the gradient buckets of PyTorch's
+	// DistributedDataParallel, which data parallelism without ZeRO is
+	// (dp > 1; not under the megatron profile, whose gradient buffer is
+	// its own): flat buffers the size of every trained gradient, in the
+	// gradients' dtype, made when it wraps the model and made again once
+	// it has seen the gradients' order, that each backward's gradients
+	// are copied into, all-reduced in and copied back from (its default,
+	// gradient_as_bucket_view=False).
+	BucketBytes int64
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
 	// counted under ZeRO: the sizes the engines' gathering and gradient
@@ -67,7 +76,7 @@ type Static struct {
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.CountersBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes
+	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.CountersBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes + s.BucketBytes
 }
 
 // GradientsInBackward reports whether the parameter gradients appear as
@@ -333,6 +342,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, lg, dp)
 	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
+	}
+	if s.Parallel.DP > 1 && s.Parallel.Zero == 0 && Profile(s.Profile) != Megatron {
+		st.BucketBytes = grads
 	}
 	made, registered := ropeTables(g, held)
 	if s.BuffersBytes > 0 {

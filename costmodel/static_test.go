@@ -374,3 +374,45 @@ func TestDeepSpeedStep(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticDDP: data parallelism without ZeRO is PyTorch's
+// DistributedDataParallel, whose buckets hold a copy of every trained
+// gradient the whole step (measured: 3,977,728 B of buckets for a Llama
+// of 994,432 fp32 parameters over two gloo ranks,
+// python/tests/test_step_peak.py): 2Ψ for Llama 3 8B in bf16, the
+// adapters' gradients under LoRA; none on one rank, under ZeRO (its
+// engines reduce through buckets of their own, ReduceBytes) or under the
+// megatron profile (Megatron-LM's gradient buffer).
+func TestStaticDDP(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		dp, zero int64
+		profile  string
+		lora     int64
+		want     func(st Static) int64
+	}{
+		{"ddp", 8, 0, "transformers", 0, func(st Static) int64 { return 2 * st.Parameters }},
+		{"ddp lora", 8, 0, "transformers", 16, func(st Static) int64 { return st.GradientsBytes }},
+		{"one rank", 1, 0, "transformers", 0, func(Static) int64 { return 0 }},
+		{"zero 1", 8, 1, "transformers", 0, func(Static) int64 { return 0 }},
+		{"megatron", 8, 0, "megatron", 0, func(Static) int64 { return 0 }},
+	} {
+		m := *src.Model
+		m.Training.Parallel = ir.Parallel{DP: tt.dp, TP: 1, Zero: tt.zero}
+		m.Training.Profile = tt.profile
+		if tt.lora > 0 {
+			m.Training.LoRA = ir.LoRA{Rank: tt.lora, Targets: []string{"q", "v"}}
+		}
+		st := analyzeModel(t, &m).Static
+		if want := tt.want(st); st.BucketBytes != want {
+			t.Errorf("%s: buckets %d, want %d", tt.name, st.BucketBytes, want)
+		}
+		if tt.name == "ddp lora" && st.BucketBytes != 2*st.TrainableParameters {
+			t.Errorf("%s: buckets %d, want the adapters' bf16 gradients, %d", tt.name, st.BucketBytes, 2*st.TrainableParameters)
+		}
+	}
+}

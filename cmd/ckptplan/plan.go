@@ -372,5 +372,8 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	if st.ReduceBytes > 0 {
 		out += fmt.Sprintf(", ZeRO %d's reduce buffers %v", s.Parallel.Zero, mem.Bytes(st.ReduceBytes))
 	}
+	if st.BucketBytes > 0 {
+		out += fmt.Sprintf(", DDP's gradient buckets %v", mem.Bytes(st.BucketBytes))
+	}
 	return out
 }

@@ -32,7 +32,8 @@ _PATHS = (
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The transformers model under any PEFT wrappers.
+    """The transformers model under any PEFT or DistributedDataParallel
+    wrappers.
 
     >>> unwrap(nn.Linear(1, 1)).__class__.__name__
     'Linear'
@@ -45,6 +46,8 @@ def unwrap(model: nn.Module) -> nn.Module:
             inner = model.get_base_model()
         elif type(model).__name__ == "LoraModel" and isinstance(getattr(model, "model", None), nn.Module):
             inner = model.model
+        elif type(model).__name__ == "DistributedDataParallel" and isinstance(getattr(model, "module", None), nn.Module):
+            inner = model.module
         if inner is None or inner is model:
             break
         model = inner

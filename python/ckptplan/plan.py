@@ -190,6 +190,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--optimizer", optimizer_name(optimizer)]
     if _own_dtype_moments(model, optimizer):
         args += ["--master-weights", "none"]
+    ranks = _data_parallel_ranks(model)
+    if ranks > 1 and "--dp" not in extra_args:
+        args += ["--dp", str(ranks)]
     from .layers import unwrap  # needs torch, as a model does
 
     base = unwrap(model)
@@ -244,6 +247,17 @@ def optimizer_name(optimizer: Any) -> str:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         foreach = bool(params) and all(p.device.type == "cuda" for p in params)
     return "adamw-foreach" if foreach else "adamw-forloop"
+
+
+def _data_parallel_ranks(model) -> int:
+    """The ranks a model wrapped in PyTorch's DistributedDataParallel
+    trains over (its process group's size), whose gradient buckets the
+    plan counts (``--dp``); 1 for any other model."""
+    if type(model).__name__ != "DistributedDataParallel":
+        return 1
+    import torch.distributed as dist
+
+    return dist.get_world_size(getattr(model, "process_group", None))
 
 
 def _own_dtype_moments(model, optimizer: Any) -> bool:

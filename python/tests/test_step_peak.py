@@ -258,3 +258,79 @@ def test_memtracker_agrees(ckptplan_binary, name, lora, micro, dtype):
     assert tracked == measured
     positions = 8 * SEQ
     assert _slack(plan, tracked, part) - positions in _allowed(lora, dtype)
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    """One of two ranks of a gloo group training the Llama under PyTorch's
+    DistributedDataParallel (AdamW fused) for three steps, under the
+    profiler from before the model is made; rank 0 writes the most its
+    CPU allocator held in the forward, the backward and the optimizer step
+    of the third (the first rebuilds DDP's buckets in the gradients'
+    order)."""
+    import gc
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            model = torch.nn.parallel.DistributedDataParallel(build())
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+            ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+            batch = {"input_ids": ids, "labels": ids.clone()}
+            for step in range(3):
+                gc.collect()
+                with record_function(f"forward {step}"):
+                    loss = model(**batch).loss
+                with record_function(f"backward {step}"):
+                    loss.backward()
+                    del loss
+                with record_function(f"step {step}"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+        # ckptplan.plan over the wrapped model: its ranks are the plan's --dp.
+        planned = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer).peak_bytes
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
+    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
+    spans, held = {}, []
+    while nodes:
+        n = nodes.pop()
+        nodes.extend(n.children)
+        if n.tag == _EventType.Allocation:
+            held.append((n.start_time_ns, n.extra_fields.total_allocated))
+        elif n.tag == _EventType.TorchOp and n.name.endswith(" 2"):
+            spans[n.name.split()[0]] = (n.start_time_ns, n.end_time_ns)
+    with open(out, "w") as f:
+        json.dump({"planned": planned,
+                   **{part: max(b for t, b in held if start <= t <= end) for part, (start, end) in spans.items()}}, f)
+
+
+def test_ddp_buckets(ckptplan_binary, tmp_path):
+    """Data parallelism without ZeRO (--dp 2) is PyTorch's
+    DistributedDataParallel, whose gradient buckets hold a copy of every
+    trained gradient the whole step: on two gloo ranks the step's peak is
+    the plan's (less the positions and what _slack says, as storing
+    everything on one rank), where the plan says, and its optimizer step
+    the plan's but for the CPU's 12 bytes (test_optimizer_step).
+    ckptplan.plan, given the DDP model, plans for its ranks."""
+    from test_deepspeed_zero3 import spawn
+
+    measured = spawn(tmp_path, "test_step_peak")
+    model, optimizer, _, _ = _setup(0, 1)
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer,
+                         extra_args=("--dp", "2"))
+    assert measured.pop("planned") == plan.peak_bytes  # ckptplan.plan read the ranks off the DDP model
+    part = max(measured, key=measured.get)
+    print(f"DDP over 2 ranks: measured {measured}; plan {plan.peak_bytes} at {plan.peak_at}, "
+          f"its step {plan.step_peak_bytes}")
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert _slack(plan, measured[part], part) - 8 * SEQ in _allowed(0)
+    assert measured["step"] - plan.step_peak_bytes == 12
