@@ -131,6 +131,9 @@ func (r *Runner) Step(s solver.Schedule) error {
 	act := make([]bool, l+1) // standalone a_i
 	act[0] = true
 	tapeOpt := make([]int, l) // the keep set of each stage's live tape
+	tape := make([]bool, l)   // stage i's tape is live
+	read := make([]bool, l)   // stage i's output, unsaved, has left its tape (solver.Chain.UnsavedActs)
+	lossRan := false
 	for _, op := range s {
 		r.tr.Begin(op.String())
 		i := op.Stage
@@ -145,12 +148,20 @@ func (r *Runner) Step(s solver.Schedule) error {
 			}
 			if op.Kind != solver.FAll {
 				act[i+1] = true
+			} else {
+				tape[i] = true
+				if op.Option == 0 && !lossRan && i > 0 && ch.UnsavedActs != nil && ch.UnsavedActs[i] && tape[i-1] && !read[i-1] {
+					// Nothing saves a_i: the forward that read it frees it.
+					r.freeStorage(r.stages[i-1].Output)
+					read[i-1] = true
+				}
 			}
 			if op.Kind == solver.FN && act[i] {
 				r.dropActivation(i)
 				act[i] = false
 			}
 		case solver.Loss:
+			lossRan = true
 			// δ_L takes over a standalone a_L's bytes.
 			if act[l] {
 				r.dropActivation(l)
@@ -161,7 +172,12 @@ func (r *Runner) Step(s solver.Schedule) error {
 			d.F[0] = 1
 			r.grads[last] = d
 		case solver.B:
-			r.backwardStage(i, tapeOpt[i], -1)
+			skip := -1
+			if read[i] {
+				skip, read[i] = r.stages[i].Output, false
+			}
+			tape[i] = false
+			r.backwardStage(i, tapeOpt[i], skip)
 			if act[i] {
 				r.dropActivation(i)
 				act[i] = false

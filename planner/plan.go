@@ -209,9 +209,9 @@ type Stage struct {
 	SavedBytes mem.Bytes `json:"saved_bytes" yaml:"saved_bytes"` // the tape a storing forward that keeps everything keeps
 	// OutputUnsaved says that no op of this stage or the next saves
 	// a_{i+1} (a bf16 layer's output, which the next layer's norm reads
-	// through an fp32 copy): when the next stage stores, PyTorch frees it
-	// once that stage's forward has read it, though the chain's tape
-	// holds it until the backward.
+	// through an fp32 copy): when the next stage stores its whole tape,
+	// PyTorch frees it once that stage's forward has read it
+	// (solver.Chain.UnsavedActs).
 	OutputUnsaved bool `json:"output_unsaved,omitempty" yaml:"output_unsaved,omitempty"`
 	// Decision: "store" (the first forward keeps the tape), "selective"
 	// (it keeps part of the tape: the keep set Option), "checkpoint" (it
@@ -390,9 +390,7 @@ func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 			if r := p.Chain.Forward[i]; r != st.Forward {
 				st.Rerun = r // the chain's forward is the early-stopping rerun
 			}
-			out := p.Stages[i].Output
-			st.OutputUnsaved = i+1 < len(p.Stages) && out >= 0 &&
-				!p.Stages[i].Saves(out) && !p.Stages[i+1].Saves(out)
+			st.OutputUnsaved = p.Chain.UnsavedActs != nil && p.Chain.UnsavedActs[i+1]
 		}
 		plan.Stages = append(plan.Stages, st)
 	}

@@ -215,6 +215,14 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 		}
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)
+	for i := 1; i < len(stages); i++ {
+		if out := stages[i-1].Output; out >= 0 && !stages[i-1].Saves(out) && !stages[i].Saves(out) {
+			if ch.UnsavedActs == nil {
+				ch.UnsavedActs = make([]bool, len(stages)+1)
+			}
+			ch.UnsavedActs[i] = true
+		}
+	}
 	return ch
 }
 

@@ -33,6 +33,15 @@ type Chain struct {
 	GradBytes     []mem.Bytes
 	LossBackward  float64   // cost of the loss op
 	LossTempBytes mem.Bytes // transient bytes during the loss op
+	// UnsavedActs[i] says that no op of stage i-1 or stage i saves a_i
+	// (a 16-bit layer's output, which the next layer's norm reads through
+	// an fp32 copy): once a storing forward of stage i that keeps its
+	// whole tape (option 0) has read it before the loss, the tape ā_i of
+	// stage i-1 no longer holds it. A stage that keeps part of its tape,
+	// or a checkpoint (and so a recomputation after the loss), keeps its
+	// input. Nil, or false: a_i stays in ā_i until B(i-1). Indexed by
+	// activation; a_0 and a_L are never freed so.
+	UnsavedActs []bool
 	// Options[i] lists the other ways F_all(i) may run, each keeping part
 	// of the tape and recomputing the rest in B(i); option 0 is the
 	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
@@ -59,6 +68,12 @@ type Option struct {
 // takes chains of any length.
 const MaxStages = 800
 
+// unsaved reports whether a_i is saved by no op of the stages around it
+// (UnsavedActs).
+func (c *Chain) unsaved(i int) bool {
+	return i > 0 && i < c.Len() && c.UnsavedActs != nil && c.UnsavedActs[i]
+}
+
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }
 
@@ -82,6 +97,9 @@ func (c *Chain) Validate() error {
 	}
 	if c.Options != nil && len(c.Options) != l {
 		return fmt.Errorf("chain has options for %d stages, not %d", len(c.Options), l)
+	}
+	if c.UnsavedActs != nil && len(c.UnsavedActs) != l+1 {
+		return fmt.Errorf("chain has unsaved flags for %d activations, not %d", len(c.UnsavedActs), l+1)
 	}
 	if c.GradBytes != nil && len(c.GradBytes) != l {
 		return fmt.Errorf("chain has gradient bytes for %d stages, not %d", len(c.GradBytes), l)

@@ -372,3 +372,47 @@ func withSpreadOptions(r *rand.Rand, c *Chain) *Chain {
 	}
 	return c
 }
+
+// TestSimulateUnsavedActs follows a_1, which no op saves, out of the tape
+// ā_1 that holds it once F_all(1) has read it, before the loss; three
+// stages of 10-byte activations and 30-byte tapes, a_0 1 byte, no
+// transients. Storing everything: 31 after F_all(0); F_all(1) peaks at
+// 61 and leaves 51; F_all(2) 81; the loss 91 with δ_3; B(2) 91, B(1) 61,
+// B(0) 31 (ā_1 less a_1, and δ_1). Where a_1 is a checkpoint's input, or
+// stage 1 keeps part of its tape, or reruns after the loss, a_1 stays.
+func TestSimulateUnsavedActs(t *testing.T) {
+	c := &Chain{
+		Forward: []float64{1, 1, 1}, Backward: []float64{1, 1, 1},
+		ActBytes: []mem.Bytes{1, 10, 10, 10}, TapeBytes: []mem.Bytes{30, 30, 30},
+		ForwardTempBytes: make([]mem.Bytes, 3), BackwardTempBytes: make([]mem.Bytes, 3),
+		UnsavedActs: []bool{false, true, false, false},
+		Options:     [][]Option{nil, {{TapeBytes: 20, Backward: 2}}, nil},
+	}
+	all := StoreAll(c)
+	r, err := Simulate(c, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []mem.Bytes{31, 61, 81, 91, 91, 61, 31}; !slices.Equal(r.Timeline, want) {
+		t.Errorf("storing everything: timeline %v, want %v", r.Timeline, want)
+	}
+	held := func(name string, sched Schedule, want []mem.Bytes) {
+		t.Helper()
+		r, err := Simulate(c, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.Timeline, want) {
+			t.Errorf("%s: timeline %v, want %v", name, r.Timeline, want)
+		}
+	}
+	// Stage 1 keeps a 20-byte tape: a_1 stays in ā_1.
+	held("stage 1 selective", Schedule{{Kind: FAll, Stage: 0}, {Kind: FAll, Stage: 1, Option: 1}, {Kind: FAll, Stage: 2},
+		{Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}, {Kind: B, Stage: 1}, {Kind: B, Stage: 0}},
+		[]mem.Bytes{31, 51, 81, 91, 91, 61, 41})
+	// Stage 1 checkpointed (a_2 standalone) and rerun storing after the
+	// loss: a_1 stays to B(0).
+	held("stage 1 rerun", Schedule{{Kind: FAll, Stage: 0}, {Kind: FCk, Stage: 1}, {Kind: FAll, Stage: 2},
+		{Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}, {Kind: FAll, Stage: 1}, {Kind: B, Stage: 1}, {Kind: B, Stage: 0}},
+		[]mem.Bytes{31, 41, 71, 81, 81, 71, 71, 41})
+}

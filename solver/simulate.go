@@ -30,15 +30,19 @@ type Usage struct {
 
 // state is the live set of a replay.
 type state struct {
-	c     *Chain
-	act   []bool // standalone a_i
-	ckpt  []bool // a_i was kept by F_ck(i): it persists until B(i)
-	tape  []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
-	opt   []int  // the option of stage i-1 that produced ā_i
-	delta []bool
-	dlt   []mem.Bytes // DeltaBytes
-	live  mem.Bytes
-	u     Usage // live bytes by kind, Transient unused
+	c    *Chain
+	act  []bool // standalone a_i
+	ckpt []bool // a_i was kept by F_ck(i): it persists until B(i)
+	tape []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
+	opt  []int  // the option of stage i-1 that produced ā_i
+	// read says a_i, unsaved, has left ā_i: stage i's storing forward
+	// read it (Chain.UnsavedActs).
+	read     []bool
+	backward bool // the loss has run: a storing forward now is a recomputation
+	delta    []bool
+	dlt      []mem.Bytes // DeltaBytes
+	live     mem.Bytes
+	u        Usage // live bytes by kind, Transient unused
 }
 
 func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
@@ -69,7 +73,7 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 		return Result{}, err
 	}
 	l := c.Len()
-	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), delta: make([]bool, l+2), dlt: c.deltas()}
+	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), read: make([]bool, l+1), delta: make([]bool, l+2), dlt: c.deltas()}
 	s.setAct(0, true)
 	s.live = c.ActBytes[0]
 	var r Result
@@ -142,6 +146,14 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 			s.setAct(i, false)
 			s.live -= c.ActBytes[i]
 		}
+		if op.Kind == FAll && op.Option == 0 && !s.backward && c.unsaved(i) && s.tape[i] && !s.read[i] {
+			// The forward that read a_i, unsaved, freed it from ā_i. (A
+			// recomputation in the backward is a checkpoint's, which
+			// holds its input.)
+			s.read[i] = true
+			s.u.Tapes -= c.ActBytes[i]
+			s.live -= c.ActBytes[i]
+		}
 		return peak, c.Forward[i], nil
 	case Loss:
 		if i != l {
@@ -151,6 +163,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 			return 0, 0, fmt.Errorf("the loss needs a_%d and runs once", l)
 		}
 		peak = s.live + c.LossTempBytes
+		s.backward = true
 		s.gradient(l)
 		return peak, c.LossBackward, nil
 	case B:
@@ -170,6 +183,11 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		s.setDelta(i+1, false)
 		s.setTape(i+1, false, s.opt[i+1])
 		s.live -= o.TapeBytes + s.dlt[i+1]
+		if s.read[i+1] {
+			s.read[i+1] = false
+			s.u.Tapes += c.ActBytes[i+1]
+			s.live += c.ActBytes[i+1]
+		}
 		s.gradient(i)
 		return peak, o.Backward, nil
 	}

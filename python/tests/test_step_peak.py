@@ -154,18 +154,14 @@ def _slack(plan, measured: int, part: str) -> int:
 
 
 def _allowed(lora: int, dtype: str = "fp32") -> tuple[int, ...]:
-    """The slack allowed: none; under LoRA, where no op saves the frozen
-    embedding's output (transformers 4.49 and later), PyTorch frees it
-    after the first layer's forward, though the plan's tape holds it to
-    the backward (batch × seq × hidden fp32). In bf16 no op saves a
-    layer's output either (the next layer's norm reads it through an fp32
-    copy): PyTorch frees each once the next stored layer has read it,
-    though the plan's tape holds it to the backward (a plan's stage
-    output_unsaved): up to one bf16 hidden state a layer and the
-    embedding's."""
-    if dtype == "bf16":
-        return tuple(k * BATCH * SEQ * 128 * 2 for k in range(4 + 2))
-    return (0, BATCH * SEQ * 128 * 4) if lora else (0,)
+    """The slack allowed: none; in bf16, where no op saves a layer's
+    output (the next layer's norm reads it through an fp32 copy), PyTorch
+    frees the last layer's once the final norm has copied it, though the
+    plan holds it through the head's forward, where the loss peaks: one
+    bf16 hidden state. (A stage's output that no op saves leaves the
+    plan's tape once the next stage's storing forward has read it:
+    solver.Chain.UnsavedActs, a plan's output_unsaved.)"""
+    return (0, BATCH * SEQ * 128 * 2) if dtype == "bf16" else (0,)
 
 
 # (name, LoRA rank, micro-batches a step accumulates gradients over, dtype)
