@@ -140,21 +140,20 @@ func (r *Runner) Step(s solver.Schedule) error {
 		switch op.Kind {
 		case solver.FCk, solver.FN, solver.FAll:
 			st := r.stages[i]
-			if op.Kind == solver.FAll {
-				tapeOpt[i] = op.Option
+			// Nothing saves a_i: a storing forward before the loss frees
+			// it from the tape that held it after its last reader.
+			frees := op.Kind == solver.FAll && op.Option == 0 && !lossRan && i > 0 &&
+				ch.UnsavedActs != nil && ch.UnsavedActs[i] && tape[i-1] && !read[i-1]
+			switch {
+			case frees:
+				tapeOpt[i], tape[i], read[i-1] = 0, true, true
+				r.runProgram(st.StoringProgramFreeingInput(&st.KeepSets[0]), i)
+			case op.Kind == solver.FAll:
+				tapeOpt[i], tape[i] = op.Option, true
 				r.runProgram(st.StoringProgram(&st.KeepSets[op.Option]), i)
-			} else {
+			default:
 				r.runProgram(st.ForwardProgram(), i)
-			}
-			if op.Kind != solver.FAll {
 				act[i+1] = true
-			} else {
-				tape[i] = true
-				if op.Option == 0 && !lossRan && i > 0 && ch.UnsavedActs != nil && ch.UnsavedActs[i] && tape[i-1] && !read[i-1] {
-					// Nothing saves a_i: the forward that read it frees it.
-					r.freeStorage(r.stages[i-1].Output)
-					read[i-1] = true
-				}
 			}
 			if op.Kind == solver.FN && act[i] {
 				r.dropActivation(i)

@@ -223,6 +223,11 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 			ch.UnsavedActs[i] = true
 		}
 	}
+	if ch.UnsavedActs != nil {
+		for _, st := range stages {
+			ch.FAllInputFreedTempBytes = append(ch.FAllInputFreedTempBytes, st.FAllInputFreedTempBytes)
+		}
+	}
 	return ch
 }
 

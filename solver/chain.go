@@ -42,6 +42,10 @@ type Chain struct {
 	// input. Nil, or false: a_i stays in ā_i until B(i-1). Indexed by
 	// activation; a_0 and a_L are never freed so.
 	UnsavedActs []bool
+	// FAllInputFreedTempBytes[i] is FAllTempBytes[i] where F_all(i) frees
+	// an unsaved a_i after its last reader (UnsavedActs): at least
+	// −ActBytes[i]. Nil: FAllTempBytes (the input held to the end).
+	FAllInputFreedTempBytes []mem.Bytes
 	// Options[i] lists the other ways F_all(i) may run, each keeping part
 	// of the tape and recomputing the rest in B(i); option 0 is the
 	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
@@ -100,6 +104,16 @@ func (c *Chain) Validate() error {
 	}
 	if c.UnsavedActs != nil && len(c.UnsavedActs) != l+1 {
 		return fmt.Errorf("chain has unsaved flags for %d activations, not %d", len(c.UnsavedActs), l+1)
+	}
+	if c.FAllInputFreedTempBytes != nil {
+		if len(c.FAllInputFreedTempBytes) != l {
+			return fmt.Errorf("chain has input-freed transients for %d stages, not %d", len(c.FAllInputFreedTempBytes), l)
+		}
+		for i, b := range c.FAllInputFreedTempBytes {
+			if b < -c.ActBytes[i] {
+				return fmt.Errorf("stage %d: a storing forward that frees its input frees more than it", i)
+			}
+		}
 	}
 	if c.GradBytes != nil && len(c.GradBytes) != l {
 		return fmt.Errorf("chain has gradient bytes for %d stages, not %d", len(c.GradBytes), l)

@@ -406,6 +406,11 @@ func TestSimulateUnsavedActs(t *testing.T) {
 			t.Errorf("%s: timeline %v, want %v", name, r.Timeline, want)
 		}
 	}
+	// F_all(1) frees a_1 after its last reader, halfway: it peaks at 51.
+	c.FAllInputFreedTempBytes = []mem.Bytes{0, -10, 0}
+	if r, err := Simulate(c, all); err != nil || r.Timeline[1] != 51 {
+		t.Errorf("freeing a_1 within F_all(1): timeline %v (%v), want 51 at F_all(1)", r.Timeline, err)
+	}
 	// Stage 1 keeps a 20-byte tape: a_1 stays in ā_1.
 	held("stage 1 selective", Schedule{{Kind: FAll, Stage: 0}, {Kind: FAll, Stage: 1, Option: 1}, {Kind: FAll, Stage: 2},
 		{Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}, {Kind: B, Stage: 1}, {Kind: B, Stage: 0}},

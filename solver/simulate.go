@@ -130,10 +130,17 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		if op.Kind == FCk && s.act[i] {
 			s.ckpt[i] = true
 		}
+		// A storing forward before the loss frees an unsaved a_i from the
+		// tape ā_i that holds it after its last reader. (A recomputation
+		// in the backward is a checkpoint's, which holds its input.)
+		frees := op.Kind == FAll && op.Option == 0 && !s.backward && c.unsaved(i) && s.tape[i] && !s.read[i]
 		out, tmp := c.ActBytes[i+1], c.ForwardTempBytes[i]
 		if op.Kind == FAll {
 			o := c.Option(i, op.Option)
 			out, tmp = o.TapeBytes, o.FAllTempBytes
+		}
+		if frees && c.FAllInputFreedTempBytes != nil {
+			tmp = c.FAllInputFreedTempBytes[i]
 		}
 		peak = s.live + out + tmp
 		s.live += out
@@ -146,10 +153,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 			s.setAct(i, false)
 			s.live -= c.ActBytes[i]
 		}
-		if op.Kind == FAll && op.Option == 0 && !s.backward && c.unsaved(i) && s.tape[i] && !s.read[i] {
-			// The forward that read a_i, unsaved, freed it from ā_i. (A
-			// recomputation in the backward is a checkpoint's, which
-			// holds its input.)
+		if frees {
 			s.read[i] = true
 			s.u.Tapes -= c.ActBytes[i]
 			s.live -= c.ActBytes[i]

@@ -109,6 +109,36 @@ func (st *Stage) StoringProgram(k *KeepSet) Program {
 	return st.forward(func(s int) bool { return st.Holds(k, s) })
 }
 
+// StoringProgramFreeingInput returns StoringProgram(k) with the stage's
+// input, a storage of the stage before, freed once its last reader here
+// has run: what PyTorch does with an input no op saves (the next stage's
+// storing forward frees it from the tape that held it); freed at the end
+// when nothing here reads it. Nil when the stage's input is the graph's
+// inputs.
+func (st *Stage) StoringProgramFreeingInput(k *KeepSet) Program {
+	if st.Input < 0 {
+		return nil
+	}
+	c, g := st.c, st.c.Graph
+	last := -1
+	for _, id := range st.Nodes {
+		for _, src := range g.Nodes[id].Inputs {
+			if c.OutputStorage(src) == st.Input {
+				last = id
+			}
+		}
+		if slices.Contains(c.Reads(id), st.Input) {
+			last = id
+		}
+	}
+	p := st.StoringProgram(k)
+	j := len(p) - 1
+	if last >= 0 {
+		j = slices.IndexFunc(p, func(e Event) bool { return e.Kind == RunForward && e.Node == last })
+	}
+	return slices.Insert(p, j+1, st.storageEvent(Free, st.Input))
+}
+
 func (st *Stage) forward(holds func(int) bool) Program {
 	c, nodes := st.c, st.Nodes
 	g := c.Graph

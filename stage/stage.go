@@ -35,10 +35,15 @@ type Stage struct {
 	TapeBytes mem.Bytes
 	// HostBytes is what the stage's ops keep in host memory for backward
 	// whether it stores, checkpoints or keeps part (costmodel.Node.HostBytes).
-	HostBytes         mem.Bytes
-	ForwardTempBytes  mem.Bytes // beyond a_{i+1}, during a forward that keeps no tape
-	FAllTempBytes     mem.Bytes // beyond the tape, during a storing forward that keeps everything
-	BackwardTempBytes mem.Bytes // during the backward after keeping everything, δ_i included
+	HostBytes        mem.Bytes
+	ForwardTempBytes mem.Bytes // beyond a_{i+1}, during a forward that keeps no tape
+	FAllTempBytes    mem.Bytes // beyond the tape, during a storing forward that keeps everything
+	// FAllInputFreedTempBytes is FAllTempBytes where the forward frees its
+	// input after its last reader (StoringProgramFreeingInput): an
+	// unsaved activation (solver.Chain.UnsavedActs). Less than
+	// FAllTempBytes, by up to InputBytes.
+	FAllInputFreedTempBytes mem.Bytes
+	BackwardTempBytes       mem.Bytes // during the backward after keeping everything, δ_i included
 	// GradBytes are the parameter gradients the backward makes and keeps
 	// to the optimizer step (costmodel.Costs.GradientsInBackward; 0
 	// otherwise), counted in its transients at their moment.
@@ -176,6 +181,10 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Sta
 	all := st.keepAll()
 	st.ForwardTempBytes = st.ForwardProgram().Peak() - st.OutputBytes()
 	st.FAllTempBytes = st.StoringProgram(&all).Peak() - st.TapeBytes
+	st.FAllInputFreedTempBytes = st.FAllTempBytes
+	if p := st.StoringProgramFreeingInput(&all); p != nil {
+		st.FAllInputFreedTempBytes = p.Peak() - st.TapeBytes
+	}
 	st.GradBytes = st.paramGradBytes()
 	st.BackwardTempBytes = st.BackwardProgram().Peak()
 	return st
