@@ -79,7 +79,7 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
     import transformers
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from torch._C._profiler import _EventType
+    from allocator_events import allocations
 
     import deepspeed
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
@@ -108,29 +108,18 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
             del held, zero  # the step frees the gradients
             with record_function(f"update {step}"):
                 engine.step()
-    # Each allocation event carries what the CPU allocator holds after it
-    # (total_allocated): the allocator keeps that sum over every thread,
-    # so a tensor a gloo thread frees, which the profiler records no event
-    # for, leaves it.
     if rank != 0:
         return
-    nodes = list(prof.profiler.kineto_results.experimental_event_tree())
-    spans, held = {}, []
-    while nodes:
-        n = nodes.pop()
-        nodes.extend(n.children)
-        if n.tag == _EventType.Allocation:
-            held.append((n.start_time_ns, n.extra_fields.total_allocated, n.extra_fields.alloc_size))
-        elif n.tag == _EventType.TorchOp and n.name.startswith(("backward ", "update ")):
-            spans[n.name] = (n.start_time_ns, n.end_time_ns)
-    held.sort()
-    peak = {name: max(b for t, b, _ in held if start <= t <= end) for name, (start, end) in spans.items()}
+    # What the CPU allocator holds after each event, over every thread (a
+    # tensor a gloo thread frees leaves it too).
+    spans, events = allocations(prof, lambda name: name if name.startswith(("backward ", "update ")) else None)
+    peak = {name: max(b for t, b, _ in events if start <= t <= end) for name, (start, end) in spans.items()}
     # The step's own: from what the run's tensors hold when it starts, up
     # by the most the allocator's total rises over its value then.
     steady = []
     for step in (1, 2):
         start, end = spans[f"update {step}"]
-        within = [(b, size) for t, b, size in held if start <= t <= end]
+        within = [(b, size) for t, b, size in events if start <= t <= end]
         steady.append(known[step] + max(b for b, _ in within) - (within[0][0] - within[0][1]))
     with open(out, "w") as f:
         json.dump({"backward": max(peak["backward 1"], peak["backward 2"]),
