@@ -396,7 +396,8 @@ func TestStaticDDP(t *testing.T) {
 		want     func(st Static) int64
 	}{
 		{"ddp", 8, 0, "transformers", 0, func(st Static) int64 { return 2 * st.Parameters }},
-		{"ddp lora", 8, 0, "transformers", 16, func(st Static) int64 { return st.GradientsBytes }},
+		// Rank 16 on q (4096 → 4096) and v (4096 → 1024), 32 layers, bf16.
+		{"ddp lora", 8, 0, "transformers", 16, func(Static) int64 { return 2 * 32 * 16 * (4096 + 4096 + 4096 + 1024) }},
 		{"one rank", 1, 0, "transformers", 0, func(Static) int64 { return 0 }},
 		{"zero 1", 8, 1, "transformers", 0, func(Static) int64 { return 0 }},
 		{"megatron", 8, 0, "megatron", 0, func(Static) int64 { return 0 }},
@@ -410,9 +411,6 @@ func TestStaticDDP(t *testing.T) {
 		st := analyzeModel(t, &m).Static
 		if want := tt.want(st); st.BucketBytes != want {
 			t.Errorf("%s: buckets %d, want %d", tt.name, st.BucketBytes, want)
-		}
-		if tt.name == "ddp lora" && st.BucketBytes != 2*st.TrainableParameters {
-			t.Errorf("%s: buckets %d, want the adapters' bf16 gradients, %d", tt.name, st.BucketBytes, 2*st.TrainableParameters)
 		}
 	}
 }

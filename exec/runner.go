@@ -142,8 +142,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 			st := r.stages[i]
 			// Nothing saves a_i: a storing forward before the loss frees
 			// it from the tape that held it after its last reader.
-			frees := op.Kind == solver.FAll && op.Option == 0 && !lossRan && i > 0 &&
-				ch.UnsavedActs != nil && ch.UnsavedActs[i] && tape[i-1] && !read[i-1]
+			frees := op.Kind == solver.FAll && op.Option == 0 && !lossRan && ch.Unsaved(i) && tape[i-1] && !read[i-1]
 			switch {
 			case frees:
 				tapeOpt[i], tape[i], read[i-1] = 0, true, true

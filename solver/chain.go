@@ -72,9 +72,9 @@ type Option struct {
 // takes chains of any length.
 const MaxStages = 800
 
-// unsaved reports whether a_i is saved by no op of the stages around it
+// Unsaved reports whether a_i is saved by no op of the stages around it
 // (UnsavedActs).
-func (c *Chain) unsaved(i int) bool {
+func (c *Chain) Unsaved(i int) bool {
 	return i > 0 && i < c.Len() && c.UnsavedActs != nil && c.UnsavedActs[i]
 }
 

@@ -133,7 +133,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		// A storing forward before the loss frees an unsaved a_i from the
 		// tape ā_i that holds it after its last reader. (A recomputation
 		// in the backward is a checkpoint's, which holds its input.)
-		frees := op.Kind == FAll && op.Option == 0 && !s.backward && c.unsaved(i) && s.tape[i] && !s.read[i]
+		frees := op.Kind == FAll && op.Option == 0 && !s.backward && c.Unsaved(i) && s.tape[i] && !s.read[i]
 		out, tmp := c.ActBytes[i+1], c.ForwardTempBytes[i]
 		if op.Kind == FAll {
 			o := c.Option(i, op.Option)
