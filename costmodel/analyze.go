@@ -56,8 +56,9 @@ type Costs struct {
 	BackwardFLOPs                  int64
 	Static                         Static
 	// ParamGrads says, node by node, where the backward makes the
-	// parameter gradients, when they appear in it (GradientsInBackward);
-	// nil when they are held the whole step and not accumulated into.
+	// parameter gradients, when they appear in it (GradientsInBackward;
+	// under ZeRO stage 3, the root's alone); nil when they are held the
+	// whole step and not accumulated into.
 	ParamGrads []ParamGrad
 	// inBackward: the gradients appear in the backward (ParamGrads says
 	// where); otherwise, with ParamGrads, each backward after the first
@@ -72,7 +73,9 @@ type Costs struct {
 
 // GradientsInBackward reports whether the parameter gradients appear in
 // the backward (the function of that name) rather than being held the
-// whole step.
+// whole step; under ZeRO stage 3, the root's unsharded gradients, which
+// it holds from the backward that makes each to the backward's end
+// (Gather).
 func (c *Costs) GradientsInBackward() bool { return c.inBackward }
 
 // AccumulatesGradients reports whether the backward of a micro-batch
@@ -83,7 +86,7 @@ func (c *Costs) AccumulatesGradients() bool { return c.ParamGrads != nil && !c.i
 // HeldBytes returns the static bytes held through the whole step: all of
 // Static, less the gradients when they appear in the backward.
 func (c *Costs) HeldBytes() int64 {
-	if c.GradientsInBackward() {
+	if GradientsInBackward(c.Graph) {
 		return c.Static.Total() - c.Static.GradientsBytes
 	}
 	return c.Static.Total()
@@ -205,9 +208,20 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	}
 	st.BuffersBytes += a.heldInputs()
 	a.c.Static = st
-	if st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)) {
+	switch {
+	case st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)):
 		a.c.ParamGrads = paramGrads(g)
 		a.c.inBackward = GradientsInBackward(g)
+	case st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
+		// ZeRO stage 3 holds the root's gradients unsharded from the
+		// backward that makes each to the backward's end (Gather).
+		a.c.ParamGrads = paramGrads(g)
+		for i := range g.Nodes {
+			if _, ok := ir.LayerIndex(g.Nodes[i].Block); ok {
+				a.c.ParamGrads[i] = ParamGrad{}
+			}
+		}
+		a.c.inBackward = true
 	}
 	return a.c, nil
 }

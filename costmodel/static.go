@@ -30,11 +30,19 @@ type Static struct {
 	// backward and frees after it: counted for the whole step, it bounds
 	// that transient.
 	DequantBytes int64
-	// GatheredBytes is what ZeRO stage 3 (FSDP) gathers while it runs
-	// (fsdpWorkingSet): the root's unsharded weights and gradients, and
-	// two decoder layers' unsharded weights, communication buffers and
-	// gradients. Counted for the whole step, it bounds the gathers.
+	// GatheredBytes is what ZeRO stage 3 (FSDP) holds gathered through
+	// the forward and the backward (fsdpGathers), and the step no longer
+	// does (StepFreedBytes): the root's unsharded weights and the last
+	// all-gather's output; what a layer gathers beside it, and the root's
+	// gradients, come at their moments (Gather).
 	GatheredBytes int64
+	// Gather is what ZeRO stage 3 holds at its moments beyond
+	// GatheredBytes: a decoder layer's unsharded weights while it runs,
+	// forward and backward, the next layer's all-gather, a layer's
+	// unsharded gradients until they are reduce-scattered, and the root's
+	// gradients from the head's backward to the backward's end. Zero
+	// without stage 3.
+	Gather Gather
 	// ReduceBytes is what ZeRO stages 1 and 2 hold while they reduce the
 	// gradients (zeroReduceSet): the gradient bucket and the copy it is
 	// reduced through, and under stage 2 the gradients waiting for it, or
@@ -67,7 +75,8 @@ type Static struct {
 	StepBytes int64
 	// StepFreedBytes are the bytes of Total the step no longer holds: the
 	// rotary tables and positions a forward makes, freed with the
-	// backward's graph; under ZeRO stages 1 and 2, the reduce buffers,
+	// backward's graph; under ZeRO stage 3, what it gathered; under ZeRO
+	// stages 1 and 2, the reduce buffers,
 	// freed when the backward ends, and the 16-bit gradients, which
 	// DeepSpeed turns into an fp32 partition (counted in StepBytes)
 	// before it updates.
@@ -339,7 +348,8 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	switch {
 	case s.Parallel.Zero >= 3:
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
-		st.GatheredBytes = fsdpWorkingSet(rootW, rootG, w, lg, dp)
+		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
+		st.GatheredBytes = fsdpGathers(st.Gather)
 	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
@@ -375,6 +385,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.StepFreedBytes += st.GradientsBytes + st.ReduceBytes
 		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt)
 	}
+	// Stage 3 reshards the root's weights, held from the forward's start,
+	// once the backward ends, and frees the forward's last all-gather
+	// output with the forward (Gather).
+	st.StepFreedBytes += st.GatheredBytes
 	return st, nil
 }
 
@@ -449,20 +463,73 @@ func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// fsdpWorkingSet is what ZeRO stage 3 holds unsharded beside its shards,
-// as PyTorch's FSDP runs it with each decoder layer and the root (the
-// model) wrapped (PyTorch's FSDP notes, "FSDP buffers sizes"): two
-// all-gather communication buffers of a layer's shard (layerW/dp each)
-// and two unsharded layers (the one running and the one prefetched);
-// about two unsharded gradients of a layer while its gradients are
-// reduce-scattered in backward; and the root's weights — the embedding,
-// the final norm, the head — which are gathered when the forward starts
-// and kept until the backward ends, with their gradients, reduce-
-// scattered once the whole backward is done. layerW and layerG are the
-// largest layer's unsharded weight and gradient bytes.
-func fsdpWorkingSet(rootW, rootG, layerW, layerG, dp int64) int64 {
-	return rootW + rootG + 2*layerW + 2*ceilDiv(layerW, dp) + 2*layerG
+// Gather is what ZeRO stage 3 gathers and reduce-scatters, as PyTorch's
+// FSDP2 runs it with each decoder layer and the root (the model: the
+// embedding, the final norm, the head) passed to fully_shard, each
+// layer's weights resharded after its forward (fully_shard's default) and
+// the root's kept to the backward (its default for the root).
+//
+// Every all-gather of a group (a layer, or the root) writes into an
+// output buffer of the group's unsharded bytes (all ranks' shards), which
+// lives until the next group's gather has copied out of its own: one such
+// buffer is always held, two at a gather. The gather copies the output
+// into the unsharded weights, held while the group runs; gloo, on the
+// CPU, gathers through a temporary of the output's size, freed before the
+// copy-out (NCCL writes in place). So a layer's forward holds its
+// unsharded weights beside the held buffer and, at its start, a second
+// buffer (2·Weights); the first gather, the root's, holds its buffer, the
+// temporary and then its weights (3·RootWeights, less the one buffer).
+//
+// In the backward, a layer's pre-backward hook gathers the layer before
+// it ahead (prefetch): its output buffer and gloo's temporary beside the
+// running layer's weights; while the layer runs, its weights, the
+// prefetched buffer and its gradients as autograd makes them; then the
+// gradients are copied into a reduce-scatter input and reduced through
+// gloo's copy of it into the rank's shard of the gradients
+// (GradientsBytes). The input is kept until the next layer's reduce-
+// scatter starts, and a gather a recomputation makes in the backward
+// (checkpointing) keeps its output buffer as a forward's gather does, to
+// the next step's first gather. A layer's forward and backward are
+// counted at the most these buffers hold at once: 3·Weights and a layer's
+// gradients forward (a recomputation's), 3·Weights and two layers'
+// gradients backward. The root's gradients are reduce-scattered once the
+// whole backward is done: held unsharded from the backward that makes
+// each on, and reduced through two more of their size. The root's
+// weights are resharded then; the forward's last all-gather output is
+// freed when the forward ends, the backward's after its copy-out.
+type Gather struct {
+	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
+	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
 }
+
+// ForwardBytes is the most a decoder layer's forward holds gathered
+// beside GatheredBytes: its weights and, at its start, a second output
+// buffer; a recomputation in the backward its weights, the prefetched
+// buffer, a recomputation's kept buffer and the last reduce-scatter's
+// input.
+func (g Gather) ForwardBytes() int64 { return 3*g.LayerWeights + g.LayerGrads }
+
+// BackwardBytes is the most a decoder layer's backward holds gathered
+// beside GatheredBytes and its gradients' shard: its weights, the
+// prefetched buffer or gloo's temporary, a recomputation's kept buffer,
+// its unsharded gradients and the last reduce-scatter's input or gloo's
+// copy of its own.
+func (g Gather) BackwardBytes() int64 { return 3*g.LayerWeights + 2*g.LayerGrads }
+
+// LayerBytes is the most a decoder layer gathers beside GatheredBytes,
+// forward or backward.
+func (g Gather) LayerBytes() int64 { return max(g.ForwardBytes(), g.BackwardBytes()) }
+
+// StartBytes is what the root's gather holds beside GatheredBytes when
+// the forward starts, before the first layer's: its output buffer and
+// gloo's temporary beside the root's weights, where no layer's buffer is
+// held yet.
+func (g Gather) StartBytes() int64 { return max(2*g.RootWeights-g.LayerWeights, 0) }
+
+// fsdpGathers returns what ZeRO stage 3 holds gathered through the
+// forward and backward (Gather): the root's unsharded weights and one
+// all-gather output, a layer's.
+func fsdpGathers(g Gather) int64 { return g.RootWeights + g.LayerWeights }
 
 // zeroReduceSet is what ZeRO stage 1 or 2 holds beside the gradients it
 // keeps (grads: the shard under stage 2, the whole under stage 1) while it

@@ -83,12 +83,12 @@ func TestStaticZeRO(t *testing.T) {
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
 			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
 			StepFreedBytes: 2*psi/4 + 2*2*layer + 2*layer}},
-		// Stage 3 gathers too (PyTorch's FSDP notes, "FSDP buffers sizes"):
-		// the root (embedding, head, final norm) whole with its gradients,
-		// two layers' weights unsharded and two all-gather buffers of a
-		// layer's shard, two of a layer's unsharded gradients.
+		// Stage 3 gathers too (TestFSDPGathers): the forward and backward
+		// hold the root (embedding, head, final norm) unsharded and a
+		// layer's all-gather output; the step none of it.
 		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			GatheredBytes: 2*2*root + 2*2*layer + 2*(2*layer/4) + 2*2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4}},
+			GatheredBytes: 2*root + 2*layer, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer},
+			LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4, StepFreedBytes: 2*root + 2*layer}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,38 +103,50 @@ func TestStaticZeRO(t *testing.T) {
 	}
 }
 
-// TestFSDPWorkingSet reproduces the example of PyTorch's FSDP notes
-// ("FSDP buffers sizes"): transformer blocks of 1.6B fp32 parameters over
-// 8 GPUs need two communication buffers of 1.6·4/8 = 0.8 GB and two
-// unsharded blocks of 6.4 GB, 14.4 GB in all (the notes leave out the
-// embeddings and the gradients: none here).
-func TestFSDPWorkingSet(t *testing.T) {
-	if got, want := fsdpWorkingSet(0, 0, 1.6e9*4, 0, 8), int64(14.4e9); got != want {
-		t.Errorf("FSDP buffers = %d, want %d", got, want)
-	}
-	// The root and the reduce-scattered gradients come on top.
-	if got, want := fsdpWorkingSet(3, 5, 1.6e9*4, 7, 8), int64(14.4e9+3+5+2*7); got != want {
-		t.Errorf("with root and gradients = %d, want %d", got, want)
-	}
-	// Llama 3 8B in bf16 over 8 GPUs: a layer of 4096² (q, o), 4096·1024
-	// (k, v), 3·4096·14336 (the MLP) and two norms of 4096 weights; the
-	// root's untied embedding and head of 128256·4096 and the final norm.
+// TestFSDPGathers counts what ZeRO stage 3 gathers as FSDP2 runs it
+// (Gather): Llama 3 8B in bf16 over 8 ranks, a layer of 4096² (q, o),
+// 4096·1024 (k, v), 3·4096·14336 (the MLP) and two norms of 4096 weights;
+// the root's untied embedding and head of 128256·4096 and the final norm.
+// The forward and backward hold the root unsharded and one all-gather
+// output, a layer's whole weights (every rank's shard); a layer adds, at
+// most, its weights, two more buffers and a reduce-scatter input
+// forward, and one more of its gradients backward.
+func TestFSDPGathers(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := src.Model
 	m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: 3}
-	const layer = 2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096
-	const root = 2*128256*4096 + 4096
-	if got, want := analyzeModel(t, m).Static.GatheredBytes, int64(2*2*root+2*2*layer+2*(2*layer/8)+2*2*layer); got != want {
-		t.Errorf("llama-3-8b, ZeRO 3 over 8: gathered %d, want %d", got, want)
+	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
+	const root = 2 * (2*128256*4096 + 4096)
+	st := analyzeModel(t, m).Static
+	want := Gather{RootWeights: root, RootGrads: root, LayerWeights: layer, LayerGrads: layer}
+	if diff := cmp.Diff(want, st.Gather); diff != "" {
+		t.Errorf("llama-3-8b, ZeRO 3 over 8 (-want +got)\n%s", diff)
+	}
+	if got, want := st.GatheredBytes, int64(root+layer); got != want {
+		t.Errorf("gathered %d, want %d", got, want)
+	}
+	if got, want := st.Gather.ForwardBytes(), int64(4*layer); got != want {
+		t.Errorf("a layer's forward gathers %d, want %d", got, want)
+	}
+	if got, want := st.Gather.BackwardBytes(), int64(5*layer); got != want {
+		t.Errorf("a layer's backward gathers %d, want %d", got, want)
+	}
+	if got, want := st.Gather.StartBytes(), int64(2*root-layer); got != want {
+		t.Errorf("the root's gather %d, want %d", got, want)
 	}
 	// Under LoRA only the adapters have gradients (rank 16 on q and v).
 	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []string{"q", "v"}}
-	adapters := int64(16*(4096+4096) + 16*(4096+1024))
-	if got, want := analyzeModel(t, m).Static.GatheredBytes, 2*root+2*(2*layer+2*adapters)+2*((2*layer+2*adapters+7)/8)+2*2*adapters; got != want {
-		t.Errorf("llama-3-8b LoRA, ZeRO 3 over 8: gathered %d, want %d", got, want)
+	adapters := int64(2 * 16 * (4096 + 4096 + 4096 + 1024))
+	st = analyzeModel(t, m).Static
+	want = Gather{RootWeights: root, LayerWeights: layer + adapters, LayerGrads: adapters}
+	if diff := cmp.Diff(want, st.Gather); diff != "" {
+		t.Errorf("llama-3-8b LoRA, ZeRO 3 over 8 (-want +got)\n%s", diff)
+	}
+	if got, want := st.Gather.BackwardBytes(), 3*(layer+adapters)+2*adapters; got != want {
+		t.Errorf("a LoRA layer's backward gathers %d, want %d", got, want)
 	}
 }
 

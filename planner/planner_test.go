@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -335,5 +336,68 @@ func TestRoutedLayers(t *testing.T) {
 	}
 	if _, err := p.Plan(&Options{Budget: 1 << 30, Strategy: MegatronSelective}); err == nil || !strings.Contains(err.Error(), "layers that route to experts are stored or recomputed whole") {
 		t.Errorf("megatron-selective: %v", err)
+	}
+}
+
+// TestZeRO3Gathers checks where ZeRO stage 3's gathers fall in the chain
+// (costmodel.Gather), against the same model under stage 2, which shards
+// the gradients alike and gathers nothing: Llama 3 8B in bf16 over 8
+// ranks, a layer of 4096² (q, o), 4096·1024 (k, v), 3·4096·14336 (the
+// MLP) and two norms of 4096 weights, W bytes unsharded; the root's
+// untied embedding and head of 128256·4096 and the final norm, R. Each
+// layer's forward holds 3W + W (its gradients' buffer) more, its backward
+// 3W + 2W; the embedding's forward the root's gathering, 2R − W; the
+// head's backward makes its weight's and the final norm's unsharded
+// gradients and the embedding's backward the embedding's, which it then
+// reduce-scatters through twice the root's. The forward and backward hold
+// the root and an all-gather output, R + W, beside the shards, instead of
+// stage 2's reduce buffers; the step none of either.
+func TestZeRO3Gathers(t *testing.T) {
+	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
+	const embed, head = 2 * 128256 * 4096, 2*128256*4096 + 2*4096
+	problem := func(zero int64) *Problem {
+		src, err := graphio.Load("llama-3-8b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Model.Training.Parallel.Zero, src.Model.Training.Parallel.DP = zero, 8
+		p, err := New(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p2, p3 := problem(2), problem(3)
+	c2, c3 := p2.Chain, p3.Chain
+	l := c3.Len()
+	if p3.names[0] != "embed" || p3.names[l-1] != "head" {
+		t.Fatalf("stages %v: want embed, the layers, head", p3.names)
+	}
+	for i := 1; i < l-1; i++ {
+		if got, want := c3.ForwardTempBytes[i]-c2.ForwardTempBytes[i], mem.Bytes(4*layer); got != want {
+			t.Errorf("%s: forward gathers %d, want %d", p3.names[i], got, want)
+		}
+		if got, want := c3.BackwardTempBytes[i]-c2.BackwardTempBytes[i], mem.Bytes(5*layer); got != want {
+			t.Errorf("%s: backward gathers %d, want %d", p3.names[i], got, want)
+		}
+	}
+	if got, want := c3.ForwardTempBytes[0]-c2.ForwardTempBytes[0], mem.Bytes(2*(embed+head)-layer); got != want {
+		t.Errorf("embed: forward gathers %d, want %d", got, want)
+	}
+	if got, want := c3.GradBytes, append(append([]mem.Bytes{embed}, make([]mem.Bytes, l-2)...), head); !slices.Equal(got, want) {
+		t.Errorf("the root's gradients %v, want %v", got, want)
+	}
+	if got, want := c3.BackwardTempBytes[0]-c2.BackwardTempBytes[0], mem.Bytes(embed+2*(embed+head)); got != want {
+		t.Errorf("embed: backward holds %d more, want its gradients and the reduce-scatter's %d", got, want)
+	}
+	st2, st3 := p2.Costs.Static, p3.Costs.Static
+	weights := st2.WeightsBytes - st3.WeightsBytes // what stage 3 shards
+	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights-st2.ReduceBytes); got != want {
+		t.Errorf("static %d more than stage 2's, want %d", got, want)
+	}
+	// Stage 2's step (DeepSpeed's) turns the gradients' shard into an fp32
+	// partition (its StepBytes) and frees it; stage 3's holds it.
+	if got, want := p3.StepPeak-p2.StepPeak, mem.Bytes(-weights+st2.GradientsBytes-st2.StepBytes+st3.StepBytes); got != want {
+		t.Errorf("step %d more than stage 2's, want %d", got, want)
 	}
 }

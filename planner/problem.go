@@ -35,6 +35,9 @@ type Problem struct {
 	// chain's options (SearchKeepSets).
 	searched bool
 	byBlock  bool // the stages are the graph's blocks
+	// gathered is what ZeRO stage 3 adds to each stage's transient bytes
+	// (gather); nil without it.
+	gathered []gathered
 	// forward is each stage's whole forward. Under the transformers
 	// profile a recomputation stops early (stage.Stage.RerunFLOPs), so
 	// the chain costs every forward of stage i at its rerun; every
@@ -114,7 +117,11 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
-	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - mem.Bytes(c.Static.StepFreedBytes) + mem.Bytes(c.Static.StepBytes)
+	stepFreed := mem.Bytes(c.Static.StepFreedBytes)
+	if ga := c.Static.Gather; ga != (costmodel.Gather{}) {
+		stepFreed += p.gather(ga)
+	}
+	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - stepFreed + mem.Bytes(c.Static.StepBytes)
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
 		p.forward = append(p.forward, p.Chain.Forward[i])
@@ -171,7 +178,7 @@ func (p *Problem) SearchKeepSets() {
 	}
 	p.searched = true
 	stage.SearchKeepSets(p.Costs, p.Stages)
-	p.Chain.Options = chainOptions(p.Stages)
+	p.Chain.Options = chainOptions(p.Stages, p.gathered)
 	var wide []string
 	for _, st := range p.Stages {
 		if st.FrontTooWide {
@@ -183,16 +190,70 @@ func (p *Problem) SearchKeepSets() {
 	}
 }
 
-// chainOptions returns keep set k ≥ 1 of each stage as its option k.
-func chainOptions(stages []*stage.Stage) [][]solver.Option {
+// chainOptions returns keep set k ≥ 1 of each stage as its option k, with
+// what ZeRO stage 3 gathers while the stage runs (gathers).
+func chainOptions(stages []*stage.Stage, gathers []gathered) [][]solver.Option {
 	out := make([][]solver.Option, len(stages))
 	for i, st := range stages {
+		var ga gathered
+		if gathers != nil {
+			ga = gathers[i]
+		}
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
-			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes, Named: k.Named})
+			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes + ga.forward,
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + ga.backward, Named: k.Named})
 		}
 	}
 	return out
+}
+
+// gathered is what ZeRO stage 3 holds while a stage runs beyond what it
+// holds the whole forward and backward (costmodel.Gather): added to the
+// stage's transient bytes, forward and backward.
+type gathered struct{ forward, backward mem.Bytes }
+
+// gather puts what ZeRO stage 3 gathers and reduce-scatters at its
+// moments in the chain (costmodel.Gather), and returns the bytes of δ_0
+// that the optimizer step no longer holds, the root's unsharded
+// gradients (the stages' gradients, costmodel.Costs.GradientsInBackward):
+// each decoder layer's forward and backward hold the layer's unsharded
+// weights, the next gather and the reduce-scatter's buffers (a forward
+// the most a first forward or a recomputation does); the first stage's
+// forward, the root's gather; the first stage's backward, which ends the
+// backward, reduce-scatters the root's gradients through two more of
+// their size. Where no stage is a decoder layer (a graph cut at
+// its cut points), every stage may be one: the most a layer gathers is
+// held the whole step instead.
+func (p *Problem) gather(ga costmodel.Gather) (stepFreed mem.Bytes) {
+	ch := p.Chain
+	l := ch.Len()
+	p.gathered = make([]gathered, l)
+	layers := 0
+	for i, st := range p.Stages {
+		if _, ok := ir.LayerIndex(st.Name); ok {
+			p.gathered[i] = gathered{mem.Bytes(ga.ForwardBytes()), mem.Bytes(ga.BackwardBytes())}
+			layers++
+		}
+	}
+	if layers == 0 {
+		p.Static += mem.Bytes(ga.LayerBytes())
+	}
+	p.gathered[0].forward = max(p.gathered[0].forward, mem.Bytes(ga.StartBytes()))
+	p.gathered[0].backward += 2 * mem.Bytes(ga.RootGrads)
+	if !p.Costs.GradientsInBackward() {
+		return 0 // held the whole step (no_sync)
+	}
+	for i, ga := range p.gathered {
+		ch.ForwardTempBytes[i] += ga.forward
+		if ch.FAllTempBytes != nil {
+			ch.FAllTempBytes[i] += ga.forward
+		}
+		if ch.FAllInputFreedTempBytes != nil {
+			ch.FAllInputFreedTempBytes[i] += ga.forward
+		}
+		ch.BackwardTempBytes[i] += ga.backward
+	}
+	return mem.Bytes(ga.RootGrads)
 }
 
 // toChain turns stages into a solver chain: costs in FLOPs, the last

@@ -42,11 +42,14 @@ type staticReport struct {
 	BuffersBytes        int64 `json:"buffers_bytes,omitempty"`
 	DequantBytes        int64 `json:"dequant_bytes,omitempty"`
 	GatheredBytes       int64 `json:"gathered_bytes,omitempty"`
-	CountersBytes       int64 `json:"counters_bytes,omitempty"`
-	ReduceBytes         int64 `json:"reduce_bytes,omitempty"`
-	BucketBytes         int64 `json:"bucket_bytes,omitempty"`
-	Paged               bool  `json:"paged,omitempty"`
-	TotalBytes          int64 `json:"total_bytes"`
+	// LayerGatheredBytes is the most a decoder layer gathers beside
+	// GatheredBytes while it runs, forward or backward (ZeRO 3).
+	LayerGatheredBytes int64 `json:"layer_gathered_bytes,omitempty"`
+	CountersBytes      int64 `json:"counters_bytes,omitempty"`
+	ReduceBytes        int64 `json:"reduce_bytes,omitempty"`
+	BucketBytes        int64 `json:"bucket_bytes,omitempty"`
+	Paged              bool  `json:"paged,omitempty"`
+	TotalBytes         int64 `json:"total_bytes"`
 }
 
 type blockReport struct {
@@ -118,7 +121,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
 			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
 			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
-			BuffersBytes: c.Static.BuffersBytes, DequantBytes: c.Static.DequantBytes, GatheredBytes: c.Static.GatheredBytes, CountersBytes: c.Static.CountersBytes, ReduceBytes: c.Static.ReduceBytes, BucketBytes: c.Static.BucketBytes, Paged: c.Static.Paged,
+			BuffersBytes: c.Static.BuffersBytes, DequantBytes: c.Static.DequantBytes, GatheredBytes: c.Static.GatheredBytes, LayerGatheredBytes: c.Static.Gather.LayerBytes(), CountersBytes: c.Static.CountersBytes, ReduceBytes: c.Static.ReduceBytes, BucketBytes: c.Static.BucketBytes, Paged: c.Static.Paged,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
 		setup:  &g.Setup, static: c.Static,

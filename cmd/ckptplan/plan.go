@@ -367,7 +367,7 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 		out += fmt.Sprintf(", buffers %v", mem.Bytes(st.BuffersBytes))
 	}
 	if st.GatheredBytes > 0 {
-		out += fmt.Sprintf(", gathered by ZeRO 3 %v", mem.Bytes(st.GatheredBytes))
+		out += fmt.Sprintf(", gathered by ZeRO 3 %v (and up to %v while a layer runs)", mem.Bytes(st.GatheredBytes), mem.Bytes(st.Gather.LayerBytes()))
 	}
 	if st.ReduceBytes > 0 {
 		out += fmt.Sprintf(", ZeRO %d's reduce buffers %v", s.Parallel.Zero, mem.Bytes(st.ReduceBytes))

@@ -1,9 +1,11 @@
 """DeepSpeed's ZeRO stage 3, run as the DeepSpeed export configures it,
 gathers no more than the plan counts.
 
-The plan counts what stage 3 gathers beside its shards (``gathered_bytes``
-in ``ckptplan cost --format json``): the root's weights and gradients, two
-unsharded layers, their all-gather buffers and two layers' gradients.
+The plan counts what stage 3 gathers beside its shards, as FSDP2 runs it
+(costmodel.Gather): through the forward and backward the root's weights
+and an all-gather output (``gathered_bytes`` in ``ckptplan cost --format
+json``), and while a layer runs at most its weights, two more outputs and
+its gradients' buffers (``layer_gathered_bytes``).
 DeepSpeed's defaults hold far more: on a model of under 10⁹ parameters it
 keeps every parameter gathered from the second step on (a parameter used
 again within ``stage3_max_reuse_distance`` parameters is not released),
@@ -17,8 +19,9 @@ step on (when DeepSpeed prefetches by the trace it recorded in the first):
 the parameters DeepSpeed holds gathered or in flight (each parameter's
 ``ds_status``), sampled after every fetch of a module and before every
 release, at their 16-bit size, plus the gradient bucket it allocated.
-That sum stays within the plan's gathered bytes under the exported config,
-and passes them under DeepSpeed's defaults (``{"stage": 3}``).
+That sum stays within the most the plan holds gathered (the two figures'
+sum) under the exported config, and passes it under DeepSpeed's defaults
+(``{"stage": 3}``).
 
 DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
 it starts; the cases run gloo's instead (``build_shm_op`` returns None, as
@@ -107,8 +110,8 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
                        "parameters": sum(p.ds_numel for p in params)}, f)
 
 
-def spawn(tmp_path, module: str, *args) -> dict:
-    """Runs module's _worker(rank, port, *args, out) on two ranks in
+def spawn(tmp_path, module: str, *args, ranks: int = 2) -> dict:
+    """Runs module's _worker(rank, port, *args, out) on ranks ranks in
     processes of their own (args made of JSON) and returns what rank 0
     wrote to out."""
     with socket.socket() as s:
@@ -117,9 +120,9 @@ def spawn(tmp_path, module: str, *args) -> dict:
     out = tmp_path / "measured.json"
     code = ("import sys, json, importlib, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
             "t = importlib.import_module(sys.argv[2]); "
-            "mp.spawn(t._worker, args=(int(sys.argv[3]), *json.loads(sys.argv[4]), sys.argv[5]), nprocs=2)")
+            "mp.spawn(t._worker, args=(int(sys.argv[3]), *json.loads(sys.argv[4]), sys.argv[5]), nprocs=int(sys.argv[6]))")
     p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), module, str(port), json.dumps(args),
-                        str(out)], capture_output=True, text=True, timeout=600)
+                        str(out), str(ranks)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -141,9 +144,10 @@ def model_config(tmp_path_factory):
 def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_path, solver):
     """Under the exported config (every layer stored, or every layer
     checkpointed, which replays each layer's modules in backward), what
-    DeepSpeed gathers is within the plan's gathered bytes; under its
+    DeepSpeed gathers is within what the plan holds gathered; under its
     defaults, with the same model and checkpointing, it is not."""
-    gathered = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]["gathered_bytes"]
+    static = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]
+    gathered = static["gathered_bytes"] + static["layer_gathered_bytes"]
     exported = json.loads(run(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
                               "--to", "deepspeed"))
     zero = exported["zero_optimization"]

@@ -1,0 +1,161 @@
+"""The whole step under FSDP2 (``--zero 3``), measured by the CPU allocator.
+
+Ranks of a gloo group train test_step_peak's Llama (fp32) under FSDP2's
+fully_shard, each decoder layer and then the model passed to it, for three
+steps under the profiler; rank 0 reports the most its CPU allocator held
+in the forward, the backward and the optimizer step of the third. The
+plan (``--dp N --zero 3``) counts what FSDP2 gathers and reduce-scatters
+at its moments (costmodel.Gather): the root's unsharded weights and one
+all-gather output through the forward and backward, what a layer gathers
+while it runs, the root's unsharded gradients from the backward that
+makes each.
+
+What the plan counts and FSDP2 does not hold, each with its size:
+
+- the rank's shard of every gradient through the forward: DeepSpeed's
+  stage 3 keeps it in a flat buffer the whole step, FSDP2 frees it at
+  zero_grad, and ``--zero 3`` plans for either;
+- the positions the model makes (8 bytes a token), as storing everything
+  on one rank (test_step_peak).
+
+Where the backward peaks (the loss's backward, transformers 4.49 and
+later), the plan holds one all-gather output through it, which PyTorch
+2.7's FSDP2 holds there (the root's pre-backward hook gathers the last
+layer before the loss's backward) and later releases do not (a layer's
+bytes).
+
+And what FSDP2 holds on the CPU that the plan does not count: the step
+counters' increments (12 bytes, test_optimizer_step; 20 under 2.7's
+for-loop over DTensors). On one rank that is all, to the byte. On two,
+gloo's work objects at times keep the buffers of a reduce-scatter — its
+input and gloo's copy of it, a layer's or the root's — past the backward,
+some runs into the next step's backward (NCCL reduce-scatters in place):
+seen run to run, none, one layer's copy, three, or the root's two and a
+layer's. The ranks meet at barriers after each backward, which makes that
+rarer (and holds a byte); the two-rank test allows what was seen at most.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ckptplan  # noqa: E402
+from test_fsdp2_export import FSDP2  # noqa: E402
+from test_step_peak import BATCH, SEQ, VOCAB, _part, _slack, build  # noqa: E402
+
+pytestmark = FSDP2
+
+
+def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, out: str) -> None:
+    """One of ranks ranks training the Llama under FSDP2 with AdamW (impl:
+    fused, foreach or forloop) for three steps, under the profiler from
+    before the model is made; rank 0 writes the most its CPU allocator held
+    in each part of the third."""
+    import gc
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from allocator_events import allocations
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    try:
+        mesh = init_device_mesh("cpu", (ranks,))
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            model = build()
+            if checkpointing:
+                model.gradient_checkpointing_enable()
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **kwargs)
+            ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+            batch = {"input_ids": ids, "labels": ids.clone()}
+            for step in range(3):
+                gc.collect()
+                with record_function(f"forward {step}"):
+                    loss = model(**batch).loss
+                with record_function(f"backward {step}"):
+                    loss.backward()
+                    del loss
+                for _ in range(4 if ranks > 1 else 0):
+                    dist.barrier()  # gloo's worker threads run again
+                with record_function(f"step {step}"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
+    spans, events = allocations(prof, lambda name: name.split()[0] if name.endswith(" 2") else None)
+    with open(out, "w") as f:
+        json.dump({part: max(b for t, b, _ in events if start <= t <= end) for part, (start, end) in spans.items()}, f)
+
+
+def _sizes(ranks: int) -> tuple[int, int, int]:
+    """From the model itself: the rank's shard of every fp32 gradient
+    over ranks ranks (every dimension here splits evenly), and the
+    unsharded bytes of a decoder layer and of the root (the embedding,
+    the final norm, the head)."""
+    model = build()
+    whole = sum(p.numel() for p in model.parameters()) * 4
+    layer = sum(p.numel() for p in model.model.layers[0].parameters()) * 4
+    return whole // ranks, layer, whole - len(model.model.layers) * layer
+
+
+def measure(tmp_path, ranks: int, impl: str, checkpointing: bool) -> tuple[dict, "ckptplan.Plan"]:
+    """FSDP2's peaks on ranks ranks and the plan's, storing everything or
+    (checkpointing) checkpointing every layer: gradient checkpointing, the
+    plan's every-k."""
+    from test_deepspeed_zero3 import spawn
+
+    measured = spawn(tmp_path, "test_fsdp2_step", ranks, impl, checkpointing, ranks=ranks)
+    plan = ckptplan.plan(build(), "1GiB", batch=BATCH, seq=SEQ, solver="every-k" if checkpointing else "none",
+                         optimizer=f"adamw-{impl}", extra_args=("--dp", str(ranks), "--zero", "3"))
+    assert {layer.mode for layer in plan.layers} == {"checkpoint" if checkpointing else "store"}
+    print(f"{ranks} rank(s), {impl}{', checkpointed' if checkpointing else ''}: measured {measured}; "
+          f"plan {plan.peak_bytes} at {plan.peak_at}, step {plan.step_peak_bytes}")
+    return measured, plan
+
+
+@pytest.mark.parametrize("impl,checkpointing", [("fused", False), ("forloop", False), ("foreach", False), ("fused", True)])
+def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing):
+    """On one rank, FSDP2 all-gathers and reduce-scatters every group as
+    on several: storing everything, the step's peak falls where the plan
+    says and is the plan's but for the gradients and positions (the
+    module's docstring) and what storing everything on one rank leaves
+    out (test_step_peak._slack), and the optimizer step is the plan's but
+    for the counters; checkpointing every layer, the peak is in the
+    backward, as the plan says, and within it, which bounds what a layer
+    gathers there."""
+    measured, plan = measure(tmp_path, 1, impl, checkpointing)
+    grads, layer, _ = _sizes(1)
+    assert measured["step"] - plan.step_peak_bytes in ((12, 20) if impl == "forloop" else (12,))
+    part = max(measured, key=measured.get)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    if checkpointing:
+        assert part == "backward" and measured[part] <= plan.peak_bytes
+        return
+    assert _slack(plan, measured[part], part) - 8 * SEQ - grads in ((0, layer) if part == "backward" else (0,))
+
+
+def test_fsdp2_step_two_ranks(ckptplan_binary, tmp_path):
+    """On two ranks the plan shards as FSDP2 does: the step's peak is the
+    plan's but for the gradients' shard and the positions, and the
+    optimizer step's the plan's but for the counters, each with what gloo
+    may keep (the module's docstring)."""
+    measured, plan = measure(tmp_path, 2, "fused", False)
+    shard, layer, root = _sizes(2)
+    gloo = 2 * root + 3 * layer + 1
+    part = max(measured, key=measured.get)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert -gloo <= _slack(plan, measured[part], part) - 8 * SEQ - shard <= (layer if part == "backward" else 0)
+    assert 0 <= measured["step"] - (plan.step_peak_bytes + 12) <= gloo
