@@ -48,7 +48,10 @@ type Static struct {
 	// reduced through, and under stage 2 the gradients waiting for it, or
 	// under stage 1 the gradients' shard the reduction fills while the
 	// whole gradients still live. Not under the megatron profile.
-	// Counted for the whole step, it bounds the reduction.
+	// DeepSpeed allocates its bucket when the backward starts, before the
+	// loss's, and frees the buffers when it ends (StepFreedBytes): a plan
+	// holds them from the loss's backward to the backward's end, which
+	// bounds the reduction (solver.Chain.BackwardHeldBytes).
 	ReduceBytes int64
 	// BucketBytes are the gradient buckets of PyTorch's
 	// DistributedDataParallel, which data parallelism without ZeRO is
@@ -76,10 +79,9 @@ type Static struct {
 	// StepFreedBytes are the bytes of Total the step no longer holds: the
 	// rotary tables and positions a forward makes, freed with the
 	// backward's graph; under ZeRO stage 3, what it gathered; under ZeRO
-	// stages 1 and 2, the reduce buffers,
-	// freed when the backward ends, and the 16-bit gradients, which
-	// DeepSpeed turns into an fp32 partition (counted in StepBytes)
-	// before it updates.
+	// stages 1 and 2, the reduce buffers, freed when the backward ends,
+	// and, with an optimizer, the 16-bit gradients, which DeepSpeed turns
+	// into an fp32 partition (counted in StepBytes) before it updates.
 	StepFreedBytes int64
 }
 
@@ -382,9 +384,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		if ownDType {
 			partition = e
 		}
-		st.StepFreedBytes += st.GradientsBytes + st.ReduceBytes
+		st.StepFreedBytes += st.GradientsBytes
 		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt)
 	}
+	st.StepFreedBytes += st.ReduceBytes // freed when the backward ends
 	// Stage 3 reshards the root's weights, held from the forward's start,
 	// once the backward ends, and frees the forward's last all-gather
 	// output with the forward (Gather).

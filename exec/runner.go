@@ -55,7 +55,7 @@ func NewRunner(p *planner.Problem, seed int64) (*Runner, error) {
 		return nil, fmt.Errorf("%s is a profiled chain: there is no model to run", p.Name)
 	}
 	g := p.Costs.Graph
-	if par := g.Setup.Parallel; par.TP > 1 || par.DP > 1 || par.Zero >= 3 {
+	if par := g.Setup.Parallel; par.TP > 1 || par.DP > 1 || par.Zero > 0 {
 		return nil, fmt.Errorf("the executor runs one device: %s is set up for tp %d, dp %d, ZeRO stage %d", p.Name, par.TP, par.DP, par.Zero)
 	}
 	if q := g.Setup.Quant; q != "" {

@@ -163,8 +163,8 @@ func (p *Problem) StepMoment() *Moment {
 	if p.StepPeak == 0 {
 		return nil
 	}
-	m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static - mem.Bytes(p.Costs.Static.StepFreedBytes), ActivationsBytes: p.Chain.ActBytes[0]}
-	m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0]
+	m := &Moment{At: "optimizer step", Step: -1, StaticBytes: p.Static - p.stepFreedStatic, ActivationsBytes: p.Chain.ActBytes[0]}
+	m.GradientsBytes = p.Chain.DeltaBytes(0) - p.Chain.ActBytes[0] - p.stepFreedDelta
 	m.TransientBytes = p.StepPeak - m.StaticBytes - m.GradientsBytes - m.ActivationsBytes
 	return m
 }

@@ -350,8 +350,9 @@ func TestRoutedLayers(t *testing.T) {
 // head's backward makes its weight's and the final norm's unsharded
 // gradients and the embedding's backward the embedding's, which it then
 // reduce-scatters through twice the root's. The forward and backward hold
-// the root and an all-gather output, R + W, beside the shards, instead of
-// stage 2's reduce buffers; the step none of either.
+// the root and an all-gather output, R + W, beside the shards; the step
+// none of it. Stage 2's backward holds its reduce buffers from the loss's
+// backward on (a layer's gradients twice, and the root's).
 func TestZeRO3Gathers(t *testing.T) {
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const embed, head = 2 * 128256 * 4096, 2*128256*4096 + 2*4096
@@ -392,8 +393,18 @@ func TestZeRO3Gathers(t *testing.T) {
 	}
 	st2, st3 := p2.Costs.Static, p3.Costs.Static
 	weights := st2.WeightsBytes - st3.WeightsBytes // what stage 3 shards
-	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights-st2.ReduceBytes); got != want {
+	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights); got != want {
 		t.Errorf("static %d more than stage 2's, want %d", got, want)
+	}
+	// Stage 2's reduce buffers are held from the loss's backward on, with
+	// every gradient, not the whole step.
+	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.ReduceBytes); got != want {
+		t.Errorf("stage 2: static %d, want all but the reduce buffers, %d", got, want)
+	}
+	r := mem.Bytes(st2.ReduceBytes)
+	if got := c2.BackwardHeldBytes; got != r || c2.LossTempBytes-c3.LossTempBytes != r || c2.DeltaBytes(l)-c2.ActBytes[l] != r {
+		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the reduce buffers, %d",
+			got, c2.LossTempBytes-c3.LossTempBytes, c2.DeltaBytes(l)-c2.ActBytes[l], r)
 	}
 	// Stage 2's step (DeepSpeed's) turns the gradients' shard into an fp32
 	// partition (its StepBytes) and frees it; stage 3's holds it.

@@ -35,9 +35,12 @@ type Problem struct {
 	// chain's options (SearchKeepSets).
 	searched bool
 	byBlock  bool // the stages are the graph's blocks
-	// gathered is what ZeRO stage 3 adds to each stage's transient bytes
-	// (gather); nil without it.
-	gathered []gathered
+	// zero is what ZeRO adds to each stage's transient bytes (gather,
+	// reduceInBackward); nil without it.
+	zero []zeroBytes
+	// stepFreedStatic and stepFreedDelta are the bytes of Static and of
+	// δ_0 the optimizer step no longer holds.
+	stepFreedStatic, stepFreedDelta mem.Bytes
 	// forward is each stage's whole forward. Under the transformers
 	// profile a recomputation stops early (stage.Stage.RerunFLOPs), so
 	// the chain costs every forward of stage i at its rerun; every
@@ -117,11 +120,14 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
-	stepFreed := mem.Bytes(c.Static.StepFreedBytes)
+	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
 	if ga := c.Static.Gather; ga != (costmodel.Gather{}) {
-		stepFreed += p.gather(ga)
+		p.gather(ga)
 	}
-	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - stepFreed + mem.Bytes(c.Static.StepBytes)
+	if r := mem.Bytes(c.Static.ReduceBytes); r > 0 {
+		p.reduceInBackward(r)
+	}
+	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - p.stepFreedStatic - p.stepFreedDelta + mem.Bytes(c.Static.StepBytes)
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
 		p.forward = append(p.forward, p.Chain.Forward[i])
@@ -178,7 +184,7 @@ func (p *Problem) SearchKeepSets() {
 	}
 	p.searched = true
 	stage.SearchKeepSets(p.Costs, p.Stages)
-	p.Chain.Options = chainOptions(p.Stages, p.gathered)
+	p.Chain.Options = chainOptions(p.Stages, p.zero)
 	var wide []string
 	for _, st := range p.Stages {
 		if st.FrontTooWide {
@@ -191,69 +197,81 @@ func (p *Problem) SearchKeepSets() {
 }
 
 // chainOptions returns keep set k ≥ 1 of each stage as its option k, with
-// what ZeRO stage 3 gathers while the stage runs (gathers).
-func chainOptions(stages []*stage.Stage, gathers []gathered) [][]solver.Option {
+// what ZeRO adds while the stage runs (zero).
+func chainOptions(stages []*stage.Stage, zero []zeroBytes) [][]solver.Option {
 	out := make([][]solver.Option, len(stages))
 	for i, st := range stages {
-		var ga gathered
-		if gathers != nil {
-			ga = gathers[i]
+		var z zeroBytes
+		if zero != nil {
+			z = zero[i]
 		}
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
-			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes + ga.forward,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + ga.backward, Named: k.Named})
+			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes + z.forward,
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + z.backward, Named: k.Named})
 		}
 	}
 	return out
 }
 
-// gathered is what ZeRO stage 3 holds while a stage runs beyond what it
-// holds the whole forward and backward (costmodel.Gather): added to the
-// stage's transient bytes, forward and backward.
-type gathered struct{ forward, backward mem.Bytes }
+// zeroBytes is what ZeRO holds while a stage runs beyond what it holds
+// the whole forward and backward: added to the stage's transient bytes,
+// forward and backward.
+type zeroBytes struct{ forward, backward mem.Bytes }
 
 // gather puts what ZeRO stage 3 gathers and reduce-scatters at its
-// moments in the chain (costmodel.Gather), and returns the bytes of δ_0
-// that the optimizer step no longer holds, the root's unsharded
-// gradients (the stages' gradients, costmodel.Costs.GradientsInBackward):
-// each decoder layer's forward and backward hold the layer's unsharded
-// weights, the next gather and the reduce-scatter's buffers (a forward
-// the most a first forward or a recomputation does); the first stage's
-// forward, the root's gather; the first stage's backward, which ends the
-// backward, reduce-scatters the root's gradients through two more of
-// their size. Where no stage is a decoder layer (a graph cut at
-// its cut points), every stage may be one: the most a layer gathers is
-// held the whole step instead.
-func (p *Problem) gather(ga costmodel.Gather) (stepFreed mem.Bytes) {
+// moments in the chain (costmodel.Gather): each decoder layer's forward
+// and backward hold the layer's unsharded weights, the next gather and
+// the reduce-scatter's buffers (a forward the most a first forward or a
+// recomputation does); the first stage's forward, the root's gather; the
+// root's unsharded gradients are the gradients of the stages that make
+// them (costmodel.Costs.GradientsInBackward), which the step no longer
+// holds, and the first stage's backward, which ends the backward,
+// reduce-scatters them through two more of their size. Where no stage is
+// a decoder layer (a graph cut at its cut points), every stage may be
+// one: the most a layer gathers is held the whole step instead.
+func (p *Problem) gather(ga costmodel.Gather) {
 	ch := p.Chain
-	l := ch.Len()
-	p.gathered = make([]gathered, l)
+	p.zero = make([]zeroBytes, ch.Len())
 	layers := 0
 	for i, st := range p.Stages {
 		if _, ok := ir.LayerIndex(st.Name); ok {
-			p.gathered[i] = gathered{mem.Bytes(ga.ForwardBytes()), mem.Bytes(ga.BackwardBytes())}
+			p.zero[i] = zeroBytes{mem.Bytes(ga.ForwardBytes()), mem.Bytes(ga.BackwardBytes())}
 			layers++
 		}
 	}
 	if layers == 0 {
 		p.Static += mem.Bytes(ga.LayerBytes())
+		p.stepFreedStatic += mem.Bytes(ga.LayerBytes())
 	}
-	p.gathered[0].forward = max(p.gathered[0].forward, mem.Bytes(ga.StartBytes()))
-	p.gathered[0].backward += 2 * mem.Bytes(ga.RootGrads)
-	if !p.Costs.GradientsInBackward() {
-		return 0 // held the whole step (no_sync)
-	}
-	for i, ga := range p.gathered {
-		ch.ForwardTempBytes[i] += ga.forward
+	p.zero[0].forward = max(p.zero[0].forward, mem.Bytes(ga.StartBytes()))
+	p.zero[0].backward += 2 * mem.Bytes(ga.RootGrads)
+	for i, z := range p.zero {
+		ch.ForwardTempBytes[i] += z.forward
 		if ch.FAllTempBytes != nil {
-			ch.FAllTempBytes[i] += ga.forward
+			ch.FAllTempBytes[i] += z.forward
 		}
 		if ch.FAllInputFreedTempBytes != nil {
-			ch.FAllInputFreedTempBytes[i] += ga.forward
+			ch.FAllInputFreedTempBytes[i] += z.forward
 		}
-		ch.BackwardTempBytes[i] += ga.backward
+		ch.BackwardTempBytes[i] += z.backward
 	}
-	return mem.Bytes(ga.RootGrads)
+	if p.Costs.GradientsInBackward() { // not held the whole step (no_sync)
+		p.stepFreedDelta += mem.Bytes(ga.RootGrads)
+	}
+}
+
+// reduceInBackward holds ZeRO stages 1 and 2's reduce buffers
+// (costmodel.Static.ReduceBytes) from the loss's backward to the
+// backward's end, as DeepSpeed allocates its bucket when the backward
+// starts and frees the buffers when it ends, instead of the whole step:
+// with every gradient δ_i (solver.Chain.BackwardHeldBytes) and during
+// the loss op.
+func (p *Problem) reduceInBackward(r mem.Bytes) {
+	p.Static -= r
+	p.stepFreedStatic -= r
+	p.stepFreedDelta += r
+	p.Chain.BackwardHeldBytes += r
+	p.Chain.LossTempBytes += r
 }
 
 // toChain turns stages into a solver chain: costs in FLOPs, the last

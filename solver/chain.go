@@ -33,6 +33,11 @@ type Chain struct {
 	GradBytes     []mem.Bytes
 	LossBackward  float64   // cost of the loss op
 	LossTempBytes mem.Bytes // transient bytes during the loss op
+	// BackwardHeldBytes are held from the loss op to the end of the
+	// backward, by every gradient δ_i (DeltaBytes), as buffers a runtime
+	// allocates when the backward starts (ZeRO's reduce buckets);
+	// LossTempBytes counts them during the loss op.
+	BackwardHeldBytes mem.Bytes
 	// UnsavedActs[i] says that no op of stage i-1 or stage i saves a_i
 	// (a 16-bit layer's output, which the next layer's norm reads through
 	// an fp32 copy): once a storing forward of stage i that keeps its
@@ -148,7 +153,7 @@ func (c *Chain) Validate() error {
 			return fmt.Errorf("activation %d: negative bytes", i)
 		}
 	}
-	if c.LossBackward < 0 || c.LossTempBytes < 0 {
+	if c.LossBackward < 0 || c.LossTempBytes < 0 || c.BackwardHeldBytes < 0 {
 		return errors.New("loss: negative cost or bytes")
 	}
 	return c.checkTotals()
@@ -184,6 +189,7 @@ func (c *Chain) checkTotals() error {
 		add(g)
 	}
 	add(c.LossTempBytes)
+	add(c.BackwardHeldBytes)
 	cost += c.LossBackward
 	if !(bytes < 1<<62) {
 		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly", bytes)
@@ -204,13 +210,16 @@ func (c *Chain) FAllTemp(i int) mem.Bytes {
 
 // DeltaBytes returns the bytes of the gradient δ_i while it is live:
 // |a_i|, and with it the parameter gradients B(i) … B(L−1) have made
-// (GradBytes), which are live whenever δ_i is. δ_L, the loss's, is |a_L|.
-// O(L).
+// (GradBytes), which are live whenever δ_i is, and BackwardHeldBytes. δ_L,
+// the loss's, is |a_L| and BackwardHeldBytes. O(L).
 func (c *Chain) DeltaBytes(i int) mem.Bytes { return c.deltas()[i] }
 
 // deltas returns DeltaBytes(i) for i = 0 … L. O(L).
 func (c *Chain) deltas() []mem.Bytes {
 	d := slices.Clone(c.ActBytes)
+	for k := range d {
+		d[k] += c.BackwardHeldBytes
+	}
 	var g mem.Bytes
 	for k := c.Len() - 1; k >= 0 && c.GradBytes != nil; k-- {
 		g += c.GradBytes[k]

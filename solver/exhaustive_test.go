@@ -167,19 +167,22 @@ func randomChain(r *rand.Rand, l int) *Chain {
 }
 
 // withGrads gives every stage of c parameter gradients of up to 3 bytes,
-// counted in its backward's transients as the chain requires.
+// counted in its backward's transients as the chain requires, and the
+// backward up to 2 bytes held from the loss op on, counted in the loss's.
 func withGrads(r *rand.Rand, c *Chain) {
 	c.GradBytes = make([]mem.Bytes, c.Len())
 	for i := range c.GradBytes {
 		c.GradBytes[i] = mem.Bytes(r.Intn(4))
 		c.BackwardTempBytes[i] += c.GradBytes[i]
 	}
+	c.BackwardHeldBytes = mem.Bytes(r.Intn(3))
+	c.LossTempBytes += c.BackwardHeldBytes
 }
 
-// gradsFrom returns the parameter gradients B(i) … B(L−1) make: live with
-// δ_i.
+// gradsFrom returns the parameter gradients B(i) … B(L−1) make and what
+// the backward holds: live with δ_i.
 func gradsFrom(c *Chain, i int) mem.Bytes {
-	var g mem.Bytes
+	g := c.BackwardHeldBytes
 	for k := i; k < len(c.GradBytes); k++ {
 		g += c.GradBytes[k]
 	}

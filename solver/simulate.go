@@ -23,7 +23,8 @@ type Usage struct {
 	Tapes       mem.Bytes // what storing forwards keep
 	Gradients   mem.Bytes // δ, the parameter gradients it carries aside (ParamGrads)
 	// ParamGrads are the parameter gradients the backwards have made so
-	// far (Chain.GradBytes).
+	// far (Chain.GradBytes), and the buffers the backward holds for them
+	// (Chain.BackwardHeldBytes).
 	ParamGrads mem.Bytes
 	Transient  mem.Bytes // the op's own working memory and new outputs
 }
