@@ -48,7 +48,7 @@ from test_step_peak import BATCH, SEQ, VOCAB, _part, _slack, build  # noqa: E402
 pytestmark = FSDP2
 
 
-def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, out: str) -> None:
+def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, lora: int, out: str) -> None:
     """One of ranks ranks training the Llama under FSDP2 with AdamW (impl:
     fused, foreach or forloop) for three steps, under the profiler from
     before the model is made; rank 0 writes the most its CPU allocator held
@@ -64,19 +64,21 @@ def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, ou
 
     from allocator_events import allocations
 
+    if lora:
+        import peft  # noqa: F401 (its import makes tensors of its own: before the profiler)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     try:
         mesh = init_device_mesh("cpu", (ranks,))
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            model = build()
+            model = build(lora)
             if checkpointing:
                 model.gradient_checkpointing_enable()
-            for layer in model.model.layers:
+            for layer in _layers(model):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
             kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **kwargs)
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **kwargs)
             ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
             batch = {"input_ids": ids, "labels": ids.clone()}
             for step in range(3):
@@ -100,44 +102,51 @@ def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, ou
         json.dump({part: max(b for t, b, _ in events if start <= t <= end) for part, (start, end) in spans.items()}, f)
 
 
-def _sizes(ranks: int) -> tuple[int, int, int]:
-    """From the model itself: the rank's shard of every fp32 gradient
-    over ranks ranks (every dimension here splits evenly), and the
-    unsharded bytes of a decoder layer and of the root (the embedding,
-    the final norm, the head)."""
-    model = build()
+def _layers(model) -> list:
+    """The model's decoder layers, under PEFT's wrappers too."""
+    return ckptplan.layers.decoder_layers(model)
+
+
+def _sizes(ranks: int, lora: int = 0) -> tuple[int, int, int]:
+    """From the model itself: the rank's shard of every trained fp32
+    gradient over ranks ranks (every dimension here splits evenly), and
+    the unsharded bytes of a decoder layer and of the root (the
+    embedding, the final norm, the head)."""
+    model = build(lora)
     whole = sum(p.numel() for p in model.parameters()) * 4
-    layer = sum(p.numel() for p in model.model.layers[0].parameters()) * 4
-    return whole // ranks, layer, whole - len(model.model.layers) * layer
+    layer = sum(p.numel() for p in _layers(model)[0].parameters()) * 4
+    grads = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
+    return grads // ranks, layer, whole - len(_layers(model)) * layer
 
 
-def measure(tmp_path, ranks: int, impl: str, checkpointing: bool) -> tuple[dict, "ckptplan.Plan"]:
+def measure(tmp_path, ranks: int, impl: str, checkpointing: bool, lora: int = 0) -> tuple[dict, "ckptplan.Plan"]:
     """FSDP2's peaks on ranks ranks and the plan's, storing everything or
     (checkpointing) checkpointing every layer: gradient checkpointing, the
-    plan's every-k."""
+    plan's every-k; with LoRA adapters of rank lora when not 0."""
     from test_deepspeed_zero3 import spawn
 
-    measured = spawn(tmp_path, "test_fsdp2_step", ranks, impl, checkpointing, ranks=ranks)
-    plan = ckptplan.plan(build(), "1GiB", batch=BATCH, seq=SEQ, solver="every-k" if checkpointing else "none",
+    measured = spawn(tmp_path, "test_fsdp2_step", ranks, impl, checkpointing, lora, ranks=ranks)
+    plan = ckptplan.plan(build(lora), "1GiB", batch=BATCH, seq=SEQ, solver="every-k" if checkpointing else "none",
                          optimizer=f"adamw-{impl}", extra_args=("--dp", str(ranks), "--zero", "3"))
     assert {layer.mode for layer in plan.layers} == {"checkpoint" if checkpointing else "store"}
-    print(f"{ranks} rank(s), {impl}{', checkpointed' if checkpointing else ''}: measured {measured}; "
-          f"plan {plan.peak_bytes} at {plan.peak_at}, step {plan.step_peak_bytes}")
+    print(f"{ranks} rank(s), {impl}{', checkpointed' if checkpointing else ''}{f', LoRA {lora}' if lora else ''}: "
+          f"measured {measured}; plan {plan.peak_bytes} at {plan.peak_at}, step {plan.step_peak_bytes}")
     return measured, plan
 
 
-@pytest.mark.parametrize("impl,checkpointing", [("fused", False), ("forloop", False), ("foreach", False), ("fused", True)])
-def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing):
+@pytest.mark.parametrize("impl,checkpointing,lora", [("fused", False, 0), ("forloop", False, 0), ("foreach", False, 0),
+                                                    ("fused", True, 0), ("fused", False, 8)])
+def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     """On one rank, FSDP2 all-gathers and reduce-scatters every group as
-    on several: storing everything, the step's peak falls where the plan
-    says and is the plan's but for the gradients and positions (the
-    module's docstring) and what storing everything on one rank leaves
-    out (test_step_peak._slack), and the optimizer step is the plan's but
-    for the counters; checkpointing every layer, the peak is in the
-    backward, as the plan says, and within it, which bounds what a layer
-    gathers there."""
-    measured, plan = measure(tmp_path, 1, impl, checkpointing)
-    grads, layer, _ = _sizes(1)
+    on several: storing everything, full fine-tuning or LoRA, the step's
+    peak falls where the plan says and is the plan's but for the
+    gradients and positions (the module's docstring) and what storing
+    everything on one rank leaves out (test_step_peak._slack), and the
+    optimizer step is the plan's but for the counters; checkpointing
+    every layer, the peak is in the backward, as the plan says, and within
+    it, which bounds what a layer gathers there."""
+    measured, plan = measure(tmp_path, 1, impl, checkpointing, lora)
+    grads, layer, _ = _sizes(1, lora)
     assert measured["step"] - plan.step_peak_bytes in ((12, 20) if impl == "forloop" else (12,))
     part = max(measured, key=measured.get)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
