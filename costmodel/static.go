@@ -475,7 +475,8 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // Every all-gather of a group (a layer, or the root) writes into an
 // output buffer of the group's unsharded bytes (all ranks' shards), which
 // lives until the next group's gather has copied out of its own: one such
-// buffer is always held, two at a gather. The gather copies the output
+// buffer is held through the forward and backward (counted throughout,
+// though the forward's is freed when it ends), two at a gather. The gather copies the output
 // into the unsharded weights, held while the group runs; gloo, on the
 // CPU, gathers through a temporary of the output's size, freed before the
 // copy-out (NCCL writes in place). So a layer's forward holds its
@@ -489,34 +490,34 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // prefetched buffer and its gradients as autograd makes them; then the
 // gradients are copied into a reduce-scatter input and reduced through
 // gloo's copy of it into the rank's shard of the gradients
-// (GradientsBytes). The input is kept until the next layer's reduce-
-// scatter starts, and a gather a recomputation makes in the backward
-// (checkpointing) keeps its output buffer as a forward's gather does, to
-// the next step's first gather. A layer's forward and backward are
-// counted at the most these buffers hold at once: 3·Weights and a layer's
-// gradients forward (a recomputation's), 3·Weights and two layers'
-// gradients backward. The root's gradients are reduce-scattered once the
-// whole backward is done: held unsharded from the backward that makes
+// (GradientsBytes). The input is kept until the next group's
+// reduce-scatter starts. Under checkpointing a recomputation gathers
+// again, beside the prefetched buffer: three output buffers were measured
+// at once in a checkpointed backward. A layer's forward and backward are
+// counted at the most these buffers hold at once beside the held one:
+// its weights, two more output buffers (or one and gloo's temporary) and
+// the last reduce-scatter's input, 3·Weights + Grads, in a forward (a
+// recomputation's); and its unsharded gradients too, 3·Weights +
+// 2·Grads, in a backward. The root's gradients are reduce-scattered once
+// the whole backward is done: held unsharded from the backward that makes
 // each on, and reduced through two more of their size. The root's
 // weights are resharded then; the forward's last all-gather output is
-// freed when the forward ends, the backward's after its copy-out.
+// freed when the forward ends, the backward's after its copy-out, so the
+// step holds none of it.
 type Gather struct {
 	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
 	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
 }
 
 // ForwardBytes is the most a decoder layer's forward holds gathered
-// beside GatheredBytes: its weights and, at its start, a second output
-// buffer; a recomputation in the backward its weights, the prefetched
-// buffer, a recomputation's kept buffer and the last reduce-scatter's
+// beside GatheredBytes: its weights, two more output buffers (or one and
+// gloo's temporary) and, in a recomputation, the last reduce-scatter's
 // input.
 func (g Gather) ForwardBytes() int64 { return 3*g.LayerWeights + g.LayerGrads }
 
 // BackwardBytes is the most a decoder layer's backward holds gathered
-// beside GatheredBytes and its gradients' shard: its weights, the
-// prefetched buffer or gloo's temporary, a recomputation's kept buffer,
-// its unsharded gradients and the last reduce-scatter's input or gloo's
-// copy of its own.
+// beside GatheredBytes and its gradients' shard: what its forward does,
+// and its unsharded gradients or gloo's copy of them.
 func (g Gather) BackwardBytes() int64 { return 3*g.LayerWeights + 2*g.LayerGrads }
 
 // LayerBytes is the most a decoder layer gathers beside GatheredBytes,
