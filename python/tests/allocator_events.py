@@ -1,6 +1,6 @@
 """The CPU allocator's events in a profile, for the tests that measure a
 whole step on several ranks (test_step_peak's DDP case,
-test_deepspeed_zero12)."""
+test_deepspeed_zero12, test_fsdp2_step)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -26,3 +26,40 @@ def allocations(prof, span_of: Callable[[str], Optional[str]]):
             spans[name] = (n.start_time_ns, n.end_time_ns)
     events.sort()
     return spans, events
+
+
+def profiled_steps(setup: Callable[[], tuple], steps: int = 3, after_backward: Optional[Callable[[], None]] = None):
+    """Runs setup() — which makes the model, its optimizer and a batch, and
+    returns them (and anything else) — and then steps training steps of
+    it, all under the profiler with ``profile_memory``; each part of step
+    k runs in a record_function named "forward k", "backward k" and
+    "step k" (after_backward, when given, runs between the last two,
+    outside them). Returns the profile and what setup returned."""
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        made = setup()
+        model, optimizer, batch = made[:3]
+        for step in range(steps):
+            gc.collect()
+            with record_function(f"forward {step}"):
+                loss = model(**batch).loss
+            with record_function(f"backward {step}"):
+                loss.backward()
+                del loss
+            if after_backward is not None:
+                after_backward()
+            with record_function(f"step {step}"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    return prof, made
+
+
+def part_peaks(prof, step: int) -> dict[str, int]:
+    """The most the allocator held in each part ("forward", "backward",
+    "step") of step step of a profiled_steps run."""
+    suffix = f" {step}"
+    spans, events = allocations(prof, lambda name: name.split()[0] if name.endswith(suffix) else None)
+    return {part: max(b for t, b, _ in events if start <= t <= end) for part, (start, end) in spans.items()}

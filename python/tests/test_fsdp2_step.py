@@ -53,53 +53,44 @@ def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, lo
     fused, foreach or forloop) for three steps, under the profiler from
     before the model is made; rank 0 writes the most its CPU allocator held
     in each part of the third."""
-    import gc
     import json
     import os
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.profiler import ProfilerActivity, profile, record_function
 
-    from allocator_events import allocations
+    from allocator_events import part_peaks, profiled_steps
 
     if lora:
         import peft  # noqa: F401 (its import makes tensors of its own: before the profiler)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
+
+    def setup():
+        model = build(lora)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        for layer in _layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **kwargs)
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+        return model, optimizer, {"input_ids": ids, "labels": ids.clone()}
+
+    def barriers():
+        for _ in range(4 if ranks > 1 else 0):
+            dist.barrier()  # gloo's worker threads run again
+
     try:
         mesh = init_device_mesh("cpu", (ranks,))
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            model = build(lora)
-            if checkpointing:
-                model.gradient_checkpointing_enable()
-            for layer in _layers(model):
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **kwargs)
-            ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-            batch = {"input_ids": ids, "labels": ids.clone()}
-            for step in range(3):
-                gc.collect()
-                with record_function(f"forward {step}"):
-                    loss = model(**batch).loss
-                with record_function(f"backward {step}"):
-                    loss.backward()
-                    del loss
-                for _ in range(4 if ranks > 1 else 0):
-                    dist.barrier()  # gloo's worker threads run again
-                with record_function(f"step {step}"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+        prof, _ = profiled_steps(setup, after_backward=barriers)
     finally:
         dist.destroy_process_group()
-    if rank != 0:
-        return
-    spans, events = allocations(prof, lambda name: name.split()[0] if name.endswith(" 2") else None)
-    with open(out, "w") as f:
-        json.dump({part: max(b for t, b, _ in events if start <= t <= end) for part, (start, end) in spans.items()}, f)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(part_peaks(prof, 2), f)
 
 
 def _layers(model) -> list:

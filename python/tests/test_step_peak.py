@@ -256,44 +256,32 @@ def _worker(rank: int, port: int, out: str) -> None:
     CPU allocator held in the forward, the backward and the optimizer step
     of the third (the first rebuilds DDP's buckets in the gradients'
     order)."""
-    import gc
     import json
     import os
 
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, record_function
 
-    from allocator_events import allocations
+    from allocator_events import part_peaks, profiled_steps
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+
+    def setup():
+        model = torch.nn.parallel.DistributedDataParallel(build())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+        return model, optimizer, {"input_ids": ids, "labels": ids.clone()}
+
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            model = torch.nn.parallel.DistributedDataParallel(build())
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-            ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-            batch = {"input_ids": ids, "labels": ids.clone()}
-            for step in range(3):
-                gc.collect()
-                with record_function(f"forward {step}"):
-                    loss = model(**batch).loss
-                with record_function(f"backward {step}"):
-                    loss.backward()
-                    del loss
-                with record_function(f"step {step}"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+        prof, (model, optimizer, _) = profiled_steps(setup)
         # ckptplan.plan over the wrapped model: its ranks are the plan's --dp.
         planned = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer).peak_bytes
     finally:
         dist.destroy_process_group()
     if rank != 0:
         return
-    spans, events = allocations(prof, lambda name: name.split()[0] if name.endswith(" 2") else None)
     with open(out, "w") as f:
-        json.dump({"planned": planned,
-                   **{part: max(b for t, b, _ in events if start <= t <= end) for part, (start, end) in spans.items()}}, f)
-
+        json.dump({"planned": planned, **part_peaks(prof, 2)}, f)
 
 def test_ddp_buckets(ckptplan_binary, tmp_path):
     """Data parallelism without ZeRO (--dp 2) is PyTorch's
