@@ -352,6 +352,12 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
 		st.GatheredBytes = fsdpGathers(st.Gather)
+		if s.Parallel.Sharder() == "deepspeed" {
+			// DeepSpeed's stage 3 copies the gradients into one bucket of
+			// reduce_bucket_size elements, allocated with the optimizer and
+			// held all step: the largest layer's, as its export sets it.
+			st.BucketBytes = lg
+		}
 	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
@@ -379,13 +385,18 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
 	}
-	if (s.Parallel.Zero == 1 || s.Parallel.Zero == 2) && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != "none" && trainable > 0 {
+	if s.Parallel.Sharder() == "deepspeed" && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != "none" && trainable > 0 {
 		partition := int64(4) // DeepSpeed's fp32 partition of the trained weights
 		if ownDType {
 			partition = e
 		}
-		st.StepFreedBytes += st.GradientsBytes
-		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt)
+		// Stages 1 and 2 free the gradient partition once it is
+		// converted; stage 3's is one buffer, held all step.
+		kept := s.Parallel.Zero >= 3
+		if !kept {
+			st.StepFreedBytes += st.GradientsBytes
+		}
+		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt, kept)
 	}
 	st.StepFreedBytes += st.ReduceBytes // freed when the backward ends
 	// Stage 3 reshards the root's weights, held from the forward's start,
@@ -395,21 +406,22 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	return st, nil
 }
 
-// deepSpeedStep is what DeepSpeed's ZeRO stages 1 and 2 allocate in their
-// step (stage_1_and_2.py, step) beside the weights and the optimizer
-// state, once the backward has freed its reduce buffers: the rank's
-// gradient partition (grads bytes, in the gradients' dtype) is flattened
-// into one tensor and converted to the dtype of the rank's master
-// partition (master bytes; when the dtypes agree the flat copy is the
-// converted one), the partition is freed, and the optimizer updates the
-// master partition as one tensor. PyTorch's AdamW over one tensor makes a
-// master-sized square root (foreach), a square root and a quotient
-// (for-loop), or nothing (fused); the all-gather of the updated weights
-// then writes into the weights themselves. The most held is the larger of
-// the conversion (the partition, its flat copy, the converted copy) and
-// the update (the converted gradients and the optimizer's working
-// memory).
-func deepSpeedStep(grads, master int64, opt optimizer) int64 {
+// deepSpeedStep is what DeepSpeed's ZeRO allocates in its step
+// (stage_1_and_2.py and stage3.py, step) beside the weights and the
+// optimizer state, once the backward has freed its reduce buffers: the
+// rank's gradient partition (grads bytes, in the gradients' dtype) is
+// flattened into one tensor and converted to the dtype of the rank's
+// master partition (master bytes; when the dtypes agree the flat copy is
+// the converted one), and the optimizer updates the master partition as
+// one tensor. Stages 1 and 2 free the partition before the update; stage
+// 3 keeps it (kept: its gradients are one buffer, counted all step, not
+// here). PyTorch's AdamW over one tensor makes a master-sized square root
+// (foreach), a square root and a quotient (for-loop), or nothing (fused);
+// the all-gather of the updated weights then writes into the weights
+// themselves. The most held is the larger of the conversion (the
+// partition unless kept, its flat copy, the converted copy) and the
+// update (the converted gradients and the optimizer's working memory).
+func deepSpeedStep(grads, master int64, opt optimizer, kept bool) int64 {
 	converted := master
 	if grads == master {
 		converted = 0
@@ -418,7 +430,11 @@ func deepSpeedStep(grads, master int64, opt optimizer) int64 {
 	if opt.moments > 0 && !opt.eightBit && !opt.paged {
 		work = [...]int64{forEach: 1, fused: 0, forLoop: 2}[opt.impl] * master
 	}
-	return max(2*grads+converted, master+work)
+	partition := grads
+	if kept {
+		partition = 0
+	}
+	return max(partition+grads+converted, master+work)
 }
 
 // stepWorkspace is what PyTorch's AdamW allocates while its step runs,

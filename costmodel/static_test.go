@@ -361,31 +361,69 @@ func TestInt8KeepsInput(t *testing.T) {
 	}
 }
 
-// TestDeepSpeedStep follows DeepSpeed's ZeRO 1/2 step over a rank's
-// partition of P parameters (stage_1_and_2.py): the bf16 gradients (2P),
+// TestDeepSpeedStep follows DeepSpeed's step over a rank's partition of P
+// parameters: under ZeRO 1/2 (stage_1_and_2.py) the bf16 gradients (2P),
 // their flat copy (2P) and its fp32 conversion (4P), then the update of
-// the fp32 partition by PyTorch's AdamW. The bf16 for-loop case is
-// DeepSpeed 0.16.4's on the CPU over a 4-layer Llama of 180,800
-// parameters on 2 ranks, read from the allocator's events: from the state
-// without the gradients, 361,600 B for the fp32 gradients, then 361,600 B
-// for the square root and 361,600 B for the quotient, 1,084,800 B in all.
+// the fp32 partition by PyTorch's AdamW; under ZeRO 3 (stage3.py) the
+// same but the gradients, one buffer held all step (kept). The bf16
+// for-loop cases are DeepSpeed 0.16.4's on the CPU over a 4-layer Llama
+// of 180,800 parameters on 2 ranks, read from the allocator's events:
+// from the state without the gradients, 361,600 B for the fp32
+// gradients, then 361,600 B for the square root and 361,600 B for the
+// quotient, 1,084,800 B in all, at every stage.
 func TestDeepSpeedStep(t *testing.T) {
 	const p = 90400
 	for _, tt := range []struct {
 		opt         string
+		kept        bool
 		grads, want int64
 	}{
-		{"adamw-forloop", 2 * p, 12 * p},
-		{"adamw-foreach", 2 * p, 8 * p},
-		{"adamw-fused", 2 * p, 8 * p},   // the conversion: 2P + 2P + 4P
-		{"adamw-fused", 4 * p, 8 * p},   // fp32: the gradients and their flat copy, which the conversion returns
-		{"adamw-foreach", 4 * p, 8 * p}, // fp32: the flat gradients and the square root
-		{"sgd", 2 * p, 8 * p},
-		{"adamw8bit", 2 * p, 8 * p},
+		{"adamw-forloop", false, 2 * p, 12 * p},
+		{"adamw-foreach", false, 2 * p, 8 * p},
+		{"adamw-fused", false, 2 * p, 8 * p},   // the conversion: 2P + 2P + 4P
+		{"adamw-fused", false, 4 * p, 8 * p},   // fp32: the gradients and their flat copy, which the conversion returns
+		{"adamw-foreach", false, 4 * p, 8 * p}, // fp32: the flat gradients and the square root
+		{"sgd", false, 2 * p, 8 * p},
+		{"adamw8bit", false, 2 * p, 8 * p},
+		{"adamw-forloop", true, 2 * p, 12 * p},
+		{"adamw-foreach", true, 2 * p, 8 * p},
+		{"adamw-fused", true, 2 * p, 6 * p}, // the flat copy and its conversion
+		{"adamw-fused", true, 4 * p, 4 * p}, // fp32: the flat copy only
+		{"sgd", true, 2 * p, 6 * p},
 	} {
-		if got := deepSpeedStep(tt.grads, 4*p, optimizers[tt.opt]); got != tt.want {
-			t.Errorf("%s over %d B of gradients: %d, want %d", tt.opt, tt.grads, got, tt.want)
+		if got := deepSpeedStep(tt.grads, 4*p, optimizers[tt.opt], tt.kept); got != tt.want {
+			t.Errorf("%s over %d B of gradients (kept %v): %d, want %d", tt.opt, tt.grads, tt.kept, got, tt.want)
 		}
+	}
+}
+
+// TestStaticZeRO3Engines: under ZeRO 3 DeepSpeed keeps a gradient bucket
+// (the largest layer's gradients, as its export sets reduce_bucket_size)
+// all step and converts the kept gradient partition to fp32 in its step;
+// FSDP2 has neither. Everything else is the same. Llama 3 8B on 8 ranks,
+// bf16, fused AdamW: a layer's gradients are 2·218,112,000 B; the step
+// is the flat copy (2Ψ/8) and its fp32 conversion (4Ψ/8).
+func TestStaticZeRO3Engines(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := *src.Model
+	m.Training.Optimizer = "adamw-fused"
+	m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: 3}
+	fsdp := analyzeModel(t, &m).Static
+	m.Training.Parallel.Sharding = "deepspeed"
+	ds := analyzeModel(t, &m).Static
+	psi := ds.Parameters
+	layer := int64(4096*4096*2 + 4096*1024*2 + 3*4096*14336 + 2*4096)
+	want := fsdp
+	want.BucketBytes = 2 * layer
+	want.StepBytes = (2 + 4) * psi / 8
+	if diff := cmp.Diff(want, ds); diff != "" {
+		t.Errorf("deepspeed against fsdp2 (-want +got)\n%s", diff)
+	}
+	if fsdp.BucketBytes != 0 || fsdp.StepBytes != 0 {
+		t.Errorf("fsdp2: bucket %d, step %d; want none (fused AdamW over the shards)", fsdp.BucketBytes, fsdp.StepBytes)
 	}
 }
 

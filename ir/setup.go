@@ -143,6 +143,26 @@ type Parallel struct {
 	// Accelerate's gradient accumulation under FSDP), so each rank holds
 	// them whole, unsharded, between microbatches.
 	NoSync bool `yaml:"no_sync,omitempty" json:"no_sync,omitempty"`
+	// Sharding is the engine that runs ZeRO, whose buffers and optimizer
+	// step the cost model counts: deepspeed (DeepSpeed's ZeRO, configured
+	// as its export writes) or fsdp2 (PyTorch's fully_shard: stage 3).
+	// "" is the stage's usual engine (Sharder).
+	Sharding string `yaml:"sharding,omitempty" json:"sharding,omitempty"`
+}
+
+// Sharder returns the engine that runs ZeRO: Sharding, or where it is
+// unset deepspeed for stages 1 and 2 and fsdp2 for stage 3; "" without
+// ZeRO.
+func (p Parallel) Sharder() string {
+	switch {
+	case p.Zero <= 0:
+		return ""
+	case p.Sharding != "":
+		return p.Sharding
+	case p.Zero >= 3:
+		return "fsdp2"
+	}
+	return "deepspeed"
 }
 
 // Enumerated values of the setup's string fields.
@@ -152,6 +172,7 @@ var (
 	Optimizers  = []string{"adamw", "adamw-foreach", "adamw-fused", "adamw-forloop", "adamw8bit", "paged-adamw8bit", "paged-adamw", "sgd", "none"}
 	Quants      = []string{"nf4", "fp4", "int8"}
 	GQAs        = []string{"repeat", "grouped"}
+	Shardings   = []string{"deepspeed", "fsdp2"}
 	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}
 )
 
@@ -259,6 +280,19 @@ func (s *Setup) Validate(prefix string) error {
 	}
 	if s.Parallel.Zero < 0 || s.Parallel.Zero > 3 {
 		return &FieldError{f("parallel.zero"), fmt.Sprintf("must be 0, 1, 2 or 3, got %d", s.Parallel.Zero)}
+	}
+	if sh := s.Parallel.Sharding; sh != "" {
+		if err := oneOf(f("parallel.sharding"), sh, Shardings); err != nil {
+			return err
+		}
+		switch {
+		case s.Parallel.Zero == 0:
+			return &FieldError{f("parallel.sharding"), fmt.Sprintf("%s runs ZeRO: set parallel.zero to 1, 2 or 3, or leave sharding unset", sh)}
+		case s.Profile == "megatron":
+			return &FieldError{f("parallel.sharding"), "the megatron profile shards through Megatron-LM's distributed optimizer: leave sharding unset"}
+		case sh == "fsdp2" && s.Parallel.Zero < 3:
+			return &FieldError{f("parallel.sharding"), fmt.Sprintf("fsdp2 (fully_shard) runs ZeRO stage 3, not %d: use deepspeed, or zero 3", s.Parallel.Zero)}
+		}
 	}
 	if s.Parallel.SP && s.Parallel.TP == 1 {
 		return &FieldError{f("parallel.sp"), "sequence parallelism needs tp > 1"}

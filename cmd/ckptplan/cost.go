@@ -146,6 +146,9 @@ func writeCostText(w io.Writer, r *costReport) error {
 	fmt.Fprintf(w, "model %s: profile %s, batch %d, seq %d, %s, %s attention", r.Model, profileName(r.Profile, r.Transformers), r.Batch, r.Seq, precision(r.DType, r.Autocast), r.Attention)
 	if p := r.Parallel; p.TP > 1 || p.DP > 1 {
 		fmt.Fprintf(w, ", tp %d, sp %v, dp %d, zero %d", p.TP, p.SP, p.DP, p.Zero)
+		if sh := p.Sharder(); sh != "" {
+			fmt.Fprintf(w, " (%s)", sh)
+		}
 	}
 	if r.LoRARank > 0 {
 		fmt.Fprintf(w, ", LoRA rank %d", r.LoRARank)

@@ -8,8 +8,10 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/export"
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -57,7 +59,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 		return writeFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	}
-	plan, p, opt, err := exportPlan(fs, pf, arg, stderr)
+	plan, p, opt, err := exportPlan(fs, pf, arg, to.value, stderr)
 	if err != nil {
 		return err
 	}
@@ -135,9 +137,32 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	return writeFile(*out, write)
 }
 
+// sharders are the engines that run ZeRO under the export targets that
+// configure one: DeepSpeed's config, and the FSDP2 module and torchtitan,
+// which shard with fully_shard.
+var sharders = map[string]string{"deepspeed": "deepspeed", "fsdp2": "fsdp2", "torchtitan": "fsdp2"}
+
+// checkSharder refuses a plan under ZeRO whose figures are for another
+// engine than the one the export target configures.
+func checkSharder(p ir.Parallel, profile, target string) error {
+	engine := sharders[target]
+	if engine == "" || p.Zero == 0 || costmodel.Profile(profile) == costmodel.Megatron {
+		return nil
+	}
+	if engine == "fsdp2" && p.Zero < 3 {
+		return usagef("export --to %s shards with fully_shard, ZeRO 3, but the plan is for ZeRO %d: plan with --zero 3", target, p.Zero)
+	}
+	if got := p.Sharder(); got != engine {
+		return usagef("export --to %s runs ZeRO %d on %s, but the plan is for %s: plan with --sharding %s, or export to %s", target, p.Zero, engine, got, engine, map[string]string{"deepspeed": "deepspeed", "fsdp2": "fsdp2 or torchtitan"}[got])
+	}
+	return nil
+}
+
 // exportPlan reads a saved JSON plan, or plans MODEL with the flags; it
-// returns the problem too when it planned one.
-func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (*planner.Plan, *planner.Problem, *planner.Options, error) {
+// returns the problem too when it planned one. Under ZeRO, the plan is
+// for the engine the target configures: a model's unset sharding is
+// that engine, and another is refused.
+func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (*planner.Plan, *planner.Problem, *planner.Options, error) {
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
@@ -153,12 +178,26 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg string, stderr io.Writer) (
 			if err != nil {
 				return nil, nil, nil, fmt.Errorf("%s: %w", arg, err)
 			}
+			if s := plan.Setup; s != nil {
+				if err := checkSharder(s.Parallel, s.Profile, target); err != nil {
+					return nil, nil, nil, err
+				}
+			}
 			return plan, nil, nil, nil
 		}
 	}
 	src, opt, err := pf.load(fs, arg)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if src.Kind == graphio.KindModel {
+		t := &src.Model.Training
+		if e := sharders[target]; t.Parallel.Sharding == "" && t.Parallel.Zero > 0 && (e == "deepspeed" || t.Parallel.Zero >= 3) {
+			t.Parallel.Sharding = e
+		}
+		if err := checkSharder(t.Parallel, t.Profile, target); err != nil {
+			return nil, nil, nil, err
+		}
 	}
 	p, err := planner.New(src)
 	if err != nil {

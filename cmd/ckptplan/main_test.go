@@ -121,6 +121,9 @@ func TestPlanGolden(t *testing.T) {
 		// PyTorch's AdamW over bf16 weights, as a plain training loop runs
 		// it: bf16 moments, no master copy.
 		{"llama-3-8b-master-none", []string{"plan", "llama-3-8b", "--budget", "80GiB", "--seq", "4096", "--master-weights", "none"}},
+		// DeepSpeed's stage 3: its gradient bucket all step, and the
+		// gradients converted to fp32 in its step.
+		{"llama-3-8b-zero3-deepspeed", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--sharding", "deepspeed", "--solver", "every-k"}},
 		{"llama-3-8b-zero3-no-sync", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--no-sync"}},
 		// torchtitan's op-level policy: the plan's, and the closest
 		// setting to a selective plan in 150 GiB.
@@ -294,6 +297,13 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--pp", "2"}, false, "is a profiled chain: pipeline parallelism needs a model's layers"},
 		{[]string{"compare", "tiny-llama", "--budget", "5MiB", "--pp", "2"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--to", "hf"}, true, "export --pp writes Megatron-LM's pipeline flags: use --to megatron"},
+		// The engine that runs ZeRO: the export's, or refused.
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--sharding", "deepspeed"}, false, "training.parallel.sharding: deepspeed runs ZeRO: set parallel.zero to 1, 2 or 3"},
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "2", "--sharding", "fsdp2"}, false, "training.parallel.sharding: fsdp2 (fully_shard) runs ZeRO stage 3, not 2"},
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--sharding", "zero-infinity"}, false, `training.parallel.sharding: unknown value "zero-infinity" (valid: deepspeed, fsdp2)`},
+		{[]string{"export", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--sharding", "fsdp2", "--to", "deepspeed"}, true, "export --to deepspeed runs ZeRO 3 on deepspeed, but the plan is for fsdp2: plan with --sharding deepspeed"},
+		{[]string{"export", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--sharding", "deepspeed", "--to", "fsdp2"}, true, "export --to fsdp2 runs ZeRO 3 on fsdp2, but the plan is for deepspeed"},
+		{[]string{"export", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "1", "--to", "torchtitan"}, true, "export --to torchtitan shards with fully_shard, ZeRO 3, but the plan is for ZeRO 1: plan with --zero 3"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--pp", "2", "--to", "megatron"}, false, "does not fit in 1 MiB a device"},
 	}
 	for _, tt := range tests {
@@ -382,6 +392,62 @@ func TestExportSavedPlanSettings(t *testing.T) {
 		if err != nil || !strings.Contains(out, tt.want) {
 			t.Errorf("%s to %s: %v\n%s", tt.solver, tt.to, err, out)
 		}
+	}
+}
+
+// TestExportSharder: a ZeRO 3 plan is for the engine that runs it. The
+// DeepSpeed export plans for DeepSpeed (its gradient bucket, held all
+// step, in the peak) unless told otherwise, and a saved plan for FSDP2 is
+// refused by it, for DeepSpeed by the FSDP2 export; the JSON export keeps
+// the stage's engine.
+func TestExportSharder(t *testing.T) {
+	flags := []string{"tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--solver", "none"}
+	peak := func(args ...string) string {
+		t.Helper()
+		_, stderr, err := runCmd(append([]string{"export"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return regexp.MustCompile(`peak [0-9.]+ [KMG]iB`).FindString(stderr)
+	}
+	peaks := map[string]int64{}
+	plan := func(sharding string) string {
+		t.Helper()
+		out, _, err := runCmd(append(append([]string{"plan"}, flags...), "--sharding", sharding, "--format", "json")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p struct {
+			PeakBytes int64 `json:"peak_bytes"`
+		}
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatal(err)
+		}
+		peaks[sharding] = p.PeakBytes
+		path := filepath.Join(t.TempDir(), sharding+".json")
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	if got, want := peak(append(flags, "--to", "deepspeed")...), peak(append(flags, "--sharding", "deepspeed", "--to", "deepspeed")...); got != want || got == "" {
+		t.Errorf("--to deepspeed: %q, want DeepSpeed's %q", got, want)
+	}
+	ds, fsdp := plan("deepspeed"), plan("fsdp2")
+	if peaks["deepspeed"] <= peaks["fsdp2"] {
+		t.Errorf("peaks %v: DeepSpeed's holds its bucket more", peaks)
+	}
+	for _, tt := range []struct{ path, to, want string }{
+		{fsdp, "deepspeed", "the plan is for fsdp2"},
+		{ds, "fsdp2", "the plan is for deepspeed"},
+		{ds, "torchtitan", "the plan is for deepspeed"},
+	} {
+		if _, _, err := runCmd("export", tt.path, "--to", tt.to); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s to %s: %v, want an error saying %q", filepath.Base(tt.path), tt.to, err, tt.want)
+		}
+	}
+	if _, _, err := runCmd("export", fsdp, "--to", "fsdp2"); err != nil {
+		t.Errorf("fsdp2 to fsdp2: %v", err)
 	}
 }
 

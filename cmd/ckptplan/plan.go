@@ -244,6 +244,9 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		if s.GradAccum > 1 {
 			fmt.Fprintf(w, ", %d micro-batches a step", s.GradAccum)
 		}
+		if sh := s.Parallel.Sharder(); sh != "" && costmodel.Profile(s.Profile) != costmodel.Megatron {
+			fmt.Fprintf(w, ", ZeRO %d on %s over %d ranks", s.Parallel.Zero, sh, s.Parallel.DP)
+		}
 		if p.StepPeakBytes > 0 {
 			fmt.Fprintf(w, "; its step holds %v", p.StepPeakBytes)
 		}
@@ -372,7 +375,9 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	if st.ReduceBytes > 0 {
 		out += fmt.Sprintf(", ZeRO %d's reduce buffers %v", s.Parallel.Zero, mem.Bytes(st.ReduceBytes))
 	}
-	if st.BucketBytes > 0 {
+	if st.BucketBytes > 0 && s.Parallel.Zero >= 3 {
+		out += fmt.Sprintf(", DeepSpeed's gradient bucket %v", mem.Bytes(st.BucketBytes))
+	} else if st.BucketBytes > 0 {
 		out += fmt.Sprintf(", DDP's gradient buckets %v", mem.Bytes(st.BucketBytes))
 	}
 	return out

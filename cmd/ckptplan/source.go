@@ -22,6 +22,7 @@ type setupFlags struct {
 	zero               int64
 	sp                 bool
 	noSync             bool
+	sharding           string
 	gradAccum          int64
 	buffersBytes       int64
 	masterWeights      string
@@ -92,6 +93,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.sp, "sp", false, "sequence parallelism (needs --tp > 1)")
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
 	fs.Int64Var(&s.zero, "zero", -1, "ZeRO stage 0-3 (default: the model's)")
+	fs.StringVar(&s.sharding, "sharding", "", "the engine that runs ZeRO, whose buffers and optimizer step are counted: deepspeed (as --to deepspeed configures it) | fsdp2 (fully_shard: stage 3) (default: the model's; deepspeed for stages 1 and 2, fsdp2 for 3)")
 	fs.BoolVar(&s.noSync, "no-sync", false, "gradients reduced once a step, after its last microbatch (DDP's no_sync, FSDP2's set_requires_gradient_sync(False)): held whole under ZeRO 2 and 3")
 }
 
@@ -204,6 +206,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Parallel.Zero = s.zero
 		case "no-sync":
 			t.Parallel.NoSync = s.noSync
+		case "sharding":
+			t.Parallel.Sharding = s.sharding
 		}
 	})
 }
