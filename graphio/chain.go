@@ -5,7 +5,7 @@ import (
 	"math"
 	"reflect"
 
-	"github.com/ckptplan/ckptplan/solver"
+	"github.com/ckptplan/ckptplan/ir"
 
 	"github.com/ckptplan/ckptplan/mem"
 	"go.yaml.in/yaml/v3"
@@ -105,8 +105,8 @@ func checkChain(d *decoder, c *Chain) error {
 	if len(c.Stages) == 0 {
 		return d.errField("chain.stages", "chain.stages: a chain needs at least one stage")
 	}
-	if len(c.Stages) > solver.MaxStages {
-		return d.errField("chain.stages", "chain.stages: %d stages, more than the %d ckptplan plans; merge neighbouring stages", len(c.Stages), solver.MaxStages)
+	if len(c.Stages) > ir.MaxStages {
+		return d.errField("chain.stages", "chain.stages: %d stages, more than the %d ckptplan plans; merge neighbouring stages", len(c.Stages), ir.MaxStages)
 	}
 	first := map[string]int{}
 	for i := range c.Stages {

@@ -7,15 +7,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ckptplan/ckptplan/solver"
-
 	"github.com/ckptplan/ckptplan/ir"
 	"go.yaml.in/yaml/v3"
 )
 
 // maxLayers bounds a model's layers: each is a stage of the solver's
 // chain (the embedding and the head are two more).
-const maxLayers = solver.MaxStages - 2
+const maxLayers = ir.MaxStages - 2
 
 // Model describes a transformer of a known family and how it is trained.
 // Zero architecture fields take the family's defaults (kv_heads = heads;

@@ -14,6 +14,14 @@ import (
 // MaxNamed is the most node names an error lists.
 const MaxNamed = 10
 
+// MaxStages is the most stages ckptplan plans from its inputs (a chain
+// file, a graph's cut points, a model's layers): beyond it, the optimal
+// solver's table's O(S·L³) work and the baselines' O(L³) take longer than
+// anyone waits (800 stages at the default slots: 20–40 s). The solver
+// itself takes chains of any length; the readers refuse longer inputs
+// where they can name the line.
+const MaxStages = 800
+
 // CycleError reports nodes that depend on themselves through their inputs.
 type CycleError struct {
 	Nodes []string // the nodes on cycles, sorted, at most MaxNamed

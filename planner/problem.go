@@ -68,8 +68,8 @@ func New(src *graphio.Source) (*Problem, error) {
 	if err != nil {
 		return nil, graphio.InFile(src.Name, err)
 	}
-	if l := p.Chain.Len(); l > solver.MaxStages {
-		return nil, fmt.Errorf("%s: %d stages, more than the %d ckptplan plans", src.Name, l, solver.MaxStages)
+	if l := p.Chain.Len(); l > ir.MaxStages {
+		return nil, fmt.Errorf("%s: %d stages, more than the %d ckptplan plans", src.Name, l, ir.MaxStages)
 	}
 	if err := p.Chain.Validate(); err != nil {
 		return nil, graphio.InFile(src.Name, err)

@@ -70,13 +70,6 @@ type Option struct {
 	Named bool
 }
 
-// MaxStages is the most stages ckptplan plans from its inputs (a chain
-// file, a graph's cut points, a model's layers): beyond it, the optimal
-// table's O(S·L³) work and the baselines' O(L³) take longer than anyone
-// waits (800 stages at the default slots: 20–40 s). The solver itself
-// takes chains of any length.
-const MaxStages = 800
-
 // Unsaved reports whether a_i is saved by no op of the stages around it
 // (UnsavedActs).
 func (c *Chain) Unsaved(i int) bool {

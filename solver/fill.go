@@ -30,7 +30,7 @@ package solver
 //     only finished tiles (outer). For a chunk of them, the operands'
 //     blocks are copied into two small panels that stay in the L2 cache
 //     (the column's once a block, for every tile above), and a kernel
-//     (minPlusTile) updates 4 × 4 entries and 8 columns at a time, held
+//     (minplus.Tile) updates 4 × 4 entries and 8 columns at a time, held
 //     in registers, so that each number loaded serves four entries.
 //   - The splits inside the tile (inner) are taken group of 4 × 4 entries
 //     by group, with the same kernel for the splits that fall in other
@@ -57,14 +57,18 @@ package solver
 // otherwise it may differ from the recurrence taken in another order by
 // rounding, never by more.
 
-import "math"
+import (
+	"math"
+
+	"github.com/ckptplan/ckptplan/solver/internal/minplus"
+)
 
 const (
-	tileSize  = 32 // entries a (and b) of a tile
-	blockCols = 32 // columns of a block
-	chunkLen  = 32 // splits of a chunk
-	group     = 4  // entries a (and b) in the kernel's registers
-	lanes     = 8  // columns in the kernel's registers
+	tileSize  = 32            // entries a (and b) of a tile
+	blockCols = 32            // columns of a block
+	chunkLen  = 32            // splits of a chunk
+	group     = minplus.Group // entries a (and b) in the kernel's registers
+	lanes     = minplus.Lanes // columns in the kernel's registers
 
 	laneGroups = blockCols / lanes
 	panelLen   = chunkLen * group * lanes // one lane group of a panel
@@ -267,7 +271,7 @@ func (f *filler) splits(a, b, j0, j1, k, hi int, seg *[blockCols]float64) {
 			x := lo - aj
 			n := min(hi-lo, blockCols-x%blockCols)
 			right := t.read(j, b, x/blockCols, &f.flatR)
-			minPlusRow(seg[lo-m0:][:n], right[x%blockCols:][:n], left[lo-m0:][:n])
+			minplus.Row(seg[lo-m0:][:n], right[x%blockCols:][:n], left[lo-m0:][:n])
 			lo += n
 		}
 	}
@@ -482,7 +486,7 @@ func (f *filler) product(a0, a1, b0, b1, c0, c1, k int, left, right, accs []floa
 			}
 		}
 		if end > c0 {
-			minPlusTile(end-c0, l, r, acc)
+			minplus.Tile(end-c0, l, r, acc)
 		}
 		for i := range a1 - a0 {
 			span := f.span[a0+i]
@@ -600,31 +604,4 @@ func grow(s []float64, n int) []float64 {
 		return make([]float64, n)
 	}
 	return s
-}
-
-// minPlusRowGo sets dst[k] = min(dst[k], x[k] + y[k]).
-func minPlusRowGo(dst, x, y []float64) {
-	x, y = x[:len(dst)], y[:len(dst)]
-	for k, v := range x {
-		dst[k] = min(dst[k], v+y[k])
-	}
-}
-
-// minPlusTileGo is the kernel: for each of n splits j, acc[i][k][w] =
-// min(acc[i][k][w], left[j][i][w] + right[j][k][w]).
-func minPlusTileGo(n int, left, right []float64, acc *[group * group * lanes]float64) {
-	left, right = left[:n*group*lanes], right[:n*group*lanes]
-	for j := range n {
-		l := left[j*group*lanes:][:group*lanes]
-		r := right[j*group*lanes:][:group*lanes]
-		for i := range group {
-			for k := range group {
-				a := acc[(i*group+k)*lanes:][:lanes]
-				li, rk := l[i*lanes:][:lanes], r[k*lanes:][:lanes]
-				for w := range lanes {
-					a[w] = min(a[w], li[w]+rk[w])
-				}
-			}
-		}
-	}
 }

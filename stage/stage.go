@@ -8,7 +8,6 @@ import (
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
-	"github.com/ckptplan/ckptplan/solver"
 )
 
 // Stage is one stage of a chain cut from a costed graph: its nodes, the
@@ -88,8 +87,8 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 			return nil, err
 		}
 	}
-	if len(spans) > solver.MaxStages {
-		return nil, fmt.Errorf("cut into %d stages, more than the %d ckptplan plans", len(spans), solver.MaxStages)
+	if len(spans) > ir.MaxStages {
+		return nil, fmt.Errorf("cut into %d stages, more than the %d ckptplan plans", len(spans), ir.MaxStages)
 	}
 	stageOf := make([]int, len(g.Nodes))
 	for i := range stageOf {

@@ -1,6 +1,6 @@
 //go:build amd64 && !purego
 
-package solver
+package minplus
 
 import "golang.org/x/sys/cpu"
 
@@ -14,19 +14,22 @@ func minPlusRowAVX512(n int, dst, x, y *float64)
 // same bits (TestKernelsAgree).
 var haveAVX512 = cpu.X86.HasAVX512F
 
-func minPlusTile(n int, left, right []float64, acc *[group * group * lanes]float64) {
+// Tile sets acc[i][k][w] = min(acc[i][k][w], left[j][i][w] + right[j][k][w])
+// for each of n splits j.
+func Tile(n int, left, right []float64, acc *[Group * Group * Lanes]float64) {
 	if !haveAVX512 || n == 0 {
-		minPlusTileGo(n, left, right, acc)
+		tileGo(n, left, right, acc)
 		return
 	}
-	_, _ = left[n*group*lanes-1], right[n*group*lanes-1]
+	_, _ = left[n*Group*Lanes-1], right[n*Group*Lanes-1]
 	minPlusTileAVX512(n, &left[0], &right[0], &acc[0])
 }
 
-func minPlusRow(dst, x, y []float64) {
+// Row sets dst[k] = min(dst[k], x[k] + y[k]).
+func Row(dst, x, y []float64) {
 	n := len(dst)
 	if !haveAVX512 || n == 0 {
-		minPlusRowGo(dst, x, y)
+		rowGo(dst, x, y)
 		return
 	}
 	_, _ = x[n-1], y[n-1]
