@@ -2,14 +2,15 @@ package stage
 
 import (
 	"github.com/ckptplan/ckptplan/costmodel"
-	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/stage/scratch"
 )
 
 // workspaceBytes is the working memory node id's kernel holds while it
 // runs, forward or backward, beyond its inputs, outputs and kept tensors:
-// what the executor's kernels (package exec/kernel) ask for, in float32s.
+// what the executor's kernels (package exec/kernel) ask for, in float32s
+// (package scratch).
 // A LoRA adapter needs its rank-r product and a chunk of rows; eager
 // attention's backward one head's s×s scores; flash attention a tile of
 // scores and its row statistics. The kernels check they are given this
@@ -56,18 +57,18 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape
-			floats = kernel.LoRAScratch(int(x.NumElements()/x.Last()), int(x.Last()), int(r))
+			floats = scratch.LoRA(int(x.NumElements()/x.Last()), int(x.Last()), int(r))
 		}
 	case ir.Attention:
-		q, k := g.Nodes[n.Inputs[0]].Shape, g.Nodes[n.Inputs[1]].Shape
-		sh := kernel.AttnShape{Batch: int(q[0]), Heads: int(q[1]), KVHeads: int(k[1]), Seq: int(k[2]), Dim: int(q[3]), Causal: n.Attrs.Causal}
+		seq := int(g.Nodes[n.Inputs[1]].Shape[2]) // the keys'
 		switch {
 		case !n.Attrs.Flash && backward:
-			floats = kernel.AttentionBackwardScratch(sh)
+			floats = scratch.AttentionBackward(seq)
 		case n.Attrs.Flash && !backward:
-			floats = kernel.FlashAttentionScratch(sh)
+			floats = scratch.Flash(scratch.FlashTiles(seq))
 		case n.Attrs.Flash:
-			floats = kernel.FlashAttentionBackwardScratch(sh)
+			bq, bk := scratch.FlashTiles(seq)
+			floats = scratch.FlashBackward(bq, bk, seq)
 		}
 	}
 	return 4 * mem.Bytes(floats)

@@ -24,6 +24,8 @@ package kernel
 import (
 	"fmt"
 	"math"
+
+	"github.com/ckptplan/ckptplan/stage/scratch"
 )
 
 // AttnShape gives the sizes of an attention: q and the output are
@@ -189,7 +191,7 @@ func attnSoftmax(row []float32, nv int, c float32) {
 // AttentionBackwardScratch is the length of the scratch AttentionBackward
 // takes: one s×s matrix.
 func AttentionBackwardScratch(sh AttnShape) int {
-	return sh.Seq * sh.Seq
+	return scratch.AttentionBackward(sh.Seq)
 }
 
 // AttentionBackward writes dq, dk and dv from dout for Attention, using what

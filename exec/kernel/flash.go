@@ -1,16 +1,21 @@
 package kernel
 
-import "math"
+import (
+	"math"
+
+	"github.com/ckptplan/ckptplan/stage/scratch"
+)
 
 // Flash attention (Dao et al. 2022, FlashAttention): the forward walks the
 // keys in tiles with an online softmax and keeps only the output and the
 // log-sum-exp of each row; the backward recomputes the probabilities tile by
 // tile. No buffer larger than one tile of scores is ever held.
 
-// The flash kernels' tile sizes: queries and keys per tile. A variable so
-// tests can force many tiles on small sequences; the scratch functions read
-// it, so a scratch sized after a change is sized right.
-var flashTileQ, flashTileK = 64, 64
+// The flash kernels' tile sizes: queries and keys per tile (package
+// scratch's). A variable so tests can force many tiles on small
+// sequences; the scratch functions read it, so a scratch sized after a
+// change is sized right.
+var flashTileQ, flashTileK = scratch.FlashTileQ, scratch.FlashTileK
 
 // flashTiles returns the tile sizes clamped to the sequence.
 func (sh AttnShape) flashTiles() (bq, bk int) {
@@ -21,8 +26,7 @@ func (sh AttnShape) flashTiles() (bq, bk int) {
 // one score tile and the running maximum and sum of a query tile,
 // O(tile²), independent of the sequence beyond the tile.
 func FlashAttentionScratch(sh AttnShape) int {
-	bq, bk := sh.flashTiles()
-	return bq*bk + 2*bq
+	return scratch.Flash(sh.flashTiles())
 }
 
 // FlashAttention writes out [b, a, s, d] and lse [b, a, s], the log-sum-exp
@@ -139,7 +143,7 @@ func flashOnline(row []float32, nv int, c float32, mx, l *float32) float32 {
 // FlashAttentionBackward takes: two tiles and one value per query row.
 func FlashAttentionBackwardScratch(sh AttnShape) int {
 	bq, bk := sh.flashTiles()
-	return 2*bq*bk + sh.Seq
+	return scratch.FlashBackward(bq, bk, sh.Seq)
 }
 
 // FlashAttentionBackward writes dq, dk and dv from dout for FlashAttention,

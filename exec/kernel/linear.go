@@ -13,6 +13,8 @@
 
 package kernel
 
+import "github.com/ckptplan/ckptplan/stage/scratch"
+
 // Linear computes y = x·w + bias for x rows×in and w in×out, writing y
 // (rows×out). A nil bias adds nothing. It takes O(rows·in·out) time.
 func Linear(y, x, w, bias []float32, rows, in, out int) {
@@ -62,12 +64,12 @@ func LinearBackward(dx, dw, dbias, dy, x, w []float32, rows, in, out int) {
 
 // loraChunk is how many rows LoRABackward masks at a time with a dropout
 // mask, bounding its scratch to loraChunk·in beyond the rows×r intermediate.
-const loraChunk = 32
+const loraChunk = scratch.LoRAChunk
 
 // LoRAScratch is the length of the scratch LoRA and LoRABackward take for
 // rows input rows of width in and an adapter of rank r.
 func LoRAScratch(rows, in, r int) int {
-	return rows*r + min(rows, loraChunk)*in
+	return scratch.LoRA(rows, in, r)
 }
 
 // LoRA adds an adapter's output to y (rows×out, holding the base linear's
