@@ -54,7 +54,7 @@ import os
 
 import pytest
 
-from test_deepspeed_zero3 import CONFIG, SEQ, model_config, spawn  # noqa: F401 (model_config: a fixture)
+from test_deepspeed_zero3 import CONFIG, SEQ, deepspeed_llama, model_config, spawn  # noqa: F401 (model_config: a fixture)
 from test_engine_configs import run
 
 pytestmark = [pytest.mark.engines,
@@ -71,29 +71,13 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
     the profiler; rank 0 writes the most its CPU allocator held in the
     forward and backward of the second and third steps, and in their
     optimizer steps."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
-    import importlib
-
     import torch
-    import transformers
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from allocator_events import allocations
 
-    import deepspeed
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        deepspeed.init_distributed(dist_backend="gloo")
-        config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16)
-        if checkpointing:
-            model.gradient_checkpointing_enable()
-        engine, _, _, _ = deepspeed.initialize(model=model, config=config,
-                                               optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
-        x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+        model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=False)
         known = {}  # what the step starts with that the run's own tensors hold, by step
         for step in range(3):
             gc.collect()

@@ -53,11 +53,14 @@ SEQ = 16
 FLAGS = ["--seq", str(SEQ), "--batch", "1", "--dtype", "bf16", "--dp", "2", "--zero", "3", "--sharding", "deepspeed"]
 
 
-def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
-    """One rank: three training steps of the Llama under DeepSpeed; rank 0
-    writes what it held at most from the second step on."""
+def deepspeed_llama(rank: int, port: int, zero: dict, checkpointing: bool, zero_init: bool):
+    """Joins rank to a two-rank gloo group on the CPU and makes the Llama
+    (in bf16; under ``deepspeed.zero.Init`` when zero_init) and DeepSpeed's
+    engine over it with PyTorch's AdamW; returns the model, the engine and
+    a batch of input ids."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
+    import contextlib
     import importlib
 
     import torch
@@ -66,17 +69,27 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
     import deepspeed
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
-    from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
     config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
-    with deepspeed.zero.Init(config_dict_or_path=config):
+    with deepspeed.zero.Init(config_dict_or_path=config) if zero_init else contextlib.nullcontext():
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    if not zero_init:
+        model = model.to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable()
     engine, _, _, _ = deepspeed.initialize(model=model, config=config,
                                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+    return model, engine, x
+
+
+def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
+    """One rank: three training steps of the Llama under DeepSpeed; rank 0
+    writes what it held at most from the second step on."""
+    model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=True)
+    from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
     params = list(model.parameters())
     peak = [0]
 
@@ -98,7 +111,6 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
         return release(self, *args, **kwargs)
 
     cls.fetch_sub_module, cls.release_sub_module = fetched, releasing
-    x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
     for step in range(3):
         if step == 1:
             peak[0] = 0  # the first step records the trace; DeepSpeed prefetches by it from the second
