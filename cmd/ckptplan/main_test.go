@@ -217,12 +217,49 @@ func TestSweepAndFigures(t *testing.T) {
 	}
 }
 
-// TestCostEveryModel runs cost on every bundled model and on a config.json.
+// TestCostEveryModel runs cost on every bundled model and on a config.json
+// and checks each op's FLOPs by the published conventions: a product
+// (linear, an expert's, a matmul) costs twice its forward in the backward,
+// the gradients of its input and of its weight (Kaplan et al. 2020,
+// §2.1: 2N forward, 4N backward); fused attention 2.5 times
+// (FlashAttention-2, Dao 2023, §4.1); every other op is counted as free.
+// (A product that reads the data, whose gradient nothing needs, costs its
+// forward once: the graph's stem.) The totals are the blocks' sums.
 func TestCostEveryModel(t *testing.T) {
 	args := append(models.Names(), "../../graphio/testdata/hf/llama-3-8b.json", "../../graphio/testdata/graphs/resmlp.yaml")
+	// The backward's FLOPs over the forward's, as a fraction.
+	products := map[string][2]int64{"linear": {2, 1}, "expert_linear": {2, 1}, "matmul": {2, 1}, "attention": {5, 2}}
 	for _, name := range args {
-		if _, _, err := runCmd("cost", name, "--format", "json"); err != nil {
+		out, _, err := runCmd("cost", name, "--format", "json")
+		if err != nil {
 			t.Errorf("cost %s: %v", name, err)
+			continue
+		}
+		var r costReport
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("cost %s: %v", name, err)
+		}
+		var fwd, bwd int64
+		for _, b := range r.Blocks {
+			fwd, bwd = fwd+b.ForwardFLOPs, bwd+b.BackwardFLOPs
+			for _, o := range b.Ops {
+				ratio, product := products[o.Op]
+				if name == "../../graphio/testdata/graphs/resmlp.yaml" && o.Name == "stem" {
+					ratio = [2]int64{1, 1}
+				}
+				switch {
+				case !product && (o.ForwardFLOPs != 0 || o.BackwardFLOPs != 0):
+					t.Errorf("%s: %s (%s) costs %d forward, %d backward; want none", name, o.Name, o.Op, o.ForwardFLOPs, o.BackwardFLOPs)
+				case product && (o.ForwardFLOPs <= 0 || ratio[1]*o.BackwardFLOPs != ratio[0]*o.ForwardFLOPs):
+					t.Errorf("%s: %s (%s) costs %d forward, %d backward; want %d/%d times", name, o.Name, o.Op, o.ForwardFLOPs, o.BackwardFLOPs, ratio[0], ratio[1])
+				}
+			}
+		}
+		if fwd != r.Totals.ForwardFLOPs || bwd != r.Totals.BackwardFLOPs || fwd <= 0 {
+			t.Errorf("%s: totals %d forward, %d backward; the blocks' sum %d, %d", name, r.Totals.ForwardFLOPs, r.Totals.BackwardFLOPs, fwd, bwd)
+		}
+		if r.Static.Parameters <= 0 || r.Static.TotalBytes < r.Static.WeightsBytes {
+			t.Errorf("%s: static %+v", name, r.Static)
 		}
 	}
 }
