@@ -19,11 +19,11 @@ The planning runs in the ``ckptplan`` binary that the wheel carries (or the
 one ``CKPTPLAN_BINARY`` names); applying and measuring need PyTorch.
 """
 from ._binary import BinaryNotFoundError, CkptplanError, binary
-from .plan import Layer, Plan, Saved, optimizer_name, plan
+from .plan import Layer, Plan, PlanFormatError, Saved, optimizer_name, plan
 
 __version__ = "0.1.0"
 
-__all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "Saved", "apply", "applied", "optimizer_name",
+__all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
            "binary", "measure", "plan", "suspended", "trace", "TraceError", "__version__"]
 
 

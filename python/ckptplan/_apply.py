@@ -44,9 +44,7 @@ from torch.utils._pytree import tree_leaves
 from . import versions
 from ._sac import SacPolicy, layer_input_shape, sac_available
 from .layers import decoder_layers
-from .plan import Plan
-
-MODES = ("store", "checkpoint", "selective")
+from .plan import MODES, Plan
 
 _ATTR = "_ckptplan_plan"
 

@@ -26,6 +26,38 @@ from typing import Any, Optional, Sequence, Union
 from . import _binary
 
 
+#: The version of the plan JSON (``ckptplan export --to json``, its
+#: ``schema`` field) this package reads; the binary it runs writes it.
+SCHEMA = 1
+
+#: How a plan runs a decoder layer.
+MODES = ("store", "checkpoint", "selective")
+
+#: The fields a schema-SCHEMA plan may have, by object: each is read by
+#: ``Plan.from_json`` but schema, profile, autocast and zero, which the
+#: package does not need. test_plan_schema checks the binary's plans
+#: against them.
+FIELDS = {
+    "plan": ("schema", "model", "solver", "feasible", "budget_bytes", "reserve_bytes", "static_bytes",
+             "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "overhead", "recompute_flops",
+             "batch", "seq", "dtype", "autocast", "attention", "profile", "zero", "layers", "notes"),
+    "layer": ("name", "mode", "policy", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
+    "saved": ("name", "bytes", "keep"),
+}
+
+
+class PlanFormatError(ValueError):
+    """A plan JSON this package cannot read: of another schema version, not
+    a plan, or a field missing or of the wrong type.
+
+    Example:
+        >>> Plan.from_json('{"schema": 9, "layers": []}')
+        Traceback (most recent call last):
+        ...
+        ckptplan.plan.PlanFormatError: the plan is of schema 9, but this ckptplan package reads schema 1: export it with the ckptplan binary of the package's release
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Saved:
     """One activation storage a selective layer saves, in the order autograd
@@ -81,8 +113,32 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: Union[str, bytes, dict]) -> "Plan":
-        """Read the JSON that ``ckptplan export --to json`` writes."""
-        d = json.loads(data) if isinstance(data, (str, bytes)) else data
+        """Read the JSON that ``ckptplan export --to json`` writes (schema
+        ``SCHEMA``); raises PlanFormatError, saying what is wrong, for
+        anything else."""
+        try:
+            d = json.loads(data) if isinstance(data, (str, bytes)) else data
+        except ValueError as e:
+            raise PlanFormatError(f"the plan is not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise PlanFormatError(f"a plan is a JSON object, not {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise PlanFormatError(
+                f"the plan is of schema {d.get('schema')!r}, but this ckptplan package reads schema {SCHEMA}: "
+                "export it with the ckptplan binary of the package's release")
+        try:
+            return cls._from_dict(d)
+        except KeyError as e:
+            raise PlanFormatError(f"the plan has no {e.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanFormatError(f"the plan has a field of the wrong type: {e}") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "Plan":
+        """The plan d holds, a schema-SCHEMA plan JSON decoded."""
+        for l in d["layers"]:
+            if l["mode"] not in MODES:
+                raise ValueError(f"{l['name']}: unknown mode {l['mode']!r} (valid: {', '.join(MODES)})")
         layers = tuple(
             Layer(name=l["name"], mode=l["mode"], kept_bytes=int(l["kept_bytes"]),
                   policy=l.get("policy", ""),
