@@ -191,6 +191,26 @@ type deepSpeedACJSON struct {
 	Profile             bool `json:"profile"`
 }
 
+// The DeepSpeed target: its config, which runs ZeRO as DeepSpeed does.
+var deepSpeedTarget = &Target{Name: "deepspeed", Help: "its JSON config; the layers to checkpoint on stderr", Sharder: "deepspeed",
+	Closest: func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
+		if e.DeepSpeedExact() {
+			return nil, nil
+		}
+		closest, at, err := p.CheapestLayers(opt, DeepSpeedSettings(len(e.Layers)))
+		if err != nil {
+			return nil, err
+		}
+		if closest == nil {
+			return nil, fmt.Errorf("%s: no DeepSpeed setting (no layer checkpointed, or the first 1 to %d) fits in %v, though the %s plan does", e.Model, len(e.Layers), e.BudgetBytes, e.Solver)
+		}
+		return &Setting{Plan: closest, At: at}, nil
+	},
+	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
+		runs, at := s.closestPlan()
+		return e.DeepSpeed(w, runs, at)
+	}}
+
 // DeepSpeed writes the DeepSpeed config (JSON) the plan was made for and
 // returns what a trainer must do beside it — the layers to checkpoint, and
 // the peak and compute that run — for the caller to show: JSON has no

@@ -8,4 +8,7 @@
 // that keeps its input (or nothing) is checkpointed. What a trainer cannot
 // express — a checkpointed embedding or head, layers recomputed more than
 // once, a layer that keeps nothing — is said in notes, with what it costs.
+//
+// Each engine or runtime is a Target, in a file of its own, registered in
+// Targets: the command lists, checks and runs the targets from there.
 package export

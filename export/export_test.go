@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
@@ -270,5 +271,49 @@ func TestTransformersPlanSaysWhatTheRuntimePays(t *testing.T) {
 	}
 	if checked < 10 {
 		t.Errorf("only %d plans compared", checked)
+	}
+}
+
+// TestTargets: every registered target has a name of its own, says what
+// it writes, names an engine ZeRO can run on or none, and writes a plan
+// it can run as planned (every layer stored, which each engine can say).
+func TestTargets(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := planner.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := p.Plan(&planner.Options{Budget: 1 << 30, Strategy: planner.StoreAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := FromPlan(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, tt := range Targets {
+		if tt.Name == "" || tt.Help == "" || tt.Write == nil || seen[tt.Name] || Lookup(tt.Name) != tt {
+			t.Errorf("target %+v: want a name of its own, its help and its writer", tt)
+		}
+		seen[tt.Name] = true
+		if tt.Sharder != "" && !slices.Contains(ir.Shardings, tt.Sharder) {
+			t.Errorf("%s: sharder %q is no engine ZeRO runs on (%v)", tt.Name, tt.Sharder, ir.Shardings)
+		}
+		if tt.Closest != nil {
+			if s, err := tt.Closest(e, p, &planner.Options{Budget: 1 << 30, Strategy: planner.StoreAll}); s != nil || err != nil {
+				t.Errorf("%s: the closest setting to storing everything is %+v (%v), want the plan itself", tt.Name, s, err)
+			}
+		}
+		var b strings.Builder
+		if _, err := tt.Write(&b, e, nil, "test"); err != nil || b.Len() == 0 {
+			t.Errorf("%s: wrote %d bytes: %v", tt.Name, b.Len(), err)
+		}
+	}
+	if Lookup("onnx") != nil {
+		t.Error("Lookup found a target that is not registered")
 	}
 }

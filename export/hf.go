@@ -7,6 +7,9 @@ import (
 	"strings"
 )
 
+var hfTarget = &Target{Name: "hf", Help: "transformers calls",
+	Write: func(w io.Writer, e *Export, _ *Setting, _ string) ([]string, error) { return nil, e.HF(w) }}
+
 // HF writes the calls that make a Hugging Face model checkpoint the plan's
 // layers. gradient_checkpointing_enable turns checkpointing on for every
 // decoder layer; layers derived from GradientCheckpointingLayer then read

@@ -11,6 +11,27 @@ import (
 	"github.com/ckptplan/ckptplan/stage"
 )
 
+var megatronTarget = &Target{Name: "megatron", Help: "flags",
+	Closest: func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
+		if e.MegatronExact() {
+			return nil, nil
+		}
+		closest, r, err := p.CheapestMegatron(opt)
+		if err != nil {
+			return nil, err
+		}
+		if closest == nil {
+			return nil, fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to %d layers) fits in %v, though the %s plan does", e.Model, len(e.Layers), e.BudgetBytes, e.Solver)
+		}
+		return &Setting{Plan: closest, Megatron: r}, nil
+	},
+	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
+		if s == nil {
+			return nil, e.Megatron(w, nil, planner.MegatronRecompute{})
+		}
+		return nil, e.Megatron(w, s.Plan, s.Megatron)
+	}}
+
 // Megatron writes the Megatron-LM flags that run the plan, when they can:
 // Megatron recomputes either the same modules of every layer
 // (--recompute-granularity selective: the attention core, or the

@@ -28,6 +28,11 @@ var sacRuntime string
 //go:embed fsdp2.py
 var fsdp2Runtime string
 
+var pytorchTarget = &Target{Name: "pytorch", Help: "a Python module",
+	Write: func(w io.Writer, e *Export, _ *Setting, command string) ([]string, error) {
+		return nil, e.PyTorch(w, command)
+	}}
+
 // PyTorch writes a Python module that applies the plan: apply_plan(layers)
 // wraps each checkpointed layer in torch.utils.checkpoint (non-reentrant),
 // runs each selective layer keeping only its plan's tensors, and leaves
@@ -42,22 +47,6 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.")
 	}
 	return e.pythonModule(w, command, "PyTorch", usage, notes, runtime)
-}
-
-// FSDP2 writes a Python module that applies the plan to a model before
-// FSDP2's fully_shard: apply_plan(model) wraps the layers the plan does
-// not store with apply_activation_checkpointing, a check_fn picking them
-// and checkpoint_wrapper (non-reentrant), a selective layer's wrapper
-// caching exactly its plan's tensors through selective activation
-// checkpointing (PyTorch 2.4 and later), which reruns only the ops that
-// make the others: the figures it prints are that runtime's.
-func (e *Export) FSDP2(w io.Writer, command string) error {
-	usage := "# Apply it once, before fully_shard, to the model (or its nn.ModuleList of decoder layers):\n#\n" +
-		"#     apply_plan(model)\n" +
-		"#     for layer in model.model.layers:    # GPT-2: model.transformer.h\n" +
-		"#         fully_shard(layer)\n" +
-		"#     fully_shard(model)\n#\n"
-	return e.underSAC().pythonModule(w, command, "FSDP2", usage, nil, sacRuntime+"\n\n"+fsdp2Runtime)
 }
 
 // pythonModule writes a module for a runtime: a header saying what each

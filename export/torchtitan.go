@@ -107,6 +107,27 @@ func (e *Export) TorchtitanExact() bool {
 	return ok
 }
 
+// The torchtitan target: its [activation_checkpoint] section, or its
+// closest setting's. torchtitan shards with FSDP2.
+var torchtitanTarget = &Target{Name: "torchtitan", Help: "its [activation_checkpoint] TOML", Sharder: "fsdp2",
+	Closest: func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
+		if e.TorchtitanExact() {
+			return nil, nil
+		}
+		closest, at, err := p.CheapestLayers(opt, TorchtitanSettings(len(e.Layers)))
+		if err != nil {
+			return nil, err
+		}
+		if closest == nil {
+			return nil, fmt.Errorf("%s: no torchtitan setting (none, full, selective every 2 to %d layers, or op) fits in %v, though the %s plan does", e.Model, len(e.Layers), e.BudgetBytes, e.Solver)
+		}
+		return &Setting{Plan: closest, At: at}, nil
+	},
+	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
+		runs, at := s.closestPlan()
+		return nil, e.Torchtitan(w, runs, at)
+	}}
+
 // Torchtitan writes torchtitan's [activation_checkpoint] table for the
 // plan: the setting that runs its layers as planned, or else
 // TorchtitanSettings' setting at, the closest, whose plan (the cheapest

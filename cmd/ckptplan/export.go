@@ -18,8 +18,8 @@ import (
 func runExport(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("export", "MODEL|PLAN.json", stderr)
 	pf := addPlanFlags(fs, true)
-	to := &formatFlag{valid: []string{"pytorch", "fsdp2", "hf", "megatron", "torchtitan", "deepspeed", "json"}}
-	fs.Var(to, "to", "what to write: pytorch (a Python module) | fsdp2 (a Python module wrapping layers before fully_shard) | hf (transformers calls) | megatron (flags) | torchtitan (its [activation_checkpoint] TOML) | deepspeed (its JSON config; the layers to checkpoint on stderr) | json (the per-layer plan, for the Python package)")
+	to := &formatFlag{valid: export.Names()}
+	fs.Var(to, "to", "what to write: "+export.Help())
 	out := fs.String("o", "", "write to this file instead of standard output")
 	pipe := addPipelineFlags(fs)
 	arg, err := oneArg(fs, args, "MODEL or PLAN.json")
@@ -28,7 +28,8 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	if to.value == "" {
 		fs.Usage()
-		return usagef("export: need --to pytorch, fsdp2, hf, megatron, torchtitan, deepspeed or json")
+		names := export.Names()
+		return usagef("export: need --to %s or %s", strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 	}
 	pp, err := pipe.pipeline(fs)
 	if err != nil {
@@ -67,34 +68,11 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The engine's closest setting, when it cannot run the plan: its plan,
-	// and which setting (an index into the engine's settings, or
-	// Megatron-LM's recomputation).
-	var closest *planner.Plan
-	var at int
-	var megatron planner.MegatronRecompute
-	if to.value == "torchtitan" && !e.TorchtitanExact() && p != nil {
-		if closest, at, err = p.CheapestLayers(opt, export.TorchtitanSettings(len(e.Layers))); err != nil {
+	t := export.Lookup(to.value)
+	var setting *export.Setting // the engine's closest setting, where it cannot run the plan
+	if t.Closest != nil && p != nil {
+		if setting, err = t.Closest(e, p, opt); err != nil {
 			return err
-		}
-		if closest == nil {
-			return fmt.Errorf("%s: no torchtitan setting (none, full, selective every 2 to %d layers, or op) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
-		}
-	}
-	if to.value == "deepspeed" && !e.DeepSpeedExact() && p != nil {
-		if closest, at, err = p.CheapestLayers(opt, export.DeepSpeedSettings(len(e.Layers))); err != nil {
-			return err
-		}
-		if closest == nil {
-			return fmt.Errorf("%s: no DeepSpeed setting (no layer checkpointed, or the first 1 to %d) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
-		}
-	}
-	if to.value == "megatron" && !e.MegatronExact() && p != nil {
-		if closest, megatron, err = p.CheapestMegatron(opt); err != nil {
-			return err
-		}
-		if closest == nil {
-			return fmt.Errorf("%s: no Megatron-LM recomputation setting (none, selective of any modules, or block with 1 to %d layers) fits in %v, though the %s plan does", plan.Model, len(e.Layers), plan.BudgetBytes, plan.Solver)
 		}
 	}
 	if p != nil { // only the model can say what the plan holds layer by layer
@@ -105,25 +83,11 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	write := func(w io.Writer) error {
-		switch to.value {
-		case "pytorch":
-			return e.PyTorch(w, "ckptplan export "+strings.Join(args, " "))
-		case "fsdp2":
-			return e.FSDP2(w, "ckptplan export "+strings.Join(args, " "))
-		case "hf":
-			return e.HF(w)
-		case "json":
-			return writeJSON(w, e)
-		case "torchtitan":
-			return e.Torchtitan(w, closest, at)
-		case "deepspeed":
-			notes, err := e.DeepSpeed(w, closest, at)
-			for _, n := range notes {
-				fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
-			}
-			return err
+		notes, err := t.Write(w, e, setting, "ckptplan export "+strings.Join(args, " "))
+		for _, n := range notes {
+			fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 		}
-		return e.Megatron(w, closest, megatron)
+		return err
 	}
 	if *out == "" {
 		// Write nothing on error: the Megatron export may refuse a plan.
@@ -137,15 +101,10 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	return writeFile(*out, write)
 }
 
-// sharders are the engines that run ZeRO under the export targets that
-// configure one: DeepSpeed's config, and the FSDP2 module and torchtitan,
-// which shard with fully_shard.
-var sharders = map[string]string{"deepspeed": "deepspeed", "fsdp2": "fsdp2", "torchtitan": "fsdp2"}
-
 // checkSharder refuses a plan under ZeRO whose figures are for another
 // engine than the one the export target configures.
 func checkSharder(p ir.Parallel, profile, target string) error {
-	engine := sharders[target]
+	engine := export.Lookup(target).Sharder
 	if engine == "" || p.Zero == 0 || costmodel.Profile(profile) == costmodel.Megatron {
 		return nil
 	}
@@ -153,7 +112,13 @@ func checkSharder(p ir.Parallel, profile, target string) error {
 		return usagef("export --to %s shards with fully_shard, ZeRO 3, but the plan is for ZeRO %d: plan with --zero 3", target, p.Zero)
 	}
 	if got := p.Sharder(); got != engine {
-		return usagef("export --to %s runs ZeRO %d on %s, but the plan is for %s: plan with --sharding %s, or export to %s", target, p.Zero, engine, got, engine, map[string]string{"deepspeed": "deepspeed", "fsdp2": "fsdp2 or torchtitan"}[got])
+		var others []string
+		for _, t := range export.Targets {
+			if t.Sharder == got {
+				others = append(others, t.Name)
+			}
+		}
+		return usagef("export --to %s runs ZeRO %d on %s, but the plan is for %s: plan with --sharding %s, or export to %s", target, p.Zero, engine, got, engine, strings.Join(others, " or "))
 	}
 	return nil
 }
@@ -192,7 +157,7 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.W
 	}
 	if src.Kind == graphio.KindModel {
 		t := &src.Model.Training
-		if e := sharders[target]; t.Parallel.Sharding == "" && t.Parallel.Zero > 0 && (e == "deepspeed" || t.Parallel.Zero >= 3) {
+		if e := export.Lookup(target).Sharder; t.Parallel.Sharding == "" && t.Parallel.Zero > 0 && (e == "deepspeed" || t.Parallel.Zero >= 3) {
 			t.Parallel.Sharding = e
 		}
 		if err := checkSharder(t.Parallel, t.Profile, target); err != nil {
