@@ -111,7 +111,7 @@ func TestDeepSpeedClosest(t *testing.T) {
 	p := tinyLlama(t)
 	first := [][]int{{}, {1}, {1, 2}, {1, 2, 3}, {1, 2, 3, 4}} // chain stages 1 … k
 	checkClosest(t, p, DeepSpeedSettings(4), first)
-	checkClosest(t, p, planner.MegatronSettings(4), first)
+	checkClosest(t, p, MegatronSettings(4), first)
 }
 
 // TestDeepSpeedZeRO: under every ZeRO stage the export sets DeepSpeed's

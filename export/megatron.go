@@ -16,7 +16,7 @@ var megatronTarget = &Target{Name: "megatron", Help: "flags",
 		if e.MegatronExact() {
 			return nil, nil
 		}
-		closest, r, err := p.CheapestMegatron(opt)
+		closest, r, err := cheapestMegatron(p, opt, len(e.Layers))
 		if err != nil {
 			return nil, err
 		}
@@ -39,7 +39,7 @@ var megatronTarget = &Target{Name: "megatron", Help: "flags",
 // first N of each pipeline stage (--recompute-method block) or groups of
 // N layers from a checkpoint at each group's input (uniform). Otherwise it writes the
 // flags of r, the closest setting, whose plan (the cheapest that fits:
-// planner.CheapestMegatron) is runs, with a header comparing it with the
+// cheapestMegatron) is runs, with a header comparing it with the
 // plan; without runs it says why not and returns an error.
 func (e *Export) Megatron(w io.Writer, runs *planner.Plan, r planner.MegatronRecompute) error {
 	flags, uniform, why := e.megatronExact()
@@ -68,6 +68,36 @@ func (e *Export) Megatron(w io.Writer, runs *planner.Plan, r planner.MegatronRec
 	fmt.Fprintf(&b, "%s\n", flags)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// MegatronSettings are Megatron-LM's whole-layer settings on one pipeline
+// stage of n layers: none, and block k (its first k layers checkpointed,
+// --recompute-method block), k from 1 to n. Setting k is
+// planner.MegatronRecompute{Block: k}.
+func MegatronSettings(n int) []planner.LayerSetting {
+	return planner.FirstLayers("megatron none", "megatron block %d", n)
+}
+
+// cheapestMegatron returns the plan of the cheapest Megatron-LM setting
+// that fits on one pipeline stage of n layers, and the setting: none or
+// block k (MegatronSettings, planned as Megatron runs them), or selective
+// of a set of modules (the megatron-selective strategy, where the layers
+// have them; planner.MegatronSelectiveSettings). Of equal costs the first
+// wins. The plan is nil when none fits.
+func cheapestMegatron(p *planner.Problem, o *planner.Options, n int) (*planner.Plan, planner.MegatronRecompute, error) {
+	best, at, err := p.CheapestLayers(o, MegatronSettings(n))
+	if err != nil {
+		return nil, planner.MegatronRecompute{}, err
+	}
+	r := planner.MegatronRecompute{Block: max(at, 0)}
+	for _, s := range planner.MegatronSelectiveSettings() {
+		sel := *o
+		sel.Strategy, sel.Modules = planner.MegatronSelective, s.Modules
+		if plan, err := p.Plan(&sel); err == nil && plan.Feasible && (best == nil || plan.Cost < best.Cost) {
+			best, r = plan, s
+		}
+	}
+	return best, r, nil
 }
 
 // megatronExact returns the flags that run the plan as planned, and

@@ -89,40 +89,6 @@ func FirstLayers(none, first string, n int) []LayerSetting {
 	return out
 }
 
-// MegatronSettings are Megatron-LM's whole-layer settings on one pipeline
-// stage of n layers: none, and block k (its first k layers checkpointed,
-// --recompute-method block), k from 1 to n. Setting k is
-// MegatronRecompute{Block: k}.
-func MegatronSettings(n int) []LayerSetting {
-	return FirstLayers("megatron none", "megatron block %d", n)
-}
-
-// CheapestMegatron returns the plan of the cheapest Megatron-LM setting
-// that fits on one pipeline stage, and the setting: none or block k
-// (MegatronSettings, planned as Megatron runs them), or selective of a set
-// of modules (the megatron-selective strategy, where the layers have
-// them; MegatronSelectiveSettings). Of equal costs the first wins. The
-// plan is nil when none fits.
-func (p *Problem) CheapestMegatron(o *Options) (*Plan, MegatronRecompute, error) {
-	n, err := p.layers()
-	if err != nil {
-		return nil, MegatronRecompute{}, err
-	}
-	best, at, err := p.CheapestLayers(o, MegatronSettings(n))
-	if err != nil {
-		return nil, MegatronRecompute{}, err
-	}
-	r := MegatronRecompute{Block: max(at, 0)}
-	for _, s := range MegatronSelectiveSettings() {
-		sel := *o
-		sel.Strategy, sel.Modules = MegatronSelective, s.Modules
-		if plan, err := p.Plan(&sel); err == nil && plan.Feasible && (best == nil || plan.Cost < best.Cost) {
-			best, r = plan, s
-		}
-	}
-	return best, r, nil
-}
-
 // CheapestLayers plans every setting and returns the cheapest that fits,
 // with its index; nil and -1 when none does. A setting whose keep set no
 // layer has is passed over.
