@@ -386,7 +386,7 @@ def _flop_counter():
 
     custom = {}
     if hasattr(aten, "_grouped_mm"):  # experts' products, forward and backward
-        from ._trace import grouped_mm_flops
+        from ._tracegraph import grouped_mm_flops
 
         custom[aten._grouped_mm] = lambda a, b, *args, out_shape=None, **kwargs: grouped_mm_flops(a, b)
     for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
