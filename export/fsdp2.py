@@ -26,7 +26,6 @@ fails with a message saying so. Needs PyTorch 2.4 or later.
 import functools
 
 import torch
-import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     apply_activation_checkpointing,
@@ -34,29 +33,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 MODES = ("store", "checkpoint", "selective")
-
-# Where transformers keeps the decoder layers, most specific first.
-LAYER_PATHS = (("model", "layers"), ("layers",), ("transformer", "h"), ("h",),
-               ("gpt_neox", "layers"), ("model", "decoder", "layers"))
-
-
-def decoder_layers(model):
-    """The decoder layers of a transformers model (under PEFT too), or model
-    itself when it is the nn.ModuleList of layers."""
-    if isinstance(model, nn.ModuleList):
-        return model
-    base = model
-    while hasattr(base, "get_base_model") and base.get_base_model() is not base:
-        base = base.get_base_model()
-    for path in LAYER_PATHS:
-        obj = base
-        for name in path:
-            obj = getattr(obj, name, None)
-        if isinstance(obj, nn.ModuleList) and len(obj) > 0:
-            return obj
-    raise ValueError(
-        f"cannot find the decoder layers of a {type(model).__name__}: pass the nn.ModuleList "
-        "of layers instead (apply_plan(model.model.layers))")
 
 
 def apply_plan(model, plan=None):

@@ -15,18 +15,6 @@ import (
 //go:embed runtime.py
 var runtime string
 
-// sacRuntime finds and applies a selective layer's policy for PyTorch's
-// selective activation checkpointing; the Python package imports the same
-// file.
-//
-//go:embed sac.py
-var sacRuntime string
-
-// fsdp2Runtime applies PLAN with apply_activation_checkpointing, before
-// FSDP2's fully_shard.
-//
-//go:embed fsdp2.py
-var fsdp2Runtime string
 
 var pytorchTarget = &Target{Name: "pytorch", Help: "a Python module",
 	Write: func(w io.Writer, e *Export, _ *Setting, command string) ([]string, error) {
