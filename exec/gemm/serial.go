@@ -44,16 +44,18 @@ func (g *gemm) serial(ws []float32, accumulate bool) {
 				packB(g.b, pc, kb, jc+s*nr, min(nr, nb-s*nr), nr, bp[s*nr*kb:(s+1)*nr*kb], kn.packB)
 			}
 			for i0 := 0; i0 < aSlivers; i0 += per {
-				g.serialMacro(ap, tile, &blk, task{i0: i0, i1: min(i0+per, aSlivers), j0: 0, j1: bSlivers})
+				g.macroIn(ap, tile, &blk, task{i0: i0, i1: min(i0+per, aSlivers), j0: 0, j1: bSlivers})
 			}
 		}
 	}
 }
 
-// serialMacro is macro with its packing buffer and scratch tile taken from
-// the caller's workspace rather than a worker (a worker's tile array, passed
-// to the kernel through a function value, would move to the heap).
-func (g *gemm) serialMacro(ap, tile []float32, blk *block, t task) {
+// macroIn packs the task's rows of op(A) into ap and runs the
+// micro-kernel over every tile of the task, merging partial tiles at the
+// edges through tile. The serial path passes buffers of the caller's
+// workspace (a tile array of its own, passed to the kernel through a
+// function value, would move to the heap); macro a worker's.
+func (g *gemm) macroIn(ap, tile []float32, blk *block, t task) {
 	kn := g.kern
 	mr, nr, kb := kn.mr, kn.nr, blk.kb
 	for s := t.i0; s < t.i1; s++ {

@@ -199,31 +199,9 @@ func (g *gemm) split(workers, bSlivers int) []task {
 }
 
 // macro packs the task's rows of op(A) and runs the micro-kernel over every
-// tile of the task.
+// tile of the task, in the worker's packing buffer and scratch tile.
 func (g *gemm) macro(w *worker, blk *block, t task) {
-	kn := g.kern
-	mr, nr, kb := kn.mr, kn.nr, blk.kb
-	ap := *w.ap
-	for s := t.i0; s < t.i1; s++ {
-		i := s * mr
-		packA(g.a, i, min(mr, g.m-i), blk.pc, kb, mr, ap[(s-t.i0)*mr*kb:(s-t.i0+1)*mr*kb], kn.packA)
-	}
-	for s := t.i0; s < t.i1; s++ {
-		i := s * mr
-		rows := min(mr, g.m-i)
-		as := ap[(s-t.i0)*mr*kb : (s-t.i0+1)*mr*kb]
-		for u := t.j0; u < t.j1; u++ {
-			j := blk.jc + u*nr
-			cols := min(nr, blk.jc+blk.nb-j)
-			bs := blk.bp[u*nr*kb : (u+1)*nr*kb]
-			if rows == mr && cols == nr {
-				kn.tile(kb, as, bs, g.c[i*g.ldc+j:], g.ldc, blk.acc)
-				continue
-			}
-			kn.tile(kb, as, bs, w.tile[:], nr, false)
-			mergeTile(g.c[i*g.ldc+j:], g.ldc, w.tile[:], nr, rows, cols, blk.acc)
-		}
-	}
+	g.macroIn(*w.ap, w.tile[:], blk, t)
 }
 
 // mergeTile copies the valid rows×cols corner of a scratch tile into C, or
