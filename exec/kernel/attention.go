@@ -166,22 +166,29 @@ func Attention(out, probs, dropped, q, k, v, mask []float32, sh AttnShape) {
 	}
 }
 
+// expShifted scales the first nv entries of row by c and replaces each
+// with exp(entry − m), m the largest of them and of from; it returns m
+// and the sum of the exponentials as rounded, taken in float64 in order.
+func expShifted(row []float32, nv int, c, from float32) (m float32, sum float64) {
+	m = from
+	for j := range row[:nv] {
+		row[j] *= c
+		m = max(m, row[j])
+	}
+	for j, x := range row[:nv] {
+		e := float32(math.Exp(float64(x) - float64(m)))
+		row[j] = e
+		sum += float64(e)
+	}
+	return m, sum
+}
+
 // attnSoftmax replaces the first nv entries of row with the softmax of
 // c·row and zeroes the rest. The exponentials are taken in float64 and
 // rounded before summing, in the order FlashAttention's tiles use, so the
 // two kernels differ only by the online rescaling.
 func attnSoftmax(row []float32, nv int, c float32) {
-	mx := float32(math.Inf(-1))
-	for j := range row[:nv] {
-		row[j] *= c
-		mx = max(mx, row[j])
-	}
-	var sum float64
-	for j, x := range row[:nv] {
-		e := float32(math.Exp(float64(x) - float64(mx)))
-		row[j] = e
-		sum += float64(e)
-	}
+	_, sum := expShifted(row, nv, c, float32(math.Inf(-1)))
 	for j, e := range row[:nv] {
 		row[j] = float32(float64(e) / sum)
 	}

@@ -118,17 +118,7 @@ func flashOnline(row []float32, nv int, c float32, mx, l *float32) float32 {
 		clear(row)
 		return 1
 	}
-	m := *mx
-	for j := range row[:nv] {
-		row[j] *= c
-		m = max(m, row[j])
-	}
-	var sum float64
-	for j, x := range row[:nv] {
-		e := float32(math.Exp(float64(x) - float64(m)))
-		row[j] = e
-		sum += float64(e)
-	}
+	m, sum := expShifted(row, nv, c, *mx)
 	clear(row[nv:])
 	alpha := float32(1)
 	if m != *mx {
