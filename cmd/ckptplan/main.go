@@ -13,7 +13,11 @@ func main() {
 	// stack trace.
 	defer func() {
 		if r := recover(); r != nil {
-			fmt.Fprintf(os.Stderr, "ckptplan: internal error: %v (please report it with the command that caused it)\n", r)
+			msg := fmt.Sprintf("internal error: %v (please report it with the command that caused it)", r)
+			fmt.Fprintf(os.Stderr, "ckptplan: %s\n", msg)
+			if os.Getenv(errorsEnv) == "json" {
+				writeErrorReport(os.Stderr, errorReport{Kind: "internal", Message: msg})
+			}
 			os.Exit(1)
 		}
 	}()
@@ -24,6 +28,9 @@ func main() {
 	}
 	if !errors.Is(err, errUsageShown) {
 		fmt.Fprintf(stderr, "ckptplan: %v\n", err)
+	}
+	if os.Getenv(errorsEnv) == "json" {
+		writeErrorReport(stderr, reportOf(err))
 	}
 	var u *usageError
 	if errors.As(err, &u) || errors.Is(err, errUsageShown) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -608,4 +609,55 @@ func exitCode(err error) int {
 		return 2
 	}
 	return 1
+}
+
+// TestErrorReports: the errors a program reads (CKPTPLAN_ERRORS=json) say
+// what kind each is, an infeasible plan's least budget and an input
+// error's place, as the text says them.
+func TestErrorReports(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want errorReport
+	}{
+		{[]string{"plan", "tiny-llama", "--budget", "lots"}, errorReport{Kind: "usage"}},
+		{[]string{"plan", "tiny-llama"}, errorReport{Kind: "usage", Message: "plan: need --budget or --device"}},
+		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB"}, errorReport{Kind: "infeasible", MinBudgetBytes: -1}},
+		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--solver", "every-k"}, errorReport{Kind: "infeasible", MinBudgetBytes: -1}},
+		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, errorReport{Kind: "infeasible", MinBudgetBytes: -1}},
+		{[]string{"inspect", "../../graphio/testdata/bad/model-typo.yaml"}, errorReport{Kind: "input", File: "../../graphio/testdata/bad/model-typo.yaml", Line: 5, Column: 1}},
+		{[]string{"inspect", "no-such-model"}, errorReport{Kind: "input"}},
+	} {
+		_, _, err := runCmd(tt.args...)
+		if err == nil {
+			t.Errorf("%v: no error", tt.args)
+			continue
+		}
+		got := reportOf(err)
+		if got.Kind != tt.want.Kind || tt.want.Message != "" && got.Message != tt.want.Message || got.Message != err.Error() ||
+			got.File != tt.want.File || got.Line != tt.want.Line || got.Column != tt.want.Column {
+			t.Errorf("%v: %+v, want %+v", tt.args, got, tt.want)
+		}
+		switch want := tt.want.MinBudgetBytes; {
+		case want > 0 && got.MinBudgetBytes != want, want < 0 && got.MinBudgetBytes <= 0, want == 0 && got.MinBudgetBytes != 0:
+			t.Errorf("%v: least budget %d, want %d (-1: some)", tt.args, got.MinBudgetBytes, want)
+		}
+		if got.Kind == "infeasible" {
+			// The least budget it names fits, and a byte less does not.
+			args := slices.Clone(tt.args)
+			at := slices.Index(args, "--budget") + 1
+			args[at] = strconv.FormatInt(got.MinBudgetBytes, 10)
+			if _, _, err := runCmd(args...); err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+			args[at] = strconv.FormatInt(got.MinBudgetBytes-1, 10)
+			if _, _, err := runCmd(args...); err == nil || reportOf(err).Kind != "infeasible" {
+				t.Errorf("%v: %v, want it not to fit", args, err)
+			}
+		}
+	}
+	var b bytes.Buffer
+	writeErrorReport(&b, errorReport{Kind: "input", Message: "a.yaml: \"x\" <y>", File: "a.yaml", Line: 2})
+	if got, want := b.String(), `{"kind":"input","message":"a.yaml: \"x\" \u003cy\u003e","file":"a.yaml","line":2}`+"\n"; got != want {
+		t.Errorf("report %q, want %q", got, want)
+	}
 }

@@ -99,6 +99,8 @@ func runPipeline(stdout, stderr io.Writer, p *planner.Problem, opt *planner.Opti
 
 func pipelineInfeasible(p *planner.PipelinePlan) error {
 	var too []string
+	var least int64   // the budget every stage fits in
+	reachable := true // every stage fits in some budget
 	for _, d := range p.Devices {
 		if d.Feasible {
 			continue
@@ -106,6 +108,9 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 		need := fmt.Sprintf("static memory alone is %v", d.StaticBytes)
 		if d.MinBudgetBytes > 0 {
 			need = fmt.Sprintf("it needs at least %v", d.MinBudgetBytes)
+			least = max(least, int64(d.MinBudgetBytes))
+		} else {
+			reachable = false
 		}
 		too = append(too, fmt.Sprintf("stage %d (%s)", d.Rank, need))
 	}
@@ -113,7 +118,11 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 	if p.ReserveBytes > 0 {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
-	return fmt.Errorf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "))
+	err := &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "))}
+	if reachable {
+		err.minBudgetBytes = least
+	}
+	return err
 }
 
 func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {

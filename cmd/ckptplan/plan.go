@@ -226,9 +226,9 @@ func infeasible(p *planner.Plan) error {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
 	if p.MinBudgetBytes > 0 {
-		return fmt.Errorf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes)
+		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes), minBudgetBytes: int64(p.MinBudgetBytes)}
 	}
-	return fmt.Errorf("%s does not fit in %v%s with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes)
+	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes)}
 }
 
 func writePlanText(w io.Writer, p *planner.Plan) error {

@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import zipfile
@@ -33,6 +34,8 @@ __all__ = ["ENV", "BinaryNotFoundError", "CkptplanError", "binary", "call", "run
 
 #: The environment variable that names the binary to use.
 ENV = "CKPTPLAN_BINARY"
+# Set for the binary, which then follows an error with a JSON report of it.
+_ERRORS = "CKPTPLAN_ERRORS"
 
 _NAME = "ckptplan.exe" if os.name == "nt" else "ckptplan"
 _BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", _NAME)
@@ -59,17 +62,33 @@ class CkptplanError(RuntimeError):
     ``str(err)`` (also ``err.message``) is the binary's standard error,
     verbatim but for surrounding white space; ``err.code`` is its exit
     status: 1 for a failure (an infeasible budget, a bad model file), 2 for a
-    usage error (an unknown flag or flag value).
+    usage error (an unknown flag or flag value). What the binary reports of
+    the error beside its text (``CKPTPLAN_ERRORS=json``): ``err.kind``,
+    one of usage, infeasible, input or internal (None when it said
+    nothing); for infeasible, ``err.min_budget_bytes``, the least budget
+    that fits (None when none does: static memory alone passes it); for
+    an input error, ``err.file``, ``err.line`` and ``err.column`` where
+    it has a place.
 
-    >>> err = CkptplanError("ckptplan: plan: need --budget or --device", 2)
-    >>> err.code, str(err)
-    (2, 'ckptplan: plan: need --budget or --device')
+    >>> err = CkptplanError("ckptplan: plan: need --budget or --device", 2, kind="usage")
+    >>> err.code, err.kind, str(err)
+    (2, 'usage', 'ckptplan: plan: need --budget or --device')
     """
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, *, kind: Optional[str] = None,
+                 min_budget_bytes: Optional[int] = None, file: Optional[str] = None,
+                 line: Optional[int] = None, column: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.kind = kind
+        self.min_budget_bytes = min_budget_bytes
+        self.file, self.line, self.column = file, line, column
+
+    def replace(self, message: str) -> "CkptplanError":
+        """The same error with another message."""
+        return CkptplanError(message, self.code, kind=self.kind, min_budget_bytes=self.min_budget_bytes,
+                             file=self.file, line=self.line, column=self.column)
 
 
 def binary() -> str:
@@ -104,15 +123,17 @@ def run(args: Sequence[str], *, input: Optional[bytes] = None) -> subprocess.Com
     returned, not raised.
 
     input, when given, is written to the binary's standard input; otherwise
-    the binary reads an empty one.
+    the binary reads an empty one. The binary follows an error with its
+    report, as JSON, on the last line of its standard error.
 
     >>> p = run(["plan", "tiny-llama"])
-    >>> p.returncode, p.stderr.decode().strip().splitlines()[-1]
-    (2, 'ckptplan: plan: need --budget or --device')
+    >>> p.returncode, p.stderr.decode().strip().splitlines()[-2:]
+    (2, ['ckptplan: plan: need --budget or --device', '{"kind":"usage","message":"plan: need --budget or --device"}'])
     """
     argv = [binary(), *[os.fspath(a) for a in args]]
     return subprocess.run(
         argv,
+        env={**os.environ, _ERRORS: "json"},
         input=input,
         stdin=subprocess.DEVNULL if input is None else None,
         stdout=subprocess.PIPE,
@@ -138,11 +159,33 @@ def call(args: Sequence[str], *, input: Optional[bytes] = None) -> str:
     """
     p = run(args, input=input)
     if p.returncode != 0:
-        message = p.stderr.decode("utf-8", errors="replace").strip()
-        if not message:
-            message = "ckptplan exited with status %d and no message" % p.returncode
-        raise CkptplanError(message, p.returncode)
+        raise _error(p.stderr.decode("utf-8", errors="replace"), p.returncode)
     return p.stdout.decode("utf-8", errors="replace")
+
+
+def _error(stderr: str, code: int) -> CkptplanError:
+    """The error a failed run's standard error says: its text, and the
+    report on its last line (``CKPTPLAN_ERRORS=json``), when there is one.
+
+    >>> e = _error('ckptplan: m does not fit\\n{"kind":"infeasible","message":"m does not fit","min_budget_bytes":9}\\n', 1)
+    >>> str(e), e.kind, e.min_budget_bytes
+    ('ckptplan: m does not fit', 'infeasible', 9)
+    """
+    text = stderr.strip()
+    report: dict = {}
+    head, _, last = text.rpartition("\n")
+    if last.startswith("{"):
+        try:
+            report = json.loads(last)
+            text = head.strip()
+        except ValueError:
+            report = {}
+    if not isinstance(report, dict):
+        report = {}
+    if not text:
+        text = "ckptplan exited with status %d and no message" % code
+    return CkptplanError(text, code, kind=report.get("kind"), min_budget_bytes=report.get("min_budget_bytes"),
+                         file=report.get("file"), line=report.get("line"), column=report.get("column"))
 
 
 def _check_named(path: str) -> str:

@@ -363,5 +363,5 @@ def _ask(name: str, file: str, text: str, args: list) -> Plan:
             message = err.message.replace(path, name)
             if err.code == 2:  # a bad argument: the reason, not the command's usage
                 message = message.split("\nusage:")[0]
-            raise _binary.CkptplanError(message, err.code) from None
+            raise err.replace(message) from None
     return dataclasses.replace(Plan.from_json(out), model=name)

@@ -184,3 +184,38 @@ class TestPythonM:
         )
         assert p.returncode == 0, "python -m ckptplan needs a module it should not:\n" + p.stderr
         assert "tiny-llama" in p.stdout.split()
+
+
+def test_errors_say_their_kind(ckptplan_binary, tmp_path):
+    """A failed call's error carries what the binary reports of it: its
+    kind, an infeasible plan's least budget (which then fits, and a byte
+    less does not), an input error's place; its text is the binary's."""
+    with pytest.raises(_binary.CkptplanError) as e:
+        _binary.call(["plan", "tiny-llama", "--budget", "1MiB"])
+    err = e.value
+    assert (err.code, err.kind) == (1, "infeasible")
+    assert str(err).startswith("ckptplan: tiny-llama does not fit in 1 MiB") and "{" not in str(err)
+    assert isinstance(err.min_budget_bytes, int) and f"({err.min_budget_bytes} bytes)" in str(err)
+    _binary.call(["plan", "tiny-llama", "--budget", str(err.min_budget_bytes)])
+    with pytest.raises(_binary.CkptplanError) as e:
+        _binary.call(["plan", "tiny-llama", "--budget", str(err.min_budget_bytes - 1)])
+    assert e.value.kind == "infeasible"
+
+    with pytest.raises(_binary.CkptplanError) as e:
+        _binary.call(["plan", "tiny-llama", "--budget", "lots"])
+    assert (e.value.code, e.value.kind, e.value.min_budget_bytes) == (2, "usage", None)
+
+    bad = tmp_path / "m.yaml"
+    bad.write_text("name: m\nfamily: llama\nlayers: 2\nhidden: 64\nheds: 4\n")
+    with pytest.raises(_binary.CkptplanError) as e:
+        _binary.call(["inspect", str(bad)])
+    assert (e.value.kind, e.value.file, e.value.line) == ("input", str(bad), 5), vars(e.value)
+    assert str(e.value).startswith(f"ckptplan: {bad}:5:")
+
+
+def test_the_command_line_shows_text_only(ckptplan_binary):
+    """Run as a command (not through the package's calls), the binary
+    prints its error as text alone."""
+    p = subprocess.run([ckptplan_binary, "plan", "tiny-llama", "--budget", "1MiB"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "CKPTPLAN_ERRORS"})
+    assert p.returncode == 1 and "{" not in p.stderr and p.stderr.startswith("ckptplan: tiny-llama does not fit")
