@@ -15,7 +15,6 @@ import (
 //go:embed runtime.py
 var runtime string
 
-
 var pytorchTarget = &Target{Name: "pytorch", Help: "a Python module",
 	Write: func(w io.Writer, e *Export, _ *Setting, command string) ([]string, error) {
 		return nil, e.PyTorch(w, command)
