@@ -60,7 +60,9 @@ type Static struct {
 	// gradients' dtype, made when it wraps the model and made again once
 	// it has seen the gradients' order, that each backward's gradients
 	// are copied into, all-reduced in and copied back from (its default,
-	// gradient_as_bucket_view=False).
+	// gradient_as_bucket_view=False); and under DeepSpeed's ZeRO stage 3,
+	// its one bucket of reduce_bucket_size gradients, allocated with the
+	// optimizer (the largest layer's, as its export sets it).
 	BucketBytes int64
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
@@ -73,7 +75,7 @@ type Static struct {
 	// runs short; counted on the GPU.
 	Paged bool
 	// StepBytes is the optimizer step's working memory beside the state
-	// (stepWorkspace, or deepSpeedStep under ZeRO stages 1 and 2): live
+	// (stepWorkspace, or deepSpeedStep under DeepSpeed's ZeRO): live
 	// only while the step runs, so not in Total.
 	StepBytes int64
 	// StepFreedBytes are the bytes of Total the step no longer holds: the
