@@ -2,6 +2,7 @@ package graphio
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -23,7 +24,17 @@ type PosError struct {
 	File      string
 	Line, Col int // 1-based; 0 when unknown
 	Msg       string
+	// Err, when set, is what kind of error it is, for errors.Is
+	// (ErrNeedsTrace).
+	Err error
 }
+
+// ErrNeedsTrace is the kind of error that says ckptplan builds no graph of
+// the model as the setup runs it: a trace of it (the Python package's
+// ckptplan trace) plans instead.
+var ErrNeedsTrace = errors.New("ckptplan builds no graph of this model: trace it")
+
+func (e *PosError) Unwrap() error { return e.Err }
 
 func (e *PosError) Error() string {
 	switch {
@@ -57,6 +68,25 @@ func (d *decoder) errAt(n *yaml.Node, format string, args ...any) error {
 	}
 	return e
 }
+
+// withKind sets the kind of a positioned error (PosError.Err).
+func withKind(err, kind error) error {
+	if pe, ok := err.(*PosError); ok && kind != nil {
+		pe.Err = kind
+	}
+	return err
+}
+
+// kindOf returns the kind of err: ErrNeedsTrace, or nil.
+func kindOf(err error) error {
+	if errors.Is(err, ErrNeedsTrace) {
+		return ErrNeedsTrace
+	}
+	return nil
+}
+
+// needsTrace marks a positioned error as ErrNeedsTrace.
+func needsTrace(err error) error { return withKind(err, ErrNeedsTrace) }
 
 // errField reports an error at the node decoded for path, or at the
 // closest enclosing node that was decoded.

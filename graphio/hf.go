@@ -189,7 +189,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	}
 	family, ok := hfModelTypes[*c.ModelType]
 	if !ok {
-		return nil, r.d.errField("model_type", "no builder for model_type %q (ckptplan builds %s); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ckptplan' then 'ckptplan trace %s -o model.yaml' and 'ckptplan plan model.yaml' (docs/formats.md)", *c.ModelType, supported, file)
+		return nil, needsTrace(r.d.errField("model_type", "no builder for model_type %q (ckptplan builds %s); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ckptplan' then 'ckptplan trace %s -o model.yaml' and 'ckptplan plan model.yaml' (docs/formats.md)", *c.ModelType, supported, file))
 	}
 	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
 	// What transformers does by default on PyTorch 2: sdpa attention and
@@ -307,7 +307,7 @@ func (r *hfRead) fieldError(err error) error {
 		return r.d.errAt(r.root, "%v", err)
 	}
 	if key, ok := r.keys[fe.Field]; ok {
-		return r.d.errField(key, "%s: %s", key, fe.Msg)
+		return withKind(r.d.errField(key, "%s: %s", key, fe.Msg), kindOf(err))
 	}
-	return r.d.errAt(r.root, "%s", fe.Error())
+	return withKind(r.d.errAt(r.root, "%s", fe.Error()), kindOf(err))
 }

@@ -1,6 +1,7 @@
 package graphio
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -174,8 +175,8 @@ func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
 	}
 	m.fillDefaults()
 	if err := m.Validate(); err != nil {
-		if fe, ok := err.(*ir.FieldError); ok {
-			return nil, d.errField(fe.Field, "%s", fe.Error())
+		if fe := (*ir.FieldError)(nil); errors.As(err, &fe) {
+			return nil, withKind(d.errField(fe.Field, "%s", fe.Error()), kindOf(err))
 		}
 		return nil, d.errAt(root, "%v", err)
 	}

@@ -134,6 +134,20 @@ func ApplyRelease(t *ir.Setup, r Release) {
 	n.LossShiftCopy = rules.lossShiftCopy
 }
 
+// traceFieldError is a field's error of the kind ErrNeedsTrace; errors.As
+// finds its ir.FieldError.
+type traceFieldError struct{ ir.FieldError }
+
+func (e *traceFieldError) Unwrap() error { return ErrNeedsTrace }
+
+func (e *traceFieldError) As(target any) bool {
+	if t, ok := target.(**ir.FieldError); ok {
+		*t = &e.FieldError
+		return true
+	}
+	return false
+}
+
 // checkRelease reports what model m's setup asks of its transformers
 // release that the release does not run.
 func (m *Model) checkRelease() error {
@@ -146,7 +160,7 @@ func (m *Model) checkRelease() error {
 		return fe("training.transformers", "%v", err)
 	}
 	if m.Experts > 0 && rulesOf(r).expertsKernels {
-		return fe("experts", "transformers %s runs a mixture of experts through its experts implementations (grouped_mm, from 5.0), which ckptplan's builders do not model: trace the model ('ckptplan trace CONFIG', which follows them) and plan the trace, or plan it as transformers 4.57 runs it (--transformers 4.57)", t.Transformers)
+		return &traceFieldError{ir.FieldError{Field: "experts", Msg: fmt.Sprintf("transformers %s runs a mixture of experts through its experts implementations (grouped_mm, from 5.0), which ckptplan's builders do not model: trace the model ('ckptplan trace CONFIG', which follows them) and plan the trace, or plan it as transformers 4.57 runs it (--transformers 4.57)", t.Transformers)}}
 	}
 	if m.AttnSoftcap > 0 && (t.Attention == "sdpa" || t.Attention == "sdpa-math") && rulesOf(r).softcapEager {
 		return fe("training.attention", "transformers %s runs no sdpa attention for %s, whose attention soft-caps its scores (from 5.21): plan eager or flash attention", t.Transformers, m.Family)

@@ -17,7 +17,9 @@ const errorsEnv = "CKPTPLAN_ERRORS"
 // errorReport is a failure as a program reads it.
 type errorReport struct {
 	// Kind is what went wrong: usage (the command line: exit status 2),
-	// infeasible (the plan does not fit its budget), input (a file, a
+	// infeasible (the plan does not fit its budget), needs_trace (a
+	// model ckptplan builds no graph of as the setup runs it, which a
+	// trace of it plans: graphio.ErrNeedsTrace), input (another file, a
 	// model or a setting the command cannot use) or internal (a bug).
 	Kind    string `json:"kind"`
 	Message string `json:"message"` // as the text line says it, without "ckptplan: "
@@ -49,7 +51,11 @@ func reportOf(err error) errorReport {
 		r.Kind = "usage"
 	case errors.As(err, &inf):
 		r.Kind, r.MinBudgetBytes = "infeasible", inf.minBudgetBytes
-	case errors.As(err, &pos):
+	}
+	if errors.Is(err, graphio.ErrNeedsTrace) {
+		r.Kind = "needs_trace"
+	}
+	if errors.As(err, &pos) {
 		r.File, r.Line, r.Column = pos.File, pos.Line, pos.Col
 	}
 	return r

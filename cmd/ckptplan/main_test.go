@@ -615,6 +615,10 @@ func exitCode(err error) int {
 // what kind each is, an infeasible plan's least budget and an input
 // error's place, as the text says them.
 func TestErrorReports(t *testing.T) {
+	falcon := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(falcon, []byte(`{"model_type": "falcon", "hidden_size": 64}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want errorReport
@@ -626,6 +630,11 @@ func TestErrorReports(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, errorReport{Kind: "infeasible", MinBudgetBytes: -1}},
 		{[]string{"inspect", "../../graphio/testdata/bad/model-typo.yaml"}, errorReport{Kind: "input", File: "../../graphio/testdata/bad/model-typo.yaml", Line: 5, Column: 1}},
 		{[]string{"inspect", "no-such-model"}, errorReport{Kind: "input"}},
+		// What only a trace plans: a model_type with no builder, and a
+		// mixture of experts as transformers 5 runs it.
+		{[]string{"inspect", falcon}, errorReport{Kind: "needs_trace", File: falcon, Line: 1, Column: 16}},
+		{[]string{"plan", "../../graphio/testdata/hf/mixtral-8x7b.json", "--budget", "1TiB", "--transformers", "5.0"}, errorReport{Kind: "needs_trace"}},
+		{[]string{"plan", "../../graphio/testdata/hf/mixtral-8x7b.json", "--budget", "1TiB", "--transformers", "4.57", "--lora-rank", "-1"}, errorReport{Kind: "input"}},
 	} {
 		_, _, err := runCmd(tt.args...)
 		if err == nil {

@@ -220,10 +220,11 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     traced: whether to plan a trace of the model (``ckptplan.trace``)
     rather than the graph ckptplan builds from its config. By default a
     model is traced when ckptplan has no builder for its model_type as the
-    installed transformers runs it (``ckptplan models --model-types
-    --transformers X.Y`` lists them: from transformers 5 a mixture of
-    experts runs through experts kernels, which the trace follows); a traced plan
-    is applied and measured like any other. Its logits are what the
+    installed transformers runs it (the binary says so of its config:
+    ``ckptplan models --model-types --transformers X.Y`` lists the types
+    it builds; from transformers 5 a mixture of experts runs through
+    experts kernels, which the trace follows); a traced plan is applied
+    and measured like any other. Its logits are what the
     model's loss computes: logits_dtype does not apply.
 
     Raises ``ckptplan.CkptplanError`` with the binary's message when the
@@ -253,24 +254,54 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
 
     base = unwrap(model)
     config = getattr(base, "config", None)
+    name = getattr(config, "_name_or_path", "") or type(base).__name__
     if traced is None:
-        from . import versions
-
-        model_type = getattr(config, "model_type", None)
-        built = _binary.call(["models", "--model-types", "--transformers", versions.transformers_release()]).split()
-        traced = model_type is not None and model_type not in built
+        # One call to the binary: the plan of the model's config, unless
+        # the binary says only a trace plans it (a model_type it builds no
+        # graph of as this transformers runs it). A model describe cannot
+        # read is traced where the binary has no builder for it.
+        try:
+            ask = _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
+                               autocast=autocast)
+        except Exception:
+            if _has_builder(config):
+                raise
+            traced = True
+        else:
+            try:
+                return ask()
+            except _binary.CkptplanError as err:
+                if err.kind != "needs_trace":
+                    raise
+            traced = True
     if traced:
         if logits_dtype is not None:
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
-        name = getattr(config, "_name_or_path", "") or type(base).__name__
         return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
+    return _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)()
+
+
+def _config_plan(model, args: list, extra_args: Sequence[str], *, batch: int, seq: int,
+                 logits_dtype: Optional[str], autocast: Optional[str]):
+    """Describes model (raising what describe raises) and returns the call
+    that plans its config.json with args."""
     from .introspect import describe  # needs torch; the rest of this module does not
 
     setup = describe(model, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
     # Named after the model (its name or path, or its class), not the
     # temporary file the binary reads, in the plan and in its errors.
     name = setup.config.get("_name_or_path") or type(model).__name__
-    return _ask(name, "config.json", json.dumps(setup.config), [*args, *setup.flags(), *extra_args])
+    return lambda: _ask(name, "config.json", json.dumps(setup.config), [*args, *setup.flags(), *extra_args])
+
+
+def _has_builder(config) -> bool:
+    """Whether the binary builds the graph of config's model_type as the
+    installed transformers runs it (``ckptplan models --model-types``)."""
+    from . import versions
+
+    model_type = getattr(config, "model_type", None)
+    built = _binary.call(["models", "--model-types", "--transformers", versions.transformers_release()]).split()
+    return model_type is None or model_type in built
 
 
 def optimizer_name(optimizer: Any) -> str:

@@ -76,3 +76,32 @@ def test_a_plan_it_cannot_read_is_refused(data, says):
     with pytest.raises(PlanFormatError) as e:
         Plan.from_json(data)
     assert says in str(e.value), str(e.value)
+
+
+def test_a_plan_is_one_call(ckptplan_binary, monkeypatch):
+    """Planning a model ckptplan builds runs the binary once; one it builds
+    no graph of is traced after the binary says so (needs_trace)."""
+    import transformers
+
+    import ckptplan
+    from ckptplan import _binary
+
+    calls = []
+    run = _binary.run
+
+    def counted(args, **kwargs):
+        calls.append(list(args))
+        return run(args, **kwargs)
+
+    monkeypatch.setattr(_binary, "run", counted)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=64))
+    p = ckptplan.plan(llama, "64MiB", batch=2, seq=16)
+    assert p.feasible and [c[0] for c in calls] == ["export"], calls
+
+    calls.clear()
+    neox = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=64))
+    p = ckptplan.plan(neox, "64MiB", batch=2, seq=16)
+    assert p.feasible and len(p.layers) == 2
+    assert [c[0] for c in calls] == ["export", "export"], calls  # the config's, refused; the trace's

@@ -538,8 +538,9 @@ def test_experts_on_transformers_5_are_traced(ckptplan_binary, tmp_path):
     config = tmp_path / "config.json"
     model.config.to_json_file(config)
     release = ".".join(transformers.__version__.split(".")[:2])
-    with pytest.raises(ckptplan.CkptplanError, match=f"transformers {release} runs a mixture of experts.*ckptplan trace"):
+    with pytest.raises(ckptplan.CkptplanError, match=f"transformers {release} runs a mixture of experts.*ckptplan trace") as err:
         _binary.call(["plan", "--budget", "1GiB", "--transformers", release, str(config)])
+    assert err.value.kind == "needs_trace"
 
 
 def test_other_shapes_are_refused(ckptplan_binary):
