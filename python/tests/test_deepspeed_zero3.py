@@ -32,6 +32,7 @@ it does where DeepSpeed finds the op incompatible).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -125,6 +126,18 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
                        "parameters": sum(p.ds_numel for p in params)}, f)
 
 
+def _rank(rank: int, module: str, *args) -> None:
+    """Runs module's _worker on rank, then leaves the process group with
+    the other ranks: a rank that exits with gloo's threads still running
+    may abort at exit ("terminate called without an active exception")."""
+    importlib.import_module(module)._worker(rank, *args)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def spawn(tmp_path, module: str, *args, ranks: int = 2) -> dict:
     """Runs module's _worker(rank, port, *args, out) on ranks ranks in
     processes of their own (args made of JSON) and returns what rank 0
@@ -133,9 +146,9 @@ def spawn(tmp_path, module: str, *args, ranks: int = 2) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "measured.json"
-    code = ("import sys, json, importlib, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
-            "t = importlib.import_module(sys.argv[2]); "
-            "mp.spawn(t._worker, args=(int(sys.argv[3]), *json.loads(sys.argv[4]), sys.argv[5]), nprocs=int(sys.argv[6]))")
+    code = ("import sys, json, torch.multiprocessing as mp; sys.path.insert(0, sys.argv[1]); "
+            "import test_deepspeed_zero3 as t; "
+            "mp.spawn(t._rank, args=(sys.argv[2], int(sys.argv[3]), *json.loads(sys.argv[4]), sys.argv[5]), nprocs=int(sys.argv[6]))")
     p = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), module, str(port), json.dumps(args),
                         str(out), str(ranks)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
