@@ -193,19 +193,7 @@ type deepSpeedACJSON struct {
 
 // The DeepSpeed target: its config, which runs ZeRO as DeepSpeed does.
 var deepSpeedTarget = &Target{Name: "deepspeed", Help: "its JSON config; the layers to checkpoint on stderr", Sharder: "deepspeed",
-	Closest: func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
-		if e.DeepSpeedExact() {
-			return nil, nil
-		}
-		closest, at, err := p.CheapestLayers(opt, DeepSpeedSettings(len(e.Layers)))
-		if err != nil {
-			return nil, err
-		}
-		if closest == nil {
-			return nil, fmt.Errorf("%s: no DeepSpeed setting (no layer checkpointed, or the first 1 to %d) fits in %v, though the %s plan does", e.Model, len(e.Layers), e.BudgetBytes, e.Solver)
-		}
-		return &Setting{Plan: closest, At: at}, nil
-	},
+	Closest: closestLayers((*Export).DeepSpeedExact, DeepSpeedSettings, "DeepSpeed", "no layer checkpointed, or the first 1 to %d"),
 	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
 		runs, at := s.closestPlan()
 		return e.DeepSpeed(w, runs, at)

@@ -278,14 +278,7 @@ func TestTransformersPlanSaysWhatTheRuntimePays(t *testing.T) {
 // it writes, names an engine ZeRO can run on or none, and writes a plan
 // it can run as planned (every layer stored, which each engine can say).
 func TestTargets(t *testing.T) {
-	src, err := graphio.Load("tiny-llama")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := planner.New(src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := tinyLlama(t)
 	plan, err := p.Plan(&planner.Options{Budget: 1 << 30, Strategy: planner.StoreAll})
 	if err != nil {
 		t.Fatal(err)

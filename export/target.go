@@ -1,6 +1,7 @@
 package export
 
 import (
+	"fmt"
 	"io"
 	"strings"
 
@@ -70,6 +71,26 @@ func Help() string {
 		parts = append(parts, t.Name+" ("+t.Help+")")
 	}
 	return strings.Join(parts, " | ")
+}
+
+// closestLayers returns the Closest of an engine whose settings checkpoint
+// whole layers: when exact says the engine runs the plan, none; else the
+// cheapest of settings(n) that fits, or an error naming the engine and
+// its settings (what) when none does.
+func closestLayers(exact func(*Export) bool, settings func(n int) []planner.LayerSetting, engine, what string) func(*Export, *planner.Problem, *planner.Options) (*Setting, error) {
+	return func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
+		if exact(e) {
+			return nil, nil
+		}
+		closest, at, err := p.CheapestLayers(opt, settings(len(e.Layers)))
+		if err != nil {
+			return nil, err
+		}
+		if closest == nil {
+			return nil, fmt.Errorf("%s: no %s setting (%s) fits in %v, though the %s plan does", e.Model, engine, fmt.Sprintf(what, len(e.Layers)), e.BudgetBytes, e.Solver)
+		}
+		return &Setting{Plan: closest, At: at}, nil
+	}
 }
 
 // closestPlan returns the plan and index of a setting, nil for none.

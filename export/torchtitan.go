@@ -110,19 +110,7 @@ func (e *Export) TorchtitanExact() bool {
 // The torchtitan target: its [activation_checkpoint] section, or its
 // closest setting's. torchtitan shards with FSDP2.
 var torchtitanTarget = &Target{Name: "torchtitan", Help: "its [activation_checkpoint] TOML", Sharder: "fsdp2",
-	Closest: func(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
-		if e.TorchtitanExact() {
-			return nil, nil
-		}
-		closest, at, err := p.CheapestLayers(opt, TorchtitanSettings(len(e.Layers)))
-		if err != nil {
-			return nil, err
-		}
-		if closest == nil {
-			return nil, fmt.Errorf("%s: no torchtitan setting (none, full, selective every 2 to %d layers, or op) fits in %v, though the %s plan does", e.Model, len(e.Layers), e.BudgetBytes, e.Solver)
-		}
-		return &Setting{Plan: closest, At: at}, nil
-	},
+	Closest: closestLayers((*Export).TorchtitanExact, TorchtitanSettings, "torchtitan", "none, full, selective every 2 to %d layers, or op"),
 	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
 		runs, at := s.closestPlan()
 		return nil, e.Torchtitan(w, runs, at)
