@@ -14,40 +14,17 @@ import (
 // avx512Kernel is tuned for a core with 48 KiB L1d and 2 MiB L2: a 256-step
 // A sliver is 14 KiB, a 256×1024 B block is 1 MiB.
 var avx512Kernel = &microKernel{
-	name: "avx512",
-	mr:   14, nr: 32,
-	kc: 256, mc: 14 * 12, nc: 1024,
-	tile: func(k int, a, b, c []float32, ldc int, acc bool) {
-		// The bounds checks keep a driver bug from turning into a wild store.
-		_, _, _ = a[14*k-1], b[32*k-1], c[13*ldc+31]
-		kernel14x32AVX512(k, &a[0], &b[0], &c[0], ldc, acc)
-	},
-	packA: sliverPacker{
-		interleave: interleaveAVX512(14, gather14AVX512),
-		copy:       copyAsm(14, copy14AVX512),
-	},
-	packB: sliverPacker{
-		interleave: interleaveAVX512(32, gather32AVX512),
-		copy:       copyAsm(32, copy32AVX512),
-	},
+	name: "avx512", mr: 14, nr: 32, kc: 256, mc: 14 * 12, nc: 1024,
+	tile:  tileAsm(14, 32, kernel14x32AVX512),
+	packA: sliverPacker{interleaveAsm(14, false, gather14AVX512), copyAsm(14, copy14AVX512)},
+	packB: sliverPacker{interleaveAsm(32, false, gather32AVX512), copyAsm(32, copy32AVX512)},
 }
 
 var avx2Kernel = &microKernel{
-	name: "avx2",
-	mr:   6, nr: 16,
-	kc: 256, mc: 6 * 24, nc: 1024,
-	tile: func(k int, a, b, c []float32, ldc int, acc bool) {
-		_, _, _ = a[6*k-1], b[16*k-1], c[5*ldc+15]
-		kernel6x16AVX2(k, &a[0], &b[0], &c[0], ldc, acc)
-	},
-	packA: sliverPacker{
-		interleave: interleaveAVX2(6, gather6AVX2),
-		copy:       copyAsm(6, copy6AVX2),
-	},
-	packB: sliverPacker{
-		interleave: interleaveAVX2(16, gather16AVX2),
-		copy:       copyAsm(16, copy16AVX2),
-	},
+	name: "avx2", mr: 6, nr: 16, kc: 256, mc: 6 * 24, nc: 1024,
+	tile:  tileAsm(6, 16, kernel6x16AVX2),
+	packA: sliverPacker{interleaveAsm(6, true, gather6AVX2), copyAsm(6, copy6AVX2)},
+	packB: sliverPacker{interleaveAsm(16, true, gather16AVX2), copyAsm(16, copy16AVX2)},
 }
 
 // kernels lists the kernels this CPU can run, fastest first. AVX-512 also
@@ -63,10 +40,25 @@ func kernels() []*microKernel {
 	return append(ks, goKernel)
 }
 
-// interleaveAVX512 adapts an assembly gather of w rows. The row offsets go
-// to the gather as int32 lanes, so it declines sources whose last row starts
-// 2³¹ elements or more past the first.
-func interleaveAVX512(w int, f func(k int, src *float32, idx *int32, dst *float32)) func(k int, src []float32, ld int, dst []float32) bool {
+// The adapters below are small enough to inline where the kernels are
+// declared, which turns each call of an assembly routine into a direct one:
+// through a function value escape analysis could not see that the routines
+// keep nothing, and the gathers' idx arrays would move to the heap.
+
+// tileAsm adapts an assembly kernel of mr×nr tiles. The bounds checks keep
+// a driver bug from turning into a wild store.
+func tileAsm(mr, nr int, f func(k int, a, b, c *float32, ldc int, acc bool)) func(k int, a, b, c []float32, ldc int, acc bool) {
+	return func(k int, a, b, c []float32, ldc int, acc bool) {
+		_, _, _ = a[mr*k-1], b[nr*k-1], c[(mr-1)*ldc+nr-1]
+		f(k, &a[0], &b[0], &c[0], ldc, acc)
+	}
+}
+
+// interleaveAsm adapts an assembly gather of w rows. The row offsets go to
+// the gather as int32 lanes, so it declines sources whose last row starts
+// 2³¹ elements or more past the first. With laneMask it also sets the
+// lanes r < w of the AVX2 gather's mask, idx[16:32].
+func interleaveAsm(w int, laneMask bool, f func(k int, src *float32, idx *int32, dst *float32)) func(k int, src []float32, ld int, dst []float32) bool {
 	return func(k int, src []float32, ld int, dst []float32) bool {
 		if (w-1)*ld > math.MaxInt32-k {
 			return false
@@ -75,23 +67,9 @@ func interleaveAVX512(w int, f func(k int, src *float32, idx *int32, dst *float3
 		var idx [32]int32
 		for r := range w {
 			idx[r] = int32(r * ld)
-		}
-		f(k, &src[0], &idx[0], &dst[0])
-		return true
-	}
-}
-
-// interleaveAVX2 adapts an AVX2 gather of w ≤ 16 rows, which takes its lane
-// mask from idx[16:32]; like interleaveAVX512 it needs int32 offsets.
-func interleaveAVX2(w int, f func(k int, src *float32, idx *int32, dst *float32)) func(k int, src []float32, ld int, dst []float32) bool {
-	return func(k int, src []float32, ld int, dst []float32) bool {
-		if (w-1)*ld > math.MaxInt32-k {
-			return false
-		}
-		_, _ = src[(w-1)*ld+k-1], dst[w*k-1]
-		var idx [32]int32
-		for r := range w {
-			idx[r], idx[16+r] = int32(r*ld), -1
+			if laneMask {
+				idx[16+r] = -1
+			}
 		}
 		f(k, &src[0], &idx[0], &dst[0])
 		return true

@@ -17,36 +17,38 @@ package gemm
 // packA packs rows [i, i+rows) and steps [p0, p0+kb) of op(A) into dst, an
 // mr-tall sliver of kb·mr floats.
 func packA(a matrix, i, rows, p0, kb, mr int, dst []float32, sp sliverPacker) {
-	dst = dst[:kb*mr]
 	if a.trans {
 		// op(A)[i+r][p] = a[(p0+p)*ld + i+r]
-		src := a.data[p0*a.ld+i:]
-		if rows < mr || !sp.pack(false, kb, src, a.ld, dst) {
-			copyRuns(kb, src, a.ld, rows, mr, dst)
-		}
+		packSliver(false, kb, a.data[p0*a.ld+i:], a.ld, rows, mr, dst, sp)
 		return
 	}
-	src := a.data[i*a.ld+p0:]
-	if rows < mr || !sp.pack(true, kb, src, a.ld, dst) {
-		interleave(kb, src, a.ld, rows, mr, dst)
-	}
+	packSliver(true, kb, a.data[i*a.ld+p0:], a.ld, rows, mr, dst, sp)
 }
 
 // packB packs steps [p0, p0+kb) and columns [j, j+cols) of op(B) into dst,
 // an nr-wide sliver of kb·nr floats.
 func packB(b matrix, p0, kb, j, cols, nr int, dst []float32, sp sliverPacker) {
-	dst = dst[:kb*nr]
 	if !b.trans {
-		src := b.data[p0*b.ld+j:]
-		if cols < nr || !sp.pack(false, kb, src, b.ld, dst) {
-			copyRuns(kb, src, b.ld, cols, nr, dst)
-		}
+		packSliver(false, kb, b.data[p0*b.ld+j:], b.ld, cols, nr, dst, sp)
 		return
 	}
 	// op(B)[p][j+c] = b[(j+c)*ld + p0+p]
-	src := b.data[j*b.ld+p0:]
-	if cols < nr || !sp.pack(true, kb, src, b.ld, dst) {
-		interleave(kb, src, b.ld, cols, nr, dst)
+	packSliver(true, kb, b.data[j*b.ld+p0:], b.ld, cols, nr, dst, sp)
+}
+
+// packSliver packs n ≤ w lines of k steps from src (stride ld) into the
+// first k·w floats of dst: w rows to interleave, or k runs to copy. A full
+// sliver goes to the kernel's packer first, a partial one straight to the
+// loops, which zero lines n..w-1.
+func packSliver(interleaved bool, k int, src []float32, ld, n, w int, dst []float32, sp sliverPacker) {
+	dst = dst[:k*w]
+	if n == w && sp.pack(interleaved, k, src, ld, dst) {
+		return
+	}
+	if interleaved {
+		interleave(k, src, ld, n, w, dst)
+	} else {
+		copyRuns(k, src, ld, n, w, dst)
 	}
 }
 

@@ -93,13 +93,75 @@ func (sh AttnShape) check(what string, t []float32, perHead int, kvShaped bool) 
 	mmCheck(what, len(t), sh.Batch*heads*perHead)
 }
 
+// attnRole is one of the tensors the attention kernels take; it fixes the
+// tensor's shape, so every kernel checks its tensors through checkAll.
+type attnRole int
+
+const (
+	attnDQ attnRole = iota
+	attnDK
+	attnDV
+	attnQ
+	attnK
+	attnV
+	attnOut
+	attnLSE
+	attnDOut
+	attnProbs
+	attnMask
+	attnDropped
+	attnRoles
+)
+
+// attnRoleNames name the roles in length panics.
+var attnRoleNames = [attnRoles]string{
+	"attention dq", "attention dk", "attention dv", "attention q", "attention k", "attention v",
+	"attention out", "attention lse", "attention dout", "attention probs", "attention mask", "attention dropped",
+}
+
+// attnArgs holds a kernel's tensors by role; the roles it lacks are nil.
+type attnArgs [attnRoles][]float32
+
+// checkAll checks every tensor of ts in role order: q-shaped and kv-shaped
+// ones hold s·d values a head, lse s, and the probabilities, the dropout
+// mask and the dropped probabilities s·s.
+func (sh AttnShape) checkAll(ts attnArgs) {
+	for r, t := range ts {
+		perHead, kvShaped := sh.Seq*sh.Dim, false
+		switch attnRole(r) {
+		case attnDK, attnDV, attnK, attnV:
+			kvShaped = true
+		case attnLSE:
+			perHead = sh.Seq
+		case attnProbs, attnMask, attnDropped:
+			perHead = sh.Seq * sh.Seq
+		}
+		sh.check(attnRoleNames[r], t, perHead, kvShaped)
+	}
+}
+
+// attnCheckDropout panics unless the eager kernels' mask and dropped are
+// both given (dropout) or both nil.
+func attnCheckDropout(mask, dropped []float32) {
+	if (mask == nil) != (dropped == nil) {
+		panic("kernel: attention mask and dropped must both be given or both be nil")
+	}
+}
+
+// repeatKVShape is the shape of a repeat_kv or its backward, checked
+// against its kv-shaped tensor kvT and its query-shaped tensor qT.
+func repeatKVShape(kvName, qName string, kvT, qT []float32, batch, kv, heads, s, d int) AttnShape {
+	sh := AttnShape{Batch: batch, Heads: heads, KVHeads: kv, Seq: s, Dim: d}
+	sh.check(kvName, kvT, s*d, true)
+	sh.check(qName, qT, s*d, false)
+	return sh
+}
+
 // RepeatKV expands x [batch, kv, s, d] to y [batch, heads, s, d] by copying
 // each key/value head to the heads/kv query heads of its group, as Hugging
 // Face's repeat_kv does. It takes O(batch·heads·s·d) time.
 func RepeatKV(y, x []float32, batch, kv, heads, s, d int) {
-	sh := AttnShape{Batch: batch, Heads: heads, KVHeads: kv, Seq: s, Dim: d}
-	sh.check("repeat_kv x", x, s*d, true)
-	sh.check("repeat_kv y", y, s*d, false)
+	sh := repeatKVShape("repeat_kv x", "repeat_kv y", x, y, batch, kv, heads, s, d)
 	sd := s * d
 	for n := 0; n < batch*heads; n++ {
 		g := sh.head(n).kv
@@ -111,9 +173,7 @@ func RepeatKV(y, x []float32, batch, kv, heads, s, d int) {
 // [batch, heads, s, d] over each group's heads, in ascending head order. It
 // keeps nothing. It takes O(batch·heads·s·d) time.
 func RepeatKVBackward(dx, dy []float32, batch, kv, heads, s, d int) {
-	sh := AttnShape{Batch: batch, Heads: heads, KVHeads: kv, Seq: s, Dim: d}
-	sh.check("repeat_kv dx", dx, s*d, true)
-	sh.check("repeat_kv dy", dy, s*d, false)
+	sh := repeatKVShape("repeat_kv dx", "repeat_kv dy", dx, dy, batch, kv, heads, s, d)
 	sd := s * d
 	for n := 0; n < batch*heads; n++ {
 		hd := sh.head(n)
@@ -137,16 +197,9 @@ func RepeatKVBackward(dx, dy []float32, batch, kv, heads, s, d int) {
 func Attention(out, probs, dropped, q, k, v, mask []float32, sh AttnShape) {
 	s, d := sh.Seq, sh.Dim
 	ss, sd := s*s, s*d
-	sh.check("attention q", q, sd, false)
-	sh.check("attention k", k, sd, true)
-	sh.check("attention v", v, sd, true)
-	sh.check("attention out", out, sd, false)
-	sh.check("attention probs", probs, ss, false)
-	sh.check("attention mask", mask, ss, false)
-	sh.check("attention dropped", dropped, ss, false)
-	if (mask == nil) != (dropped == nil) {
-		panic("kernel: attention mask and dropped must both be given or both be nil")
-	}
+	sh.checkAll(attnArgs{attnQ: q, attnK: k, attnV: v, attnOut: out,
+		attnProbs: probs, attnMask: mask, attnDropped: dropped})
+	attnCheckDropout(mask, dropped)
 	c := sh.scale()
 	for n := 0; n < sh.Batch*sh.Heads; n++ {
 		hd := sh.head(n)
@@ -210,14 +263,8 @@ func AttentionBackwardScratch(sh AttnShape) int {
 func AttentionBackward(dq, dk, dv, q, k, v, probs, mask, dropped, dout, scratch []float32, sh AttnShape) {
 	s, d := sh.Seq, sh.Dim
 	ss, sd := s*s, s*d
-	sh.check("attention dq", dq, sd, false)
-	sh.check("attention dk", dk, sd, true)
-	sh.check("attention dv", dv, sd, true)
-	sh.check("attention dout", dout, sd, false)
-	sh.check("attention probs", probs, ss, false)
-	if (mask == nil) != (dropped == nil) {
-		panic("kernel: attention mask and dropped must both be given or both be nil")
-	}
+	sh.checkAll(attnArgs{attnDQ: dq, attnDK: dk, attnDV: dv, attnDOut: dout, attnProbs: probs})
+	attnCheckDropout(mask, dropped)
 	if dq != nil || dk != nil {
 		mmCheck("attention scratch", len(scratch), AttentionBackwardScratch(sh))
 	}

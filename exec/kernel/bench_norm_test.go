@@ -13,9 +13,16 @@ func benchNormInputs(n int) (x, g []float32) {
 	return fdRand(rng, n, -3, 3), fdRand(rng, n, -1, 1)
 }
 
-func benchNormBytes(b *testing.B, n, streams int) {
-	b.SetBytes(int64(4 * n * streams))
-	b.ReportAllocs()
+// benchNormPass runs run as the sub-benchmark name, reporting the given
+// number of floats moved per run.
+func benchNormPass(b *testing.B, name string, floats int, run func()) {
+	b.Run(name, func(b *testing.B) {
+		b.SetBytes(int64(4 * floats))
+		b.ReportAllocs()
+		for b.Loop() {
+			run()
+		}
+	})
 }
 
 func BenchmarkLayerNorm(b *testing.B) {
@@ -24,18 +31,8 @@ func BenchmarkLayerNorm(b *testing.B) {
 	w, bias := normFilled(cols, 1), make([]float32, cols)
 	y, mean, rstd := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
 	dw, db := make([]float32, cols), make([]float32, cols)
-	b.Run("forward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 2)
-		for b.Loop() {
-			LayerNorm(y, mean, rstd, x, w, bias, rows, cols, normEps)
-		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 3)
-		for b.Loop() {
-			LayerNormBackward(y, dw, db, x, mean, rstd, w, g, rows, cols)
-		}
-	})
+	benchNormPass(b, "forward", 2*rows*cols, func() { LayerNorm(y, mean, rstd, x, w, bias, rows, cols, normEps) })
+	benchNormPass(b, "backward", 3*rows*cols, func() { LayerNormBackward(y, dw, db, x, mean, rstd, w, g, rows, cols) })
 }
 
 func BenchmarkRMSNorm(b *testing.B) {
@@ -44,36 +41,16 @@ func BenchmarkRMSNorm(b *testing.B) {
 	w := normFilled(cols, 1)
 	y, xsq, rstd, nrm := make([]float32, rows*cols), make([]float32, rows*cols), make([]float32, rows), make([]float32, rows*cols)
 	dw := make([]float32, cols)
-	b.Run("forward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 4)
-		for b.Loop() {
-			RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps)
-		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 3)
-		for b.Loop() {
-			RMSNormBackward(y, dw, x, xsq, rstd, nrm, w, g, rows, cols)
-		}
-	})
+	benchNormPass(b, "forward", 4*rows*cols, func() { RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps) })
+	benchNormPass(b, "backward", 3*rows*cols, func() { RMSNormBackward(y, dw, x, xsq, rstd, nrm, w, g, rows, cols) })
 }
 
 func BenchmarkSoftmax(b *testing.B) {
 	const rows, cols = 12 * 64, 1024
 	x, g := benchNormInputs(rows * cols)
 	y := make([]float32, rows*cols)
-	b.Run("forward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 2)
-		for b.Loop() {
-			Softmax(y, x, rows, cols)
-		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, rows*cols, 3)
-		for b.Loop() {
-			SoftmaxBackward(x, y, g, rows, cols)
-		}
-	})
+	benchNormPass(b, "forward", 2*rows*cols, func() { Softmax(y, x, rows, cols) })
+	benchNormPass(b, "backward", 3*rows*cols, func() { SoftmaxBackward(x, y, g, rows, cols) })
 }
 
 func BenchmarkCrossEntropy(b *testing.B) {
@@ -81,37 +58,17 @@ func BenchmarkCrossEntropy(b *testing.B) {
 	x, _ := benchNormInputs(rows * vocab)
 	logp := make([]float32, rows*vocab)
 	targets := []int64{0, 1, 2, 3, 4, 5, 6, 50256}
-	b.Run("forward", func(b *testing.B) {
-		benchNormBytes(b, rows*vocab, 2)
-		for b.Loop() {
-			CrossEntropy(logp, x, targets, rows, vocab)
-		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, rows*vocab, 3)
-		dlogp := make([]float32, CrossEntropyBackwardScratch(rows, vocab))
-		for b.Loop() {
-			CrossEntropyBackward(x, logp, dlogp, targets, 1, rows, vocab)
-		}
-	})
+	dlogp := make([]float32, CrossEntropyBackwardScratch(rows, vocab))
+	benchNormPass(b, "forward", 2*rows*vocab, func() { CrossEntropy(logp, x, targets, rows, vocab) })
+	benchNormPass(b, "backward", 3*rows*vocab, func() { CrossEntropyBackward(x, logp, dlogp, targets, 1, rows, vocab) })
 }
 
 func BenchmarkGELU(b *testing.B) {
 	const n = 1024 * 3072
 	x, g := benchNormInputs(n)
 	y := make([]float32, n)
-	b.Run("forward", func(b *testing.B) {
-		benchNormBytes(b, n, 2)
-		for b.Loop() {
-			GELU(y, x)
-		}
-	})
-	b.Run("backward", func(b *testing.B) {
-		benchNormBytes(b, n, 3)
-		for b.Loop() {
-			GELUBackward(y, x, g)
-		}
-	})
+	benchNormPass(b, "forward", 2*n, func() { GELU(y, x) })
+	benchNormPass(b, "backward", 3*n, func() { GELUBackward(y, x, g) })
 }
 
 func BenchmarkExpf(b *testing.B) {

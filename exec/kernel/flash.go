@@ -39,12 +39,7 @@ func FlashAttentionScratch(sh AttnShape) int {
 func FlashAttention(out, lse, q, k, v, mask, scratch []float32, sh AttnShape) {
 	s, d := sh.Seq, sh.Dim
 	sd := s * d
-	sh.check("attention q", q, sd, false)
-	sh.check("attention k", k, sd, true)
-	sh.check("attention v", v, sd, true)
-	sh.check("attention out", out, sd, false)
-	sh.check("attention lse", lse, s, false)
-	sh.check("attention mask", mask, s*s, false)
+	sh.checkAll(attnArgs{attnQ: q, attnK: k, attnV: v, attnOut: out, attnLSE: lse, attnMask: mask})
 	mmCheck("flash scratch", len(scratch), FlashAttentionScratch(sh))
 	bq, _ := sh.flashTiles()
 	for n := 0; n < sh.Batch*sh.Heads; n++ {
@@ -146,16 +141,8 @@ func FlashAttentionBackwardScratch(sh AttnShape) int {
 func FlashAttentionBackward(dq, dk, dv, q, k, v, out, lse, mask, dout, scratch []float32, sh AttnShape) {
 	s, d := sh.Seq, sh.Dim
 	sd := s * d
-	sh.check("attention dq", dq, sd, false)
-	sh.check("attention dk", dk, sd, true)
-	sh.check("attention dv", dv, sd, true)
-	sh.check("attention q", q, sd, false)
-	sh.check("attention k", k, sd, true)
-	sh.check("attention v", v, sd, true)
-	sh.check("attention out", out, sd, false)
-	sh.check("attention lse", lse, s, false)
-	sh.check("attention dout", dout, sd, false)
-	sh.check("attention mask", mask, s*s, false)
+	sh.checkAll(attnArgs{attnDQ: dq, attnDK: dk, attnDV: dv, attnQ: q, attnK: k, attnV: v,
+		attnOut: out, attnLSE: lse, attnDOut: dout, attnMask: mask})
 	if dq == nil && dk == nil && dv == nil {
 		return
 	}

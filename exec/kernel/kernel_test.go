@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"fmt"
 	"math"
 	"math/rand"
 	"testing"
@@ -15,6 +16,16 @@ import (
 // and columns, odd sizes, and one row longer than a cache line.
 var fdShapes = []struct{ rows, cols int }{
 	{1, 1}, {1, 7}, {3, 1}, {2, 2}, {4, 5}, {5, 13}, {3, 33},
+}
+
+// fdEachShape runs f as a subtest on each of fdShapes, named rows×cols,
+// with a generator seeded by the shape's place in the list.
+func fdEachShape(t *testing.T, f func(t *testing.T, rng *rand.Rand, rows, cols int)) {
+	for k, sh := range fdShapes {
+		t.Run(fmt.Sprintf("%dx%d", sh.rows, sh.cols), func(t *testing.T) {
+			f(t, rand.New(rand.NewSource(int64(k+1))), sh.rows, sh.cols)
+		})
+	}
 }
 
 // fdStep is the central-difference step for float64 references: its
@@ -41,6 +52,17 @@ func fdWiden(x []float32) []float64 {
 		y[i] = float64(v)
 	}
 	return y
+}
+
+// fdMap returns the elementwise function that applies f to every value.
+func fdMap(f func(float64) float64) func(x []float64) []float64 {
+	return func(x []float64) []float64 {
+		y := make([]float64, len(x))
+		for i, v := range x {
+			y[i] = f(v)
+		}
+		return y
+	}
 }
 
 // fdDot is Σ y·g, the scalar whose gradient with respect to y is g.

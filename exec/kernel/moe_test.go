@@ -31,6 +31,16 @@ func (c moeCase) String() string {
 	return fmt.Sprintf("T%d_E%d_k%d_h%d", c.tokens, c.experts, c.k, c.h)
 }
 
+// moeEachCase runs f as a subtest on each of moeCases, with a generator
+// seeded by the case's place in the list.
+func moeEachCase(t *testing.T, f func(t *testing.T, rng *rand.Rand, c moeCase)) {
+	for i, c := range moeCases {
+		t.Run(c.String(), func(t *testing.T) {
+			f(t, rand.New(rand.NewSource(int64(i+1))), c)
+		})
+	}
+}
+
 // moeIdx is the case's idx, or k distinct random experts for every token.
 func moeIdx(rng *rand.Rand, c moeCase) []int64 {
 	if c.idx != nil {
@@ -260,34 +270,31 @@ func moeRefCombine(x []float64, route []int64, tokens, h int) []float64 {
 }
 
 func TestDispatchCombine(t *testing.T) {
-	for i, c := range moeCases {
-		t.Run(c.String(), func(t *testing.T) {
-			rng := rand.New(rand.NewSource(int64(i + 1)))
-			route, _ := moeRoute(c, moeIdx(rng, c))
-			rows, h := c.tokens*c.k, c.h
-			x, gx := fdRand(rng, c.tokens*h, -1, 1), fdRand(rng, rows*h, -1, 1)
-			xr, gt := fdRand(rng, rows*h, -1, 1), fdRand(rng, c.tokens*h, -1, 1)
+	moeEachCase(t, func(t *testing.T, rng *rand.Rand, c moeCase) {
+		route, _ := moeRoute(c, moeIdx(rng, c))
+		rows, h := c.tokens*c.k, c.h
+		x, gx := fdRand(rng, c.tokens*h, -1, 1), fdRand(rng, rows*h, -1, 1)
+		xr, gt := fdRand(rng, rows*h, -1, 1), fdRand(rng, c.tokens*h, -1, 1)
 
-			y := mmNaN(rows * h)
-			Dispatch(y, x, route, rows, h)
-			fdCheck(t, "dispatch", moeRefDispatch(fdWiden(x), route, h), y, 0)
-			dx := mmNaN(c.tokens * h)
-			DispatchBackward(dx, gx, route, c.tokens, rows, h)
-			fdGradCheck(t, "dispatch dx", func(v []float64) float64 { return fdDot(moeRefDispatch(v, route, h), gx) }, x, dx)
+		y := mmNaN(rows * h)
+		Dispatch(y, x, route, rows, h)
+		fdCheck(t, "dispatch", moeRefDispatch(fdWiden(x), route, h), y, 0)
+		dx := mmNaN(c.tokens * h)
+		DispatchBackward(dx, gx, route, c.tokens, rows, h)
+		fdGradCheck(t, "dispatch dx", func(v []float64) float64 { return fdDot(moeRefDispatch(v, route, h), gx) }, x, dx)
 
-			yt := mmNaN(c.tokens * h)
-			Combine(yt, xr, route, c.tokens, rows, h)
-			fdCheck(t, "combine", moeRefCombine(fdWiden(xr), route, c.tokens, h), yt, 1e-6)
-			dxr := mmNaN(rows * h)
-			CombineBackward(dxr, gt, route, rows, h)
-			fdGradCheck(t, "combine dx", func(v []float64) float64 { return fdDot(moeRefCombine(v, route, c.tokens, h), gt) }, xr, dxr)
+		yt := mmNaN(c.tokens * h)
+		Combine(yt, xr, route, c.tokens, rows, h)
+		fdCheck(t, "combine", moeRefCombine(fdWiden(xr), route, c.tokens, h), yt, 1e-6)
+		dxr := mmNaN(rows * h)
+		CombineBackward(dxr, gt, route, rows, h)
+		fdGradCheck(t, "combine dx", func(v []float64) float64 { return fdDot(moeRefCombine(v, route, c.tokens, h), gt) }, xr, dxr)
 
-			mmAllocs(t, "Dispatch", func() { Dispatch(y, x, route, rows, h) })
-			mmAllocs(t, "DispatchBackward", func() { DispatchBackward(dx, gx, route, c.tokens, rows, h) })
-			mmAllocs(t, "Combine", func() { Combine(yt, xr, route, c.tokens, rows, h) })
-			mmAllocs(t, "CombineBackward", func() { CombineBackward(dxr, gt, route, rows, h) })
-		})
-	}
+		mmAllocs(t, "Dispatch", func() { Dispatch(y, x, route, rows, h) })
+		mmAllocs(t, "DispatchBackward", func() { DispatchBackward(dx, gx, route, c.tokens, rows, h) })
+		mmAllocs(t, "Combine", func() { Combine(yt, xr, route, c.tokens, rows, h) })
+		mmAllocs(t, "CombineBackward", func() { CombineBackward(dxr, gt, route, rows, h) })
+	})
 }
 
 func TestCombineOrder(t *testing.T) {
@@ -323,44 +330,41 @@ func moeRefExpertLinear(x, w []float64, route, idx []int64, k, in, out int) []fl
 }
 
 func TestExpertLinear(t *testing.T) {
-	for i, c := range moeCases {
-		t.Run(c.String(), func(t *testing.T) {
-			rng := rand.New(rand.NewSource(int64(i + 1)))
-			idx := moeIdx(rng, c)
-			route, counts := moeRoute(c, idx)
-			rows, in, out, E := c.tokens*c.k, c.h, c.h+2, c.experts
-			x, w := fdRand(rng, rows*in, -1, 1), fdRand(rng, E*in*out, -1, 1)
-			g := fdRand(rng, rows*out, -1, 1)
+	moeEachCase(t, func(t *testing.T, rng *rand.Rand, c moeCase) {
+		idx := moeIdx(rng, c)
+		route, counts := moeRoute(c, idx)
+		rows, in, out, E := c.tokens*c.k, c.h, c.h+2, c.experts
+		x, w := fdRand(rng, rows*in, -1, 1), fdRand(rng, E*in*out, -1, 1)
+		g := fdRand(rng, rows*out, -1, 1)
 
-			y := mmNaN(rows * out)
-			ExpertLinear(y, x, w, route, idx, c.k, E, in, out)
-			fdCheck(t, "y", moeRefExpertLinear(fdWiden(x), fdWiden(w), route, idx, c.k, in, out), y, fdTol)
+		y := mmNaN(rows * out)
+		ExpertLinear(y, x, w, route, idx, c.k, E, in, out)
+		fdCheck(t, "y", moeRefExpertLinear(fdWiden(x), fdWiden(w), route, idx, c.k, in, out), y, fdTol)
 
-			dx, dw := mmNaN(rows*in), normFilled(E*in*out, 9)
-			ExpertLinearBackward(dx, dw, g, x, w, route, idx, c.k, E, in, out)
-			fdGradCheck(t, "dx", func(v []float64) float64 {
-				return fdDot(moeRefExpertLinear(v, fdWiden(w), route, idx, c.k, in, out), g)
-			}, x, dx)
-			fdGradCheck(t, "dw", func(v []float64) float64 {
-				return fdDot(moeRefExpertLinear(fdWiden(x), v, route, idx, c.k, in, out), g)
-			}, w, normMinus(dw, 9))
-			for e, n := range counts {
-				if n == 0 && !mmSame(dw[e*in*out:(e+1)*in*out], normFilled(in*out, 9)) {
-					t.Errorf("expert %d has no rows, but its dw changed", e)
-				}
+		dx, dw := mmNaN(rows*in), normFilled(E*in*out, 9)
+		ExpertLinearBackward(dx, dw, g, x, w, route, idx, c.k, E, in, out)
+		fdGradCheck(t, "dx", func(v []float64) float64 {
+			return fdDot(moeRefExpertLinear(v, fdWiden(w), route, idx, c.k, in, out), g)
+		}, x, dx)
+		fdGradCheck(t, "dw", func(v []float64) float64 {
+			return fdDot(moeRefExpertLinear(fdWiden(x), v, route, idx, c.k, in, out), g)
+		}, w, normMinus(dw, 9))
+		for e, n := range counts {
+			if n == 0 && !mmSame(dw[e*in*out:(e+1)*in*out], normFilled(in*out, 9)) {
+				t.Errorf("expert %d has no rows, but its dw changed", e)
 			}
+		}
 
-			// One gradient at a time, with only what it reads.
-			dx2, dw2 := mmNaN(rows*in), normFilled(E*in*out, 9)
-			ExpertLinearBackward(dx2, nil, g, nil, w, route, idx, c.k, E, in, out)
-			ExpertLinearBackward(nil, dw2, g, x, nil, route, idx, c.k, E, in, out)
-			if !mmSame(dx, dx2) || !mmSame(dw, dw2) {
-				t.Error("gradients computed alone differ")
-			}
-			mmAllocs(t, "ExpertLinear", func() { ExpertLinear(y, x, w, route, idx, c.k, E, in, out) })
-			mmAllocs(t, "ExpertLinearBackward", func() { ExpertLinearBackward(dx, dw, g, x, w, route, idx, c.k, E, in, out) })
-		})
-	}
+		// One gradient at a time, with only what it reads.
+		dx2, dw2 := mmNaN(rows*in), normFilled(E*in*out, 9)
+		ExpertLinearBackward(dx2, nil, g, nil, w, route, idx, c.k, E, in, out)
+		ExpertLinearBackward(nil, dw2, g, x, nil, route, idx, c.k, E, in, out)
+		if !mmSame(dx, dx2) || !mmSame(dw, dw2) {
+			t.Error("gradients computed alone differ")
+		}
+		mmAllocs(t, "ExpertLinear", func() { ExpertLinear(y, x, w, route, idx, c.k, E, in, out) })
+		mmAllocs(t, "ExpertLinearBackward", func() { ExpertLinearBackward(dx, dw, g, x, w, route, idx, c.k, E, in, out) })
+	})
 }
 
 // moeRefGather is y[r] = w[token(r)·k + slot(r)].
@@ -373,22 +377,19 @@ func moeRefGather(w []float64, route []int64, k int) []float64 {
 }
 
 func TestGatherWeights(t *testing.T) {
-	for i, c := range moeCases {
-		t.Run(c.String(), func(t *testing.T) {
-			rng := rand.New(rand.NewSource(int64(i + 1)))
-			route, _ := moeRoute(c, moeIdx(rng, c))
-			rows := c.tokens * c.k
-			w, g := fdRand(rng, c.tokens*c.k, 0, 1), fdRand(rng, rows, -1, 1)
-			y := mmNaN(rows)
-			GatherWeights(y, w, route, rows, c.k)
-			fdCheck(t, "y", moeRefGather(fdWiden(w), route, c.k), y, 0)
-			dw := mmNaN(c.tokens * c.k)
-			GatherWeightsBackward(dw, g, route, c.tokens, rows, c.k)
-			fdGradCheck(t, "dw", func(v []float64) float64 { return fdDot(moeRefGather(v, route, c.k), g) }, w, dw)
-			mmAllocs(t, "GatherWeights", func() { GatherWeights(y, w, route, rows, c.k) })
-			mmAllocs(t, "GatherWeightsBackward", func() { GatherWeightsBackward(dw, g, route, c.tokens, rows, c.k) })
-		})
-	}
+	moeEachCase(t, func(t *testing.T, rng *rand.Rand, c moeCase) {
+		route, _ := moeRoute(c, moeIdx(rng, c))
+		rows := c.tokens * c.k
+		w, g := fdRand(rng, c.tokens*c.k, 0, 1), fdRand(rng, rows, -1, 1)
+		y := mmNaN(rows)
+		GatherWeights(y, w, route, rows, c.k)
+		fdCheck(t, "y", moeRefGather(fdWiden(w), route, c.k), y, 0)
+		dw := mmNaN(c.tokens * c.k)
+		GatherWeightsBackward(dw, g, route, c.tokens, rows, c.k)
+		fdGradCheck(t, "dw", func(v []float64) float64 { return fdDot(moeRefGather(v, route, c.k), g) }, w, dw)
+		mmAllocs(t, "GatherWeights", func() { GatherWeights(y, w, route, rows, c.k) })
+		mmAllocs(t, "GatherWeightsBackward", func() { GatherWeightsBackward(dw, g, route, c.tokens, rows, c.k) })
+	})
 }
 
 // moeRefMulRows is y[r,c] = a[r,c]·b[r].
@@ -401,41 +402,37 @@ func moeRefMulRows(a, b []float64, cols int) []float64 {
 }
 
 func TestMulRows(t *testing.T) {
-	for k, sh := range fdShapes {
-		t.Run(fmt.Sprintf("%dx%d", sh.rows, sh.cols), func(t *testing.T) {
-			rows, cols := sh.rows, sh.cols
-			rng := rand.New(rand.NewSource(int64(k + 1)))
-			a, b, g := fdRand(rng, rows*cols, -2, 2), fdRand(rng, rows, -2, 2), fdRand(rng, rows*cols, -1, 1)
-			a64, b64 := fdWiden(a), fdWiden(b)
-			y := mmNaN(rows * cols)
-			MulRows(y, a, b, rows, cols)
-			fdCheck(t, "y", moeRefMulRows(a64, b64, cols), y, 1e-6)
-			ya := slices.Clone(a)
-			MulRows(ya, ya, b, rows, cols)
-			if !mmSame(ya, y) {
-				t.Error("y in place of a differs")
-			}
+	fdEachShape(t, func(t *testing.T, rng *rand.Rand, rows, cols int) {
+		a, b, g := fdRand(rng, rows*cols, -2, 2), fdRand(rng, rows, -2, 2), fdRand(rng, rows*cols, -1, 1)
+		a64, b64 := fdWiden(a), fdWiden(b)
+		y := mmNaN(rows * cols)
+		MulRows(y, a, b, rows, cols)
+		fdCheck(t, "y", moeRefMulRows(a64, b64, cols), y, 1e-6)
+		ya := slices.Clone(a)
+		MulRows(ya, ya, b, rows, cols)
+		if !mmSame(ya, y) {
+			t.Error("y in place of a differs")
+		}
 
-			da, db := mmNaN(rows*cols), mmNaN(rows)
-			MulRowsBackward(da, db, g, a, b, rows, cols)
-			fdGradCheck(t, "da", func(v []float64) float64 { return fdDot(moeRefMulRows(v, b64, cols), g) }, a, da)
-			fdGradCheck(t, "db", func(v []float64) float64 { return fdDot(moeRefMulRows(a64, v, cols), g) }, b, db)
+		da, db := mmNaN(rows*cols), mmNaN(rows)
+		MulRowsBackward(da, db, g, a, b, rows, cols)
+		fdGradCheck(t, "da", func(v []float64) float64 { return fdDot(moeRefMulRows(v, b64, cols), g) }, a, da)
+		fdGradCheck(t, "db", func(v []float64) float64 { return fdDot(moeRefMulRows(a64, v, cols), g) }, b, db)
 
-			da2, db2 := mmNaN(rows*cols), mmNaN(rows)
-			MulRowsBackward(da2, nil, g, nil, b, rows, cols)
-			MulRowsBackward(nil, db2, g, a, nil, rows, cols)
-			if !mmSame(da, da2) || !mmSame(db, db2) {
-				t.Error("gradients computed alone differ")
-			}
-			dg, db3 := slices.Clone(g), mmNaN(rows)
-			MulRowsBackward(dg, db3, dg, a, b, rows, cols)
-			if !mmSame(dg, da) || !mmSame(db3, db) {
-				t.Error("da in place of dy differs")
-			}
-			mmAllocs(t, "MulRows", func() { MulRows(y, a, b, rows, cols) })
-			mmAllocs(t, "MulRowsBackward", func() { MulRowsBackward(da, db, g, a, b, rows, cols) })
-		})
-	}
+		da2, db2 := mmNaN(rows*cols), mmNaN(rows)
+		MulRowsBackward(da2, nil, g, nil, b, rows, cols)
+		MulRowsBackward(nil, db2, g, a, nil, rows, cols)
+		if !mmSame(da, da2) || !mmSame(db, db2) {
+			t.Error("gradients computed alone differ")
+		}
+		dg, db3 := slices.Clone(g), mmNaN(rows)
+		MulRowsBackward(dg, db3, dg, a, b, rows, cols)
+		if !mmSame(dg, da) || !mmSame(db3, db) {
+			t.Error("da in place of dy differs")
+		}
+		mmAllocs(t, "MulRows", func() { MulRows(y, a, b, rows, cols) })
+		mmAllocs(t, "MulRowsBackward", func() { MulRowsBackward(da, db, g, a, b, rows, cols) })
+	})
 }
 
 // moeRefLayer is MixtralSparseMoeBlock's forward in float64, transcribed:

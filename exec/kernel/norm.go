@@ -45,33 +45,48 @@ func normRowRstd(x []float32, eps float32) float32 {
 	return float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
 }
 
+// normForwardCheck checks the tensors both norms' forwards share.
+func normForwardCheck(op string, y, rstd, x, w []float32, rows, cols int) {
+	pointwiseMustLen(op, "x", len(x), rows*cols)
+	pointwiseMustLen(op, "y", len(y), rows*cols)
+	pointwiseMustLen(op, "rstd", len(rstd), rows)
+	pointwiseMustLen(op, "w", len(w), cols)
+}
+
 // LayerNorm writes y = w·(x−μ)·rstd + b for every row of the rows×cols x,
 // and each row's mean and rstd (rows values each), which torch-eager keeps
 // with x. A nil b is a layer norm without bias. O(rows·cols).
 func LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
 	const op = "layernorm"
-	pointwiseMustLen(op, "x", len(x), rows*cols)
-	pointwiseMustLen(op, "y", len(y), rows*cols)
+	normForwardCheck(op, y, rstd, x, w, rows, cols)
 	pointwiseMustLen(op, "mean", len(mean), rows)
-	pointwiseMustLen(op, "rstd", len(rstd), rows)
-	pointwiseMustLen(op, "w", len(w), cols)
 	if b != nil {
 		pointwiseMustLen(op, "b", len(b), cols)
 	}
 	for i := range rows {
-		xr, yr := x[i*cols:(i+1)*cols], y[i*cols:(i+1)*cols]
-		m, r := normRowStats(xr, eps)
-		mean[i], rstd[i] = m, r
-		if b == nil {
-			for j, v := range xr {
-				yr[j] = (v - m) * r * w[j]
-			}
-			continue
-		}
-		for j, v := range xr {
-			yr[j] = (v-m)*r*w[j] + b[j]
-		}
+		lo, hi := i*cols, (i+1)*cols
+		mean[i], rstd[i] = layerNormRow(y[lo:hi], x[lo:hi], w, b, eps)
 	}
+}
+
+// layerNormRow writes one row of y and returns the row's mean and rstd.
+// A row is a function of its own, as in the backward, so that its loops
+// keep the slices in registers and need no bounds checks; inlined behind
+// the length checks' call they reloaded w from the stack at every value.
+func layerNormRow(y, x, w, b []float32, eps float32) (m, r float32) {
+	y, w = y[:len(x)], w[:len(x)]
+	m, r = normRowStats(x, eps)
+	if b == nil {
+		for j, v := range x {
+			y[j] = (v - m) * r * w[j]
+		}
+		return m, r
+	}
+	b = b[:len(x)]
+	for j, v := range x {
+		y[j] = (v-m)*r*w[j] + b[j]
+	}
+	return m, r
 }
 
 // LayerNormBackward writes dx and adds to dw and db from what torch-eager
@@ -82,7 +97,7 @@ func LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
 func LayerNormBackward(dx, dw, db, x, mean, rstd, w, dy []float32, rows, cols int) {
 	pointwiseMustLen("layernorm backward", "mean", len(mean), rows)
 	pointwiseMustLen("layernorm backward", "rstd", len(rstd), rows)
-	layerNormBackwardCheck(dx, dw, db, x, w, dy, rows, cols)
+	normBackwardCheck("layernorm backward", dx, dw, db, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
 		layerNormRowBackward(optionalRow(dx, lo, hi), dw, db, x[lo:hi], w, dy[lo:hi], mean[i], rstd[i])
@@ -94,7 +109,7 @@ func LayerNormBackward(dx, dw, db, x, mean, rstd, w, dy []float32, rows, cols in
 // with the forward's eps, to the forward's bits, and gives the same result.
 // O(rows·cols).
 func LayerNormBackwardRecompute(dx, dw, db, x, w, dy []float32, rows, cols int, eps float32) {
-	layerNormBackwardCheck(dx, dw, db, x, w, dy, rows, cols)
+	normBackwardCheck("layernorm backward", dx, dw, db, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
 		m, r := normRowStats(x[lo:hi], eps)
@@ -102,8 +117,9 @@ func LayerNormBackwardRecompute(dx, dw, db, x, w, dy []float32, rows, cols int, 
 	}
 }
 
-func layerNormBackwardCheck(dx, dw, db, x, w, dy []float32, rows, cols int) {
-	const op = "layernorm backward"
+// normBackwardCheck checks the tensors both norms' backwards share; a nil
+// dx, dw or db is not checked (RMSNorm passes no db, having no bias).
+func normBackwardCheck(op string, dx, dw, db, x, w, dy []float32, rows, cols int) {
 	pointwiseMustLen(op, "x", len(x), rows*cols)
 	pointwiseMustLen(op, "dy", len(dy), rows*cols)
 	if dx != nil {
@@ -157,10 +173,7 @@ func layerNormRowBackward(dx, dw, db, x, w, dy []float32, m, r float32) {
 // is the same either way. O(rows·cols).
 func RMSNorm(y, xsq, rstd, normalized, x, w []float32, rows, cols int, eps float32) {
 	const op = "rmsnorm"
-	pointwiseMustLen(op, "x", len(x), rows*cols)
-	pointwiseMustLen(op, "y", len(y), rows*cols)
-	pointwiseMustLen(op, "rstd", len(rstd), rows)
-	pointwiseMustLen(op, "w", len(w), cols)
+	normForwardCheck(op, y, rstd, x, w, rows, cols)
 	if xsq != nil {
 		pointwiseMustLen(op, "xsq", len(xsq), rows*cols)
 		for i, v := range x {
@@ -172,19 +185,25 @@ func RMSNorm(y, xsq, rstd, normalized, x, w []float32, rows, cols int, eps float
 	}
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
-		xr, yr := x[lo:hi], y[lo:hi]
-		r := normRowRstd(xr, eps)
-		rstd[i] = r
-		if normalized != nil {
-			nr := normalized[lo:hi]
-			for j, v := range xr {
-				nr[j] = v * r
-			}
-		}
-		for j, v := range xr {
-			yr[j] = w[j] * (v * r)
+		rstd[i] = rmsNormRow(y[lo:hi], optionalRow(normalized, lo, hi), x[lo:hi], w, eps)
+	}
+}
+
+// rmsNormRow writes one row of y, and of normalized unless it is nil, and
+// returns the row's rstd.
+func rmsNormRow(y, normalized, x, w []float32, eps float32) float32 {
+	y, w = y[:len(x)], w[:len(x)]
+	r := normRowRstd(x, eps)
+	if normalized != nil {
+		normalized = normalized[:len(x)]
+		for j, v := range x {
+			normalized[j] = v * r
 		}
 	}
+	for j, v := range x {
+		y[j] = w[j] * (v * r)
+	}
+	return r
 }
 
 // RMSNormBackward writes dx and, unless dw is nil (a frozen weight), adds
@@ -204,7 +223,7 @@ func RMSNormBackward(dx, dw, x, xsq, rstd, normalized, w, dy []float32, rows, co
 	if normalized != nil {
 		pointwiseMustLen(op, "normalized", len(normalized), rows*cols)
 	}
-	rmsNormBackwardCheck(dx, dw, x, w, dy, rows, cols)
+	normBackwardCheck("rmsnorm backward", dx, dw, nil, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
 		rmsNormRowBackward(optionalRow(dx, lo, hi), dw, x[lo:hi], w, dy[lo:hi], rstd[i])
@@ -215,23 +234,10 @@ func RMSNormBackward(dx, dw, x, xsq, rstd, normalized, w, dy []float32, rows, co
 // alone (Megatron's fused kernel): it recomputes rstd with the forward's
 // eps, to the forward's bits, and gives the same result. O(rows·cols).
 func RMSNormBackwardRecompute(dx, dw, x, w, dy []float32, rows, cols int, eps float32) {
-	rmsNormBackwardCheck(dx, dw, x, w, dy, rows, cols)
+	normBackwardCheck("rmsnorm backward", dx, dw, nil, x, w, dy, rows, cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
 		rmsNormRowBackward(optionalRow(dx, lo, hi), dw, x[lo:hi], w, dy[lo:hi], normRowRstd(x[lo:hi], eps))
-	}
-}
-
-func rmsNormBackwardCheck(dx, dw, x, w, dy []float32, rows, cols int) {
-	const op = "rmsnorm backward"
-	pointwiseMustLen(op, "x", len(x), rows*cols)
-	pointwiseMustLen(op, "dy", len(dy), rows*cols)
-	if dx != nil {
-		pointwiseMustLen(op, "dx", len(dx), rows*cols)
-	}
-	pointwiseMustLen(op, "w", len(w), cols)
-	if dw != nil {
-		pointwiseMustLen(op, "dw", len(dw), cols)
 	}
 }
 

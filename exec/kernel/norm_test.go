@@ -1,7 +1,6 @@
 package kernel
 
 import (
-	"fmt"
 	"math"
 	"math/rand"
 	"testing"
@@ -69,59 +68,55 @@ func normMinus(a []float32, v float32) []float32 {
 }
 
 func TestLayerNorm(t *testing.T) {
-	for k, sh := range fdShapes {
-		t.Run(fmt.Sprintf("%dx%d", sh.rows, sh.cols), func(t *testing.T) {
-			rows, cols := sh.rows, sh.cols
-			rng := rand.New(rand.NewSource(int64(k + 1)))
-			x := fdRand(rng, rows*cols, -1, 2)
-			w := fdRand(rng, cols, 0.5, 1.5)
-			b := fdRand(rng, cols, -1, 1)
-			g := fdRand(rng, rows*cols, -1, 1)
-			x64, w64, b64 := fdWiden(x), fdWiden(w), fdWiden(b)
+	fdEachShape(t, func(t *testing.T, rng *rand.Rand, rows, cols int) {
+		x := fdRand(rng, rows*cols, -1, 2)
+		w := fdRand(rng, cols, 0.5, 1.5)
+		b := fdRand(rng, cols, -1, 1)
+		g := fdRand(rng, rows*cols, -1, 1)
+		x64, w64, b64 := fdWiden(x), fdWiden(w), fdWiden(b)
 
-			y, mean, rstd := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
-			LayerNorm(y, mean, rstd, x, w, b, rows, cols, normEps)
-			wy, wm, wr := normRefLayerNorm(x64, w64, b64, rows, cols)
-			fdCheck(t, "y", wy, y, fdTol)
-			fdCheck(t, "mean", wm, mean, fdTol)
-			fdCheck(t, "rstd", wr, rstd, fdTol)
+		y, mean, rstd := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
+		LayerNorm(y, mean, rstd, x, w, b, rows, cols, normEps)
+		wy, wm, wr := normRefLayerNorm(x64, w64, b64, rows, cols)
+		fdCheck(t, "y", wy, y, fdTol)
+		fdCheck(t, "mean", wm, mean, fdTol)
+		fdCheck(t, "rstd", wr, rstd, fdTol)
 
-			const start = 0.25
-			dx, dw, db := make([]float32, rows*cols), normFilled(cols, start), normFilled(cols, start)
-			LayerNormBackward(dx, dw, db, x, mean, rstd, w, g, rows, cols)
-			loss := func(x, w, b []float64) float64 {
-				y, _, _ := normRefLayerNorm(x, w, b, rows, cols)
-				return fdDot(y, g)
-			}
-			fdGradCheck(t, "dx", func(v []float64) float64 { return loss(v, w64, b64) }, x, dx)
-			fdGradCheck(t, "dw", func(v []float64) float64 { return loss(x64, v, b64) }, w, normMinus(dw, start))
-			fdGradCheck(t, "db", func(v []float64) float64 { return loss(x64, w64, v) }, b, normMinus(db, start))
+		const start = 0.25
+		dx, dw, db := make([]float32, rows*cols), normFilled(cols, start), normFilled(cols, start)
+		LayerNormBackward(dx, dw, db, x, mean, rstd, w, g, rows, cols)
+		loss := func(x, w, b []float64) float64 {
+			y, _, _ := normRefLayerNorm(x, w, b, rows, cols)
+			return fdDot(y, g)
+		}
+		fdGradCheck(t, "dx", func(v []float64) float64 { return loss(v, w64, b64) }, x, dx)
+		fdGradCheck(t, "dw", func(v []float64) float64 { return loss(x64, v, b64) }, w, normMinus(dw, start))
+		fdGradCheck(t, "db", func(v []float64) float64 { return loss(x64, w64, v) }, b, normMinus(db, start))
 
-			// Recomputing the statistics must give the kept-statistics
-			// result to the bit, and a second run the first run's bits.
-			rdx, rdw, rdb := make([]float32, rows*cols), normFilled(cols, start), normFilled(cols, start)
-			LayerNormBackwardRecompute(rdx, rdw, rdb, x, w, g, rows, cols, normEps)
-			fdSameBits(t, "recomputed dx", dx, rdx)
-			fdSameBits(t, "recomputed dw", dw, rdw)
-			fdSameBits(t, "recomputed db", db, rdb)
-			y2, m2, r2 := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
-			LayerNorm(y2, m2, r2, x, w, b, rows, cols, normEps)
-			fdSameBits(t, "y", y, y2)
-			fdSameBits(t, "rstd", rstd, r2)
+		// Recomputing the statistics must give the kept-statistics
+		// result to the bit, and a second run the first run's bits.
+		rdx, rdw, rdb := make([]float32, rows*cols), normFilled(cols, start), normFilled(cols, start)
+		LayerNormBackwardRecompute(rdx, rdw, rdb, x, w, g, rows, cols, normEps)
+		fdSameBits(t, "recomputed dx", dx, rdx)
+		fdSameBits(t, "recomputed dw", dw, rdw)
+		fdSameBits(t, "recomputed db", db, rdb)
+		y2, m2, r2 := make([]float32, rows*cols), make([]float32, rows), make([]float32, rows)
+		LayerNorm(y2, m2, r2, x, w, b, rows, cols, normEps)
+		fdSameBits(t, "y", y, y2)
+		fdSameBits(t, "rstd", rstd, r2)
 
-			// Frozen parameters and no bias.
-			fdx := make([]float32, rows*cols)
-			LayerNormBackward(fdx, nil, nil, x, mean, rstd, w, g, rows, cols)
-			fdSameBits(t, "frozen dx", dx, fdx)
-			LayerNorm(y2, m2, r2, x, w, nil, rows, cols, normEps)
-			wy0, _, _ := normRefLayerNorm(x64, w64, make([]float64, cols), rows, cols)
-			fdCheck(t, "y without bias", wy0, y2, fdTol)
+		// Frozen parameters and no bias.
+		fdx := make([]float32, rows*cols)
+		LayerNormBackward(fdx, nil, nil, x, mean, rstd, w, g, rows, cols)
+		fdSameBits(t, "frozen dx", dx, fdx)
+		LayerNorm(y2, m2, r2, x, w, nil, rows, cols, normEps)
+		wy0, _, _ := normRefLayerNorm(x64, w64, make([]float64, cols), rows, cols)
+		fdCheck(t, "y without bias", wy0, y2, fdTol)
 
-			fdNoAllocs(t, "forward", func() { LayerNorm(y, mean, rstd, x, w, b, rows, cols, normEps) })
-			fdNoAllocs(t, "backward", func() { LayerNormBackward(dx, dw, db, x, mean, rstd, w, g, rows, cols) })
-			fdNoAllocs(t, "recompute", func() { LayerNormBackwardRecompute(dx, dw, db, x, w, g, rows, cols, normEps) })
-		})
-	}
+		fdNoAllocs(t, "forward", func() { LayerNorm(y, mean, rstd, x, w, b, rows, cols, normEps) })
+		fdNoAllocs(t, "backward", func() { LayerNormBackward(dx, dw, db, x, mean, rstd, w, g, rows, cols) })
+		fdNoAllocs(t, "recompute", func() { LayerNormBackwardRecompute(dx, dw, db, x, w, g, rows, cols, normEps) })
+	})
 }
 
 // TestLayerNormLargeMean checks the two-pass statistics: a one-pass
@@ -139,68 +134,64 @@ func TestLayerNormLargeMean(t *testing.T) {
 }
 
 func TestRMSNorm(t *testing.T) {
-	for k, sh := range fdShapes {
-		t.Run(fmt.Sprintf("%dx%d", sh.rows, sh.cols), func(t *testing.T) {
-			rows, cols := sh.rows, sh.cols
-			rng := rand.New(rand.NewSource(int64(k + 1)))
-			// Away from 0: a one-column row is nearly sign(x), whose
-			// curvature near 0 defeats finite differences.
-			x := fdRand(rng, rows*cols, 0.2, 1.2)
-			for i := range x {
-				if rng.Intn(2) == 0 {
-					x[i] = -x[i]
-				}
+	fdEachShape(t, func(t *testing.T, rng *rand.Rand, rows, cols int) {
+		// Away from 0: a one-column row is nearly sign(x), whose
+		// curvature near 0 defeats finite differences.
+		x := fdRand(rng, rows*cols, 0.2, 1.2)
+		for i := range x {
+			if rng.Intn(2) == 0 {
+				x[i] = -x[i]
 			}
-			w := fdRand(rng, cols, 0.5, 1.5)
-			g := fdRand(rng, rows*cols, -1, 1)
-			x64, w64 := fdWiden(x), fdWiden(w)
+		}
+		w := fdRand(rng, cols, 0.5, 1.5)
+		g := fdRand(rng, rows*cols, -1, 1)
+		x64, w64 := fdWiden(x), fdWiden(w)
 
-			y, xsq, rstd, nrm := make([]float32, rows*cols), make([]float32, rows*cols), make([]float32, rows), make([]float32, rows*cols)
-			RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps)
-			wy, wr := normRefRMSNorm(x64, w64, rows, cols)
-			fdCheck(t, "y", wy, y, fdTol)
-			fdCheck(t, "rstd", wr, rstd, fdTol)
-			ones := make([]float64, cols)
-			for j := range ones {
-				ones[j] = 1
+		y, xsq, rstd, nrm := make([]float32, rows*cols), make([]float32, rows*cols), make([]float32, rows), make([]float32, rows*cols)
+		RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps)
+		wy, wr := normRefRMSNorm(x64, w64, rows, cols)
+		fdCheck(t, "y", wy, y, fdTol)
+		fdCheck(t, "rstd", wr, rstd, fdTol)
+		ones := make([]float64, cols)
+		for j := range ones {
+			ones[j] = 1
+		}
+		wn, _ := normRefRMSNorm(x64, ones, rows, cols)
+		fdCheck(t, "normalized", wn, nrm, fdTol)
+		for i, v := range x {
+			if xsq[i] != v*v {
+				t.Fatalf("xsq[%d] = %v, want %v", i, xsq[i], v*v)
 			}
-			wn, _ := normRefRMSNorm(x64, ones, rows, cols)
-			fdCheck(t, "normalized", wn, nrm, fdTol)
-			for i, v := range x {
-				if xsq[i] != v*v {
-					t.Fatalf("xsq[%d] = %v, want %v", i, xsq[i], v*v)
-				}
-			}
+		}
 
-			const start = 0.25
-			dx, dw := make([]float32, rows*cols), normFilled(cols, start)
-			RMSNormBackward(dx, dw, x, xsq, rstd, nrm, w, g, rows, cols)
-			loss := func(x, w []float64) float64 {
-				y, _ := normRefRMSNorm(x, w, rows, cols)
-				return fdDot(y, g)
-			}
-			fdGradCheck(t, "dx", func(v []float64) float64 { return loss(v, w64) }, x, dx)
-			fdGradCheck(t, "dw", func(v []float64) float64 { return loss(x64, v) }, w, normMinus(dw, start))
+		const start = 0.25
+		dx, dw := make([]float32, rows*cols), normFilled(cols, start)
+		RMSNormBackward(dx, dw, x, xsq, rstd, nrm, w, g, rows, cols)
+		loss := func(x, w []float64) float64 {
+			y, _ := normRefRMSNorm(x, w, rows, cols)
+			return fdDot(y, g)
+		}
+		fdGradCheck(t, "dx", func(v []float64) float64 { return loss(v, w64) }, x, dx)
+		fdGradCheck(t, "dw", func(v []float64) float64 { return loss(x64, v) }, w, normMinus(dw, start))
 
-			// A frozen weight passes neither dw nor normalized; the
-			// Megatron path recomputes rstd; both give the same bits.
-			fdx := make([]float32, rows*cols)
-			RMSNormBackward(fdx, nil, x, nil, rstd, nil, w, g, rows, cols)
-			fdSameBits(t, "frozen dx", dx, fdx)
-			rdx, rdw := make([]float32, rows*cols), normFilled(cols, start)
-			RMSNormBackwardRecompute(rdx, rdw, x, w, g, rows, cols, normEps)
-			fdSameBits(t, "recomputed dx", dx, rdx)
-			fdSameBits(t, "recomputed dw", dw, rdw)
-			y2, r2 := make([]float32, rows*cols), make([]float32, rows)
-			RMSNorm(y2, nil, r2, nil, x, w, rows, cols, normEps)
-			fdSameBits(t, "y without intermediates", y, y2)
-			fdSameBits(t, "rstd without intermediates", rstd, r2)
+		// A frozen weight passes neither dw nor normalized; the
+		// Megatron path recomputes rstd; both give the same bits.
+		fdx := make([]float32, rows*cols)
+		RMSNormBackward(fdx, nil, x, nil, rstd, nil, w, g, rows, cols)
+		fdSameBits(t, "frozen dx", dx, fdx)
+		rdx, rdw := make([]float32, rows*cols), normFilled(cols, start)
+		RMSNormBackwardRecompute(rdx, rdw, x, w, g, rows, cols, normEps)
+		fdSameBits(t, "recomputed dx", dx, rdx)
+		fdSameBits(t, "recomputed dw", dw, rdw)
+		y2, r2 := make([]float32, rows*cols), make([]float32, rows)
+		RMSNorm(y2, nil, r2, nil, x, w, rows, cols, normEps)
+		fdSameBits(t, "y without intermediates", y, y2)
+		fdSameBits(t, "rstd without intermediates", rstd, r2)
 
-			fdNoAllocs(t, "forward", func() { RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps) })
-			fdNoAllocs(t, "backward", func() { RMSNormBackward(dx, dw, x, xsq, rstd, nrm, w, g, rows, cols) })
-			fdNoAllocs(t, "recompute", func() { RMSNormBackwardRecompute(dx, dw, x, w, g, rows, cols, normEps) })
-		})
-	}
+		fdNoAllocs(t, "forward", func() { RMSNorm(y, xsq, rstd, nrm, x, w, rows, cols, normEps) })
+		fdNoAllocs(t, "backward", func() { RMSNormBackward(dx, dw, x, xsq, rstd, nrm, w, g, rows, cols) })
+		fdNoAllocs(t, "recompute", func() { RMSNormBackwardRecompute(dx, dw, x, w, g, rows, cols, normEps) })
+	})
 }
 
 func TestNormLengthPanics(t *testing.T) {

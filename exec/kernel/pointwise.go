@@ -112,75 +112,104 @@ func pointwiseNegAbs(t, x []float32, z func(float32) float32) {
 
 func pointwiseIdentity(x float32) float32 { return x }
 
-// GELU writes y = gelu(x) with PyTorch's tanh approximation
-// (gelu(approximate='tanh'), GPT-2's gelu_new). y may be x. O(len(x)).
-func GELU(y, x []float32) {
-	pointwiseMustLen("gelu", "y", len(y), len(x))
+// pointwiseSigmoidExp sets t = e^−|z(x)| for the chunk x, with z = geluArg
+// for GELU and the identity otherwise. It stays out of pointwiseSigmoids,
+// whose register pressure spilled this loop's index at every value. Each
+// call of pointwiseNegAbs inlines with its argument function, which one
+// call through a variable z would not.
+func pointwiseSigmoidExp(t, x []float32, gelu bool) {
+	if gelu {
+		pointwiseNegAbs(t, x, geluArg)
+	} else {
+		pointwiseNegAbs(t, x, pointwiseIdentity)
+	}
+	vmath.Exp(t, t)
+}
+
+// sigmoidKernel picks the formula pointwiseSigmoids finishes each value
+// with; the kernels differ in nothing else.
+type sigmoidKernel int
+
+const (
+	sigmoidForward sigmoidKernel = iota // y = σ(x)
+	geluForward                         // y = x·σ(z), z = geluArg(x)
+	geluBackward                        // dx = dy·(σ(z) + x·σ'(z)·z'(x))
+	siluForward                         // y = x·σ(x)
+	siluBackward                        // dx = dy·(σ(x) + x·σ'(x))
+)
+
+// sigmoidKernelOps names each kernel in length panics.
+var sigmoidKernelOps = [...]string{
+	sigmoidForward: "sigmoid",
+	geluForward:    "gelu",
+	geluBackward:   "gelu backward",
+	siluForward:    "silu",
+	siluBackward:   "silu backward",
+}
+
+// pointwiseSigmoids writes out = f(x), or for the backward kernels
+// out = dy·f'(x), a chunk at a time: e^−|z| for the chunk from vmath.Exp,
+// then the formula of k on each value. The formula is picked once per
+// chunk, so each inner loop is as tight as a kernel of its own.
+func pointwiseSigmoids(k sigmoidKernel, out, x, dy []float32) {
+	if op := sigmoidKernelOps[k]; k == geluBackward || k == siluBackward {
+		pointwiseMustLen(op, "dx", len(out), len(x))
+		pointwiseMustLen(op, "dy", len(dy), len(x))
+	} else {
+		pointwiseMustLen(op, "y", len(out), len(x))
+	}
+	gelu := k == geluForward || k == geluBackward
 	var buf [pointwiseChunk]float32
 	for lo := 0; lo < len(x); lo += pointwiseChunk {
 		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		yc, t := y[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, geluArg)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			s, _ := pointwiseSigmoid(geluArg(v), t[j])
-			yc[j] = v * s
+		oc, t := out[lo:lo+len(xc)], buf[:len(xc)]
+		pointwiseSigmoidExp(t, xc, gelu)
+		switch k {
+		case sigmoidForward:
+			for j, v := range xc {
+				oc[j], _ = pointwiseSigmoid(v, t[j])
+			}
+		case geluForward:
+			for j, v := range xc {
+				s, _ := pointwiseSigmoid(geluArg(v), t[j])
+				oc[j] = v * s
+			}
+		case geluBackward:
+			dyc := dy[lo : lo+len(xc)]
+			for j, v := range xc {
+				s, ds := pointwiseSigmoid(geluArg(v), t[j])
+				oc[j] = dyc[j] * (s + v*ds*(2*geluC)*(1+3*geluK*v*v))
+			}
+		case siluForward:
+			for j, v := range xc {
+				s, _ := pointwiseSigmoid(v, t[j])
+				oc[j] = v * s
+			}
+		case siluBackward:
+			dyc := dy[lo : lo+len(xc)]
+			for j, v := range xc {
+				s, ds := pointwiseSigmoid(v, t[j])
+				oc[j] = dyc[j] * (s + v*ds)
+			}
 		}
 	}
 }
+
+// GELU writes y = gelu(x) with PyTorch's tanh approximation
+// (gelu(approximate='tanh'), GPT-2's gelu_new). y may be x. O(len(x)).
+func GELU(y, x []float32) { pointwiseSigmoids(geluForward, y, x, nil) }
 
 // GELUBackward writes dx = dy·gelu'(x). It needs the forward's input x,
 // which is what torch-eager keeps. dx may be dy. O(len(x)).
-func GELUBackward(dx, x, dy []float32) {
-	pointwiseMustLen("gelu backward", "dx", len(dx), len(x))
-	pointwiseMustLen("gelu backward", "dy", len(dy), len(x))
-	var buf [pointwiseChunk]float32
-	for lo := 0; lo < len(x); lo += pointwiseChunk {
-		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		dxc, dyc, t := dx[lo:lo+len(xc)], dy[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, geluArg)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			s, ds := pointwiseSigmoid(geluArg(v), t[j])
-			dxc[j] = dyc[j] * (s + v*ds*(2*geluC)*(1+3*geluK*v*v))
-		}
-	}
-}
+func GELUBackward(dx, x, dy []float32) { pointwiseSigmoids(geluBackward, dx, x, dy) }
 
 // SiLU writes y = x·σ(x). y may be x. O(len(x)).
-func SiLU(y, x []float32) {
-	pointwiseMustLen("silu", "y", len(y), len(x))
-	var buf [pointwiseChunk]float32
-	for lo := 0; lo < len(x); lo += pointwiseChunk {
-		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		yc, t := y[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, pointwiseIdentity)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			s, _ := pointwiseSigmoid(v, t[j])
-			yc[j] = v * s
-		}
-	}
-}
+func SiLU(y, x []float32) { pointwiseSigmoids(siluForward, y, x, nil) }
 
 // SiLUBackward writes dx = dy·(σ(x) + x·σ(x)(1−σ(x))). It needs the
 // forward's input x, which is what torch-eager keeps. dx may be dy.
 // O(len(x)).
-func SiLUBackward(dx, x, dy []float32) {
-	pointwiseMustLen("silu backward", "dx", len(dx), len(x))
-	pointwiseMustLen("silu backward", "dy", len(dy), len(x))
-	var buf [pointwiseChunk]float32
-	for lo := 0; lo < len(x); lo += pointwiseChunk {
-		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		dxc, dyc, t := dx[lo:lo+len(xc)], dy[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, pointwiseIdentity)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			s, ds := pointwiseSigmoid(v, t[j])
-			dxc[j] = dyc[j] * (s + v*ds)
-		}
-	}
-}
+func SiLUBackward(dx, x, dy []float32) { pointwiseSigmoids(siluBackward, dx, x, dy) }
 
 // Tanh writes y = tanh x, each value in float64 and rounded once. y may
 // be x. O(len(x)).
@@ -203,19 +232,7 @@ func TanhBackward(dx, y, dy []float32) {
 
 // Sigmoid writes y = σ(x) = 1/(1 + e^−x) without overflow, from e^−|x|
 // taken a chunk at a time from vmath.Exp. y may be x. O(len(x)).
-func Sigmoid(y, x []float32) {
-	pointwiseMustLen("sigmoid", "y", len(y), len(x))
-	var buf [pointwiseChunk]float32
-	for lo := 0; lo < len(x); lo += pointwiseChunk {
-		xc := x[lo:min(lo+pointwiseChunk, len(x))]
-		yc, t := y[lo:lo+len(xc)], buf[:len(xc)]
-		pointwiseNegAbs(t, xc, pointwiseIdentity)
-		vmath.Exp(t, t)
-		for j, v := range xc {
-			yc[j], _ = pointwiseSigmoid(v, t[j])
-		}
-	}
-}
+func Sigmoid(y, x []float32) { pointwiseSigmoids(sigmoidForward, y, x, nil) }
 
 // SigmoidBackward writes dx = dy·y·(1−y). It needs the forward's output y,
 // which is what autograd keeps. dx may be dy. O(len(y)).
@@ -227,6 +244,18 @@ func SigmoidBackward(dx, y, dy []float32) {
 	}
 }
 
+// pointwiseBroadcast sets y = f(a, b) for the rows×cols a and y, b (cols)
+// repeated for every row; the caller checks the lengths. It is small
+// enough to inline, and f with it, so the inner loop calls nothing.
+func pointwiseBroadcast(y, a, b []float32, rows, cols int, f func(a, b float32) float32) {
+	for off := 0; off < rows*cols; off += cols {
+		yr, ar := y[off:off+cols], a[off:off+cols]
+		for j, bv := range b {
+			yr[j] = f(ar[j], bv)
+		}
+	}
+}
+
 // Mul writes y = a·b, where a and y hold rows×cols values and b holds cols,
 // repeated for every row (pass rows = 1 for equal shapes). y may be a.
 // O(rows·cols).
@@ -234,12 +263,7 @@ func Mul(y, a, b []float32, rows, cols int) {
 	pointwiseMustLen("mul", "a", len(a), rows*cols)
 	pointwiseMustLen("mul", "y", len(y), rows*cols)
 	pointwiseMustLen("mul", "b", len(b), cols)
-	for off := 0; off < rows*cols; off += cols {
-		yr, ar := y[off:off+cols], a[off:off+cols]
-		for j, bv := range b {
-			yr[j] = ar[j] * bv
-		}
-	}
+	pointwiseBroadcast(y, a, b, rows, cols, func(a, b float32) float32 { return a * b })
 }
 
 // MulBackward writes da = dy·b and db = Σ dy·a, the sum running over the
@@ -275,12 +299,7 @@ func Add(y, a, b []float32, rows, cols int) {
 	pointwiseMustLen("add", "a", len(a), rows*cols)
 	pointwiseMustLen("add", "y", len(y), rows*cols)
 	pointwiseMustLen("add", "b", len(b), cols)
-	for off := 0; off < rows*cols; off += cols {
-		yr, ar := y[off:off+cols], a[off:off+cols]
-		for j, bv := range b {
-			yr[j] = ar[j] + bv
-		}
-	}
+	pointwiseBroadcast(y, a, b, rows, cols, func(a, b float32) float32 { return a + b })
 }
 
 // AddBackward writes da = dy and db = Σ dy over the rows b was repeated on,

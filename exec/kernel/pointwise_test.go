@@ -76,13 +76,7 @@ func TestGELUSiLU(t *testing.T) {
 				rng := rand.New(rand.NewSource(int64(n)))
 				x := fdRand(rng, n, -6, 6)
 				g := fdRand(rng, n, -1, 1)
-				ref := func(v []float64) []float64 {
-					y := make([]float64, len(v))
-					for i, e := range v {
-						y[i] = kk.ref(e)
-					}
-					return y
-				}
+				ref := fdMap(kk.ref)
 				y, dx := make([]float32, n), make([]float32, n)
 				kk.forward(y, x)
 				fdCheck(t, "y", ref(fdWiden(x)), y, 1e-6)
@@ -118,58 +112,54 @@ func TestGELUSiLU(t *testing.T) {
 }
 
 func TestMulAdd(t *testing.T) {
-	for k, sh := range fdShapes {
-		t.Run(fmt.Sprintf("%dx%d", sh.rows, sh.cols), func(t *testing.T) {
-			rows, cols := sh.rows, sh.cols
-			rng := rand.New(rand.NewSource(int64(k + 1)))
-			a := fdRand(rng, rows*cols, -2, 2)
-			b := fdRand(rng, cols, -2, 2)
-			g := fdRand(rng, rows*cols, -1, 1)
-			a64, b64 := fdWiden(a), fdWiden(b)
-			ref := func(a, b []float64, mul bool) []float64 {
-				y := make([]float64, len(a))
-				for i, v := range a {
-					if mul {
-						y[i] = v * b[i%cols]
-					} else {
-						y[i] = v + b[i%cols]
-					}
-				}
-				return y
-			}
-			for _, mul := range []bool{true, false} {
-				y, da, db := make([]float32, rows*cols), make([]float32, rows*cols), normFilled(cols, 9)
+	fdEachShape(t, func(t *testing.T, rng *rand.Rand, rows, cols int) {
+		a := fdRand(rng, rows*cols, -2, 2)
+		b := fdRand(rng, cols, -2, 2)
+		g := fdRand(rng, rows*cols, -1, 1)
+		a64, b64 := fdWiden(a), fdWiden(b)
+		ref := func(a, b []float64, mul bool) []float64 {
+			y := make([]float64, len(a))
+			for i, v := range a {
 				if mul {
-					Mul(y, a, b, rows, cols)
-					MulBackward(da, db, a, b, g, rows, cols)
+					y[i] = v * b[i%cols]
 				} else {
-					Add(y, a, b, rows, cols)
-					AddBackward(da, db, g, rows, cols)
+					y[i] = v + b[i%cols]
 				}
-				fdCheck(t, "y", ref(a64, b64, mul), y, 1e-6)
-				// db starts at 9: the backward writes it.
-				fdGradCheck(t, "da", func(v []float64) float64 { return fdDot(ref(v, b64, mul), g) }, a, da)
-				fdGradCheck(t, "db", func(v []float64) float64 { return fdDot(ref(a64, v, mul), g) }, b, db)
 			}
+			return y
+		}
+		for _, mul := range []bool{true, false} {
+			y, da, db := make([]float32, rows*cols), make([]float32, rows*cols), normFilled(cols, 9)
+			if mul {
+				Mul(y, a, b, rows, cols)
+				MulBackward(da, db, a, b, g, rows, cols)
+			} else {
+				Add(y, a, b, rows, cols)
+				AddBackward(da, db, g, rows, cols)
+			}
+			fdCheck(t, "y", ref(a64, b64, mul), y, 1e-6)
+			// db starts at 9: the backward writes it.
+			fdGradCheck(t, "da", func(v []float64) float64 { return fdDot(ref(v, b64, mul), g) }, a, da)
+			fdGradCheck(t, "db", func(v []float64) float64 { return fdDot(ref(a64, v, mul), g) }, b, db)
+		}
 
-			// One gradient at a time, with only the partner it needs.
-			da, db := make([]float32, rows*cols), make([]float32, cols)
-			MulBackward(da, db, a, b, g, rows, cols)
-			da2, db2 := make([]float32, rows*cols), make([]float32, cols)
-			MulBackward(da2, nil, nil, b, g, rows, cols)
-			MulBackward(nil, db2, a, nil, g, rows, cols)
-			fdSameBits(t, "da alone", da, da2)
-			fdSameBits(t, "db alone", db, db2)
-			AddBackward(nil, db2, g, rows, cols)
-			AddBackward(da2, nil, g, rows, cols)
+		// One gradient at a time, with only the partner it needs.
+		da, db := make([]float32, rows*cols), make([]float32, cols)
+		MulBackward(da, db, a, b, g, rows, cols)
+		da2, db2 := make([]float32, rows*cols), make([]float32, cols)
+		MulBackward(da2, nil, nil, b, g, rows, cols)
+		MulBackward(nil, db2, a, nil, g, rows, cols)
+		fdSameBits(t, "da alone", da, da2)
+		fdSameBits(t, "db alone", db, db2)
+		AddBackward(nil, db2, g, rows, cols)
+		AddBackward(da2, nil, g, rows, cols)
 
-			y := make([]float32, rows*cols)
-			fdNoAllocs(t, "mul", func() { Mul(y, a, b, rows, cols) })
-			fdNoAllocs(t, "mul backward", func() { MulBackward(da, db, a, b, g, rows, cols) })
-			fdNoAllocs(t, "add", func() { Add(y, a, b, rows, cols) })
-			fdNoAllocs(t, "add backward", func() { AddBackward(da, db, g, rows, cols) })
-		})
-	}
+		y := make([]float32, rows*cols)
+		fdNoAllocs(t, "mul", func() { Mul(y, a, b, rows, cols) })
+		fdNoAllocs(t, "mul backward", func() { MulBackward(da, db, a, b, g, rows, cols) })
+		fdNoAllocs(t, "add", func() { Add(y, a, b, rows, cols) })
+		fdNoAllocs(t, "add backward", func() { AddBackward(da, db, g, rows, cols) })
+	})
 }
 
 // TestMulSameShape covers operands of equal shape (rows = 1), the gate of
@@ -195,13 +185,7 @@ func TestScale(t *testing.T) {
 		y, dx := make([]float32, n), make([]float32, n)
 		Scale(y, x, c)
 		ScaleBackward(dx, g, c)
-		ref := func(v []float64) []float64 {
-			y := make([]float64, len(v))
-			for i, e := range v {
-				y[i] = c * e
-			}
-			return y
-		}
+		ref := fdMap(func(e float64) float64 { return c * e })
 		fdCheck(t, "y", ref(fdWiden(x)), y, 1e-7)
 		fdGradCheck(t, "dx", func(v []float64) float64 { return fdDot(ref(v), g) }, x, dx)
 		fdNoAllocs(t, "scale", func() { Scale(y, x, c) })
@@ -217,13 +201,7 @@ func TestTanh(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(n)))
 			x := fdRand(rng, n, -4, 4)
 			g := fdRand(rng, n, -1, 1)
-			ref := func(v []float64) []float64 {
-				y := make([]float64, len(v))
-				for i, e := range v {
-					y[i] = math.Tanh(e)
-				}
-				return y
-			}
+			ref := fdMap(math.Tanh)
 			y, dx := make([]float32, n), make([]float32, n)
 			Tanh(y, x)
 			fdCheck(t, "y", ref(fdWiden(x)), y, 1e-7)
@@ -235,13 +213,7 @@ func TestTanh(t *testing.T) {
 }
 
 func TestSigmoid(t *testing.T) {
-	ref := func(v []float64) []float64 {
-		y := make([]float64, len(v))
-		for i, e := range v {
-			y[i] = 1 / (1 + math.Exp(-e))
-		}
-		return y
-	}
+	ref := fdMap(func(e float64) float64 { return 1 / (1 + math.Exp(-e)) })
 	for _, n := range []int{1, 7, 300, 1001} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(n)))

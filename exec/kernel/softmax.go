@@ -61,20 +61,31 @@ func Softmax(y, x []float32, rows, cols int) {
 // SoftmaxBackward writes dx = y·(dy − Σ dy·y) from the forward's output y.
 // dx may be dy. O(rows·cols).
 func SoftmaxBackward(dx, y, dy []float32, rows, cols int) {
-	pointwiseMustLen("softmax backward", "y", len(y), rows*cols)
-	pointwiseMustLen("softmax backward", "dy", len(dy), rows*cols)
-	pointwiseMustLen("softmax backward", "dx", len(dx), rows*cols)
+	softmaxBackwardRows("softmax backward", dx, y, dy, rows, cols, softmaxRowBackward)
+}
+
+// softmaxRowBackward writes dx = y·(dy − Σ dy·y) for one row.
+func softmaxRowBackward(dx, y, dy []float32) {
+	dx, dy = dx[:len(y)], dy[:len(y)]
+	var s float64
+	for j, v := range y {
+		s += float64(dy[j]) * float64(v)
+	}
+	d := float32(s)
+	for j, v := range y {
+		dx[j] = v * (dy[j] - d)
+	}
+}
+
+// softmaxBackwardRows checks the lengths of a backward that reads only the
+// forward's output y, then runs row on each row; row may write dx over dy.
+func softmaxBackwardRows(op string, dx, y, dy []float32, rows, cols int, row func(dx, y, dy []float32)) {
+	pointwiseMustLen(op, "y", len(y), rows*cols)
+	pointwiseMustLen(op, "dy", len(dy), rows*cols)
+	pointwiseMustLen(op, "dx", len(dx), rows*cols)
 	for i := range rows {
 		lo, hi := i*cols, (i+1)*cols
-		yr, dyr, dxr := y[lo:hi], dy[lo:hi], dx[lo:hi]
-		var s float64
-		for j, v := range yr {
-			s += float64(dyr[j]) * float64(v)
-		}
-		d := float32(s)
-		for j, v := range yr {
-			dxr[j] = v * (dyr[j] - d)
-		}
+		row(dx[lo:hi], y[lo:hi], dy[lo:hi])
 	}
 }
 
@@ -119,24 +130,17 @@ func softmaxLogRow(y, x []float32) {
 // LogSoftmaxBackward writes dx = dy − e^y·Σ dy from the forward's output y.
 // dx may be dy. O(rows·cols).
 func LogSoftmaxBackward(dx, y, dy []float32, rows, cols int) {
-	pointwiseMustLen("log_softmax backward", "y", len(y), rows*cols)
-	pointwiseMustLen("log_softmax backward", "dy", len(dy), rows*cols)
-	pointwiseMustLen("log_softmax backward", "dx", len(dx), rows*cols)
-	for i := range rows {
-		lo, hi := i*cols, (i+1)*cols
-		yr, dyr, dxr := y[lo:hi], dy[lo:hi], dx[lo:hi]
-		var s float64
-		for _, g := range dyr {
-			s += float64(g)
-		}
-		d := float32(s)
-		softmaxLogRowBackward(dxr, yr, dyr, d)
-	}
+	softmaxBackwardRows("log_softmax backward", dx, y, dy, rows, cols, softmaxLogRowBackward)
 }
 
-// softmaxLogRowBackward writes dx = dy − e^y·d for one row; dx may be dy,
-// so e^y goes through a stack buffer.
-func softmaxLogRowBackward(dx, y, dy []float32, d float32) {
+// softmaxLogRowBackward writes dx = dy − e^y·Σ dy for one row; dx may be
+// dy, so e^y goes through a stack buffer.
+func softmaxLogRowBackward(dx, y, dy []float32) {
+	var s float64
+	for _, g := range dy {
+		s += float64(g)
+	}
+	d := float32(s)
 	var buf [pointwiseChunk]float32
 	for lo := 0; lo < len(y); lo += pointwiseChunk {
 		yc := y[lo:min(lo+pointwiseChunk, len(y))]

@@ -117,16 +117,17 @@ func expBody(x []reg.VecVirtual, c func(i int) Op, tmp func() reg.VecVirtual, sc
 	return p
 }
 
+// expFunc opens an exp kernel and loads its arguments and the constant
+// table.
+func expFunc(name, doc string) (dst, src, n reg.Register, tab Mem) {
+	args := asmFunc(name, "func(dst, src *float32, n int)", []string{doc}, "dst", "src", "n")
+	return args[0], args[1], args[2], expTable()
+}
+
 // expAVX512 emits the 16-lane kernel: two vectors a step, then one, then
 // the last partial vector under a lane mask.
 func expAVX512() {
-	TEXT("expAVX512", NOSPLIT, "func(dst, src *float32, n int)")
-	Pragma("noescape")
-	Doc("expAVX512 sets dst[i] = e^src[i] for i < n with AVX-512.")
-	dst := Load(Param("dst"), GP64())
-	src := Load(Param("src"), GP64())
-	n := Load(Param("n"), GP64())
-	tab := expTable()
+	dst, src, n, tab := expFunc("expAVX512", "expAVX512 sets dst[i] = e^src[i] for i < n with AVX-512.")
 	cs := make([]reg.VecVirtual, expConsts)
 	for i := range cs {
 		cs[i] = ZMM()
@@ -157,22 +158,23 @@ func expAVX512() {
 		}
 	}
 
-	Label("loop2")
-	CMPQ(n, Imm(32))
-	JL(LabelRef("loop1"))
-	step(2, nil)
-	ADDQ(Imm(128), src)
-	ADDQ(Imm(128), dst)
-	SUBQ(Imm(32), n)
-	JMP(LabelRef("loop2"))
-
-	Label("loop1")
-	CMPQ(n, Imm(16))
-	JL(LabelRef("tail"))
-	step(1, nil)
-	ADDQ(Imm(64), src)
-	ADDQ(Imm(64), dst)
-	SUBQ(Imm(16), n)
+	// whole emits the block at label that steps vecs full vectors when at
+	// least that many remain and otherwise jumps to next; with again it
+	// repeats until fewer remain.
+	whole := func(vecs int, label, next string, again bool) {
+		Label(label)
+		CMPQ(n, Imm(uint64(16*vecs)))
+		JL(LabelRef(next))
+		step(vecs, nil)
+		ADDQ(Imm(uint64(64*vecs)), src)
+		ADDQ(Imm(uint64(64*vecs)), dst)
+		SUBQ(Imm(uint64(16*vecs)), n)
+		if again {
+			JMP(LabelRef(label))
+		}
+	}
+	whole(2, "loop2", "loop1", true)
+	whole(1, "loop1", "tail", false)
 
 	Label("tail")
 	TESTQ(n, n)
@@ -194,13 +196,7 @@ func expAVX512() {
 // expAVX2 emits the 8-lane kernel for n a multiple of 8; the Go side runs
 // the last partial vector through a stack copy.
 func expAVX2() {
-	TEXT("expAVX2", NOSPLIT, "func(dst, src *float32, n int)")
-	Pragma("noescape")
-	Doc("expAVX2 sets dst[i] = e^src[i] for i < n with AVX2; n is a multiple of 8.")
-	dst := Load(Param("dst"), GP64())
-	src := Load(Param("src"), GP64())
-	n := Load(Param("n"), GP64())
-	tab := expTable()
+	dst, src, n, tab := expFunc("expAVX2", "expAVX2 sets dst[i] = e^src[i] for i < n with AVX2; n is a multiple of 8.")
 	low, high := YMM(), YMM()
 	VMOVUPS(tab.Offset(64*expLow), low)
 	VMOVUPS(tab.Offset(64*expHigh), high)

@@ -61,31 +61,15 @@ func main() {
 		return
 	}
 	kernel(shape{
-		name:   "kernel14x32AVX512",
-		mr:     14,
-		nr:     32,
-		lanes:  16,
-		unroll: 4,
+		name: "kernel14x32AVX512", mr: 14, nr: 32, lanes: 16, unroll: 4,
 		// VXORPS on zmm needs AVX512DQ; VPXORD is AVX512F.
 		zero: func(r reg.Register) { VPXORD(r, r, r) },
-		regs: []reg.VecPhysical{
-			reg.Z0, reg.Z1, reg.Z2, reg.Z3, reg.Z4, reg.Z5, reg.Z6, reg.Z7,
-			reg.Z8, reg.Z9, reg.Z10, reg.Z11, reg.Z12, reg.Z13, reg.Z14, reg.Z15,
-			reg.Z16, reg.Z17, reg.Z18, reg.Z19, reg.Z20, reg.Z21, reg.Z22, reg.Z23,
-			reg.Z24, reg.Z25, reg.Z26, reg.Z27, reg.Z28, reg.Z29, reg.Z30, reg.Z31,
-		},
+		regs: vecRegs(32, reg.S512),
 	})
 	kernel(shape{
-		name:   "kernel6x16AVX2",
-		mr:     6,
-		nr:     16,
-		lanes:  8,
-		unroll: 4,
-		zero:   func(r reg.Register) { VXORPS(r, r, r) },
-		regs: []reg.VecPhysical{
-			reg.Y0, reg.Y1, reg.Y2, reg.Y3, reg.Y4, reg.Y5, reg.Y6, reg.Y7,
-			reg.Y8, reg.Y9, reg.Y10, reg.Y11, reg.Y12, reg.Y13, reg.Y14, reg.Y15,
-		},
+		name: "kernel6x16AVX2", mr: 6, nr: 16, lanes: 8, unroll: 4,
+		zero: func(r reg.Register) { VXORPS(r, r, r) },
+		regs: vecRegs(16, reg.S256),
 	})
 	gatherAVX512("gather14AVX512", 14)
 	gatherAVX512("gather32AVX512", 32)
@@ -96,6 +80,30 @@ func main() {
 	copyAVX2("copy6AVX2", 6)
 	copyAVX2("copy16AVX2", 16)
 	Generate()
+}
+
+// vecRegs lists the vector registers 0 to n-1 of size s.
+func vecRegs(n int, s reg.Spec) []reg.VecPhysical {
+	regs := make([]reg.VecPhysical, n)
+	for i := range regs {
+		regs[i] = reg.Vector.Lookup(reg.Index(i), s).(reg.VecPhysical)
+	}
+	return regs
+}
+
+// asmFunc opens an assembly routine: its TEXT with Go signature sig, its
+// doc, and the named arguments loaded into general registers in order. Every
+// routine is noescape: the Go side hands them stack arrays, and they keep
+// no pointer.
+func asmFunc(name, sig string, doc []string, args ...string) []reg.Register {
+	TEXT(name, NOSPLIT, sig)
+	Pragma("noescape")
+	Doc(doc...)
+	regs := make([]reg.Register, len(args))
+	for i, arg := range args {
+		regs[i] = Load(Param(arg), GP64())
+	}
+	return regs
 }
 
 // kernel emits one micro-kernel. C is updated as C = S or C = C + S where S
@@ -110,15 +118,12 @@ func kernel(s shape) {
 	bv := s.regs[nacc : nacc+nv]
 	bc := s.regs[nacc+nv : nacc+nv+2]
 
-	TEXT(s.name, NOSPLIT, "func(k int, a, b, c *float32, ldc int, acc bool)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s sets the %d×%d tile at c (row stride ldc) to the product of",
-		s.name, s.mr, s.nr),
+	args := asmFunc(s.name, "func(k int, a, b, c *float32, ldc int, acc bool)", []string{
+		fmt.Sprintf("%s sets the %d×%d tile at c (row stride ldc) to the product of", s.name, s.mr, s.nr),
 		fmt.Sprintf("k steps of a packed A sliver (%d per step) and B sliver (%d per step),", s.mr, s.nr),
-		"adding the previous tile when acc is set.")
-	k := Load(Param("k"), GP64())
-	a := Load(Param("a"), GP64())
-	b := Load(Param("b"), GP64())
+		"adding the previous tile when acc is set.",
+	}, "k", "a", "b")
+	k, a, b := args[0], args[1], args[2]
 	for _, r := range acc {
 		s.zero(r)
 	}

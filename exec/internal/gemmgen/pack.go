@@ -16,10 +16,40 @@ package main
 // same lines in L1.
 
 import (
+	"fmt"
+
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
 	"github.com/mmcloughlin/avo/reg"
 )
+
+// gatherFunc opens the interleave of w rows and loads its arguments: idx
+// points at the int32 row offsets. note, if any, follows the doc's first
+// sentence.
+func gatherFunc(name string, w int, note ...string) (k, src, idx, dst reg.Register) {
+	end := "."
+	if len(note) > 0 {
+		end = ";"
+	}
+	doc := fmt.Sprintf("%s sets dst[p*%d+r] = src[idx[r]+p] for p < k and r < %d%s", name, w, w, end)
+	return packFunc(name, "idx *int32", "idx", append([]string{doc}, note...))
+}
+
+// copyFunc opens the copy of k runs of w floats and loads its arguments,
+// with the row stride ld turned into bytes.
+func copyFunc(name string, w int) (k, src, ld, dst reg.Register) {
+	k, src, ld, dst = packFunc(name, "ld int", "ld",
+		[]string{fmt.Sprintf("%s sets dst[p*%d+r] = src[p*ld+r] for p < k and r < %d.", name, w, w)})
+	SHLQ(Imm(2), ld)
+	return k, src, ld, dst
+}
+
+// packFunc opens a routine func(k int, src *float32, <third>, dst *float32)
+// and loads its four arguments.
+func packFunc(name, third, thirdName string, doc []string) (k, src, x, dst reg.Register) {
+	args := asmFunc(name, "func(k int, src *float32, "+third+", dst *float32)", doc, "k", "src", thirdName, "dst")
+	return args[0], args[1], args[2], args[3]
+}
 
 // stridedLoop emits a k loop unrolled four times around step, then a
 // one-step tail. step(u) addresses step u of the unrolled group by

@@ -7,8 +7,6 @@ package main
 // sliver is touched.
 
 import (
-	"fmt"
-
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
 	"github.com/mmcloughlin/avo/reg"
@@ -18,14 +16,7 @@ import (
 // idx[16:32] holds -1 in the lanes r < w and 0 elsewhere.
 func gatherAVX2(name string, w int) {
 	groups := (w + 7) / 8
-	TEXT(name, NOSPLIT, "func(k int, src *float32, idx *int32, dst *float32)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s sets dst[p*%d+r] = src[idx[r]+p] for p < k and r < %d;", name, w, w),
-		"idx[16+r] is the lane mask (-1 for r < w).")
-	k := Load(Param("k"), GP64())
-	src := Load(Param("src"), GP64())
-	idx := Load(Param("idx"), GP64())
-	dst := Load(Param("dst"), GP64())
+	k, src, idx, dst := gatherFunc(name, w, "idx[16+r] is the lane mask (-1 for r < w).")
 	index := []reg.VecPhysical{reg.Y8, reg.Y9}
 	masks := []reg.VecPhysical{reg.Y10, reg.Y11}
 	for g := range groups {
@@ -54,14 +45,7 @@ func gatherAVX2(name string, w int) {
 
 // copyAVX2 emits the copy of k runs of w floats from rows ld apart.
 func copyAVX2(name string, w int) {
-	TEXT(name, NOSPLIT, "func(k int, src *float32, ld int, dst *float32)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s sets dst[p*%d+r] = src[p*ld+r] for p < k and r < %d.", name, w, w))
-	k := Load(Param("k"), GP64())
-	src := Load(Param("src"), GP64())
-	ld := Load(Param("ld"), GP64())
-	dst := Load(Param("dst"), GP64())
-	SHLQ(Imm(2), ld)
+	k, src, ld, dst := copyFunc(name, w)
 	data := []reg.VecPhysical{reg.Y0, reg.Y1, reg.Y2, reg.Y3, reg.Y4, reg.Y5, reg.Y6, reg.Y7}
 	n := 0
 	step := func(u int) {

@@ -5,8 +5,6 @@ package main
 // exactly the sliver's floats.
 
 import (
-	"fmt"
-
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
 	"github.com/mmcloughlin/avo/reg"
@@ -17,13 +15,7 @@ import (
 // the gather and in the store, so dst receives exactly k·w floats.
 func gatherAVX512(name string, w int) {
 	groups := (w + 15) / 16
-	TEXT(name, NOSPLIT, "func(k int, src *float32, idx *int32, dst *float32)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s sets dst[p*%d+r] = src[idx[r]+p] for p < k and r < %d.", name, w, w))
-	k := Load(Param("k"), GP64())
-	src := Load(Param("src"), GP64())
-	idx := Load(Param("idx"), GP64())
-	dst := Load(Param("dst"), GP64())
+	k, src, idx, dst := gatherFunc(name, w)
 
 	index := []reg.VecPhysical{reg.Z16, reg.Z17}
 	for g := range groups {
@@ -51,14 +43,7 @@ func gatherAVX512(name string, w int) {
 // each row of a row-major source with stride ld: dst[p·w + r] = src[p·ld + r].
 func copyAVX512(name string, w int) {
 	groups := (w + 15) / 16
-	TEXT(name, NOSPLIT, "func(k int, src *float32, ld int, dst *float32)")
-	Pragma("noescape")
-	Doc(fmt.Sprintf("%s sets dst[p*%d+r] = src[p*ld+r] for p < k and r < %d.", name, w, w))
-	k := Load(Param("k"), GP64())
-	src := Load(Param("src"), GP64())
-	ld := Load(Param("ld"), GP64())
-	dst := Load(Param("dst"), GP64())
-	SHLQ(Imm(2), ld)
+	k, src, ld, dst := copyFunc(name, w)
 	mask := laneMasks(w)
 
 	data := []reg.VecPhysical{reg.Z0, reg.Z1, reg.Z2, reg.Z3, reg.Z4, reg.Z5, reg.Z6, reg.Z7}
