@@ -2,6 +2,7 @@ package costmodel
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -177,8 +178,8 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	if p == "" {
 		p = TorchEager
 	}
-	if p != TorchEager && p != Megatron && p != Transformers {
-		return nil, fmt.Errorf("unknown profile %q (valid: transformers, torch-eager, megatron)", setup.Profile)
+	if !slices.Contains(ir.Profiles(), p) {
+		return nil, fmt.Errorf("unknown profile %q (valid: %s)", setup.Profile, ir.Join(ir.Profiles(), ", "))
 	}
 	a := &analyzer{g: g, profile: p, tp: max(setup.Parallel.TP, 1), sp: setup.Parallel.SP,
 		c: &Costs{Graph: g, Profile: p}}

@@ -16,15 +16,15 @@ import (
 // frozen base weights, LoRA adapters on the targets, and an input that
 // requires grad.
 type loraRecord struct {
-	DType          string   `json:"dtype"`
-	H, A, KV, S, B int64    `json:"-"`
-	F              int64    `json:"f"`
-	Rank           int64    `json:"rank"`
-	Targets        []string `json:"targets"`
-	LoRADropout    float64  `json:"lora_dropout"`
-	Bytes          int64    `json:"activation_dedup_bytes"`
-	Trainable      int64    `json:"trainable_params"`
-	Ops            [][]any  `json:"ops"`
+	DType          string          `json:"dtype"`
+	H, A, KV, S, B int64           `json:"-"`
+	F              int64           `json:"f"`
+	Rank           int64           `json:"rank"`
+	Targets        []ir.LoRATarget `json:"targets"`
+	LoRADropout    float64         `json:"lora_dropout"`
+	Bytes          int64           `json:"activation_dedup_bytes"`
+	Trainable      int64           `json:"trainable_params"`
+	Ops            [][]any         `json:"ops"`
 }
 
 func (r *loraRecord) UnmarshalJSON(data []byte) error {

@@ -6,8 +6,9 @@ import (
 	"github.com/ckptplan/ckptplan/ir"
 )
 
-// Profile names a set of rules for what autograd keeps.
-type Profile string
+// Profile names a set of rules for what autograd keeps: the setup's
+// profile.
+type Profile = ir.Profile
 
 // The profiles.
 const (
@@ -15,10 +16,10 @@ const (
 	// measured there: mean keeps no input, GPT-2's gelu_new and its
 	// tensor-valued attention scale keep what their Python ops keep, and
 	// sdpa lays its output out so that merging the heads is a view.
-	Transformers Profile = "transformers"
+	Transformers = ir.ProfileTransformers
 	// TorchEager is the same layers on PyTorch 1.13.
-	TorchEager Profile = "torch-eager"
-	Megatron   Profile = "megatron"
+	TorchEager = ir.ProfileTorchEager
+	Megatron   = ir.ProfileMegatron
 )
 
 // keeps lists what a node keeps for its backward, as storages: existing
@@ -367,7 +368,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 		a.keep(n, operand(n, 2))
 		out := a.lay.out[n.ID]
 		lseShape := q.Shape[:3].Clone()
-		cudaSDPA := a.profile == Transformers && a.g.Setup.Attention == "sdpa" && !a.g.Setup.Numerics.CPUKernels
+		cudaSDPA := a.profile == Transformers && ir.AttentionKernel(a.g.Setup.Attention) == ir.AttentionSDPA && !a.g.Setup.Numerics.CPUKernels
 		efficient := cudaSDPA && q.DType == ir.FP32
 		if efficient {
 			// CUDA runs fp32 sdpa on its memory-efficient kernel, whose

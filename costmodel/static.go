@@ -2,7 +2,6 @@ package costmodel
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 )
@@ -104,7 +103,7 @@ func (s Static) Total() int64 {
 func GradientsInBackward(g *ir.Graph) bool {
 	s := g.Setup
 	return s.GradAccum < 2 && s.Parallel.Zero == 0 && !s.Parallel.NoSync &&
-		Profile(s.Profile) != Megatron && s.Optimizer != "none"
+		Profile(s.Profile) != Megatron && s.Optimizer != ir.OptimizerNone
 }
 
 // AccumulatesGradients reports whether a backward after the first of a
@@ -247,9 +246,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	dp := max(s.Parallel.DP, 1)
 	opt, ok := optimizers[s.Optimizer]
 	if !ok {
-		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, strings.Join(ir.Optimizers, ", "))
+		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, ir.Join(ir.Optimizers(), ", "))
 	}
-	ownDType := s.MasterWeights == "none" && opt.master // PyTorch's, over 16-bit weights: moments in their dtype
+	ownDType := s.MasterWeights == ir.MasterNone && opt.master // PyTorch's, over 16-bit weights: moments in their dtype
 	if ownDType {
 		opt.master = false
 	}
@@ -354,7 +353,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
 		st.GatheredBytes = fsdpGathers(st.Gather)
-		if s.Parallel.Sharder() == "deepspeed" {
+		if s.Parallel.Sharder() == ir.ShardingDeepSpeed {
 			// DeepSpeed's stage 3 copies the gradients into one bucket of
 			// reduce_bucket_size elements, allocated with the optimizer and
 			// held all step: the largest layer's, as its export sets it.
@@ -387,7 +386,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
 	}
-	if s.Parallel.Sharder() == "deepspeed" && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != "none" && trainable > 0 {
+	if s.Parallel.Sharder() == ir.ShardingDeepSpeed && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != ir.OptimizerNone && trainable > 0 {
 		partition := int64(4) // DeepSpeed's fp32 partition of the trained weights
 		if ownDType {
 			partition = e
@@ -616,35 +615,35 @@ const (
 // optimizers are the optimizers ckptplan knows (ir.Optimizers), "" being
 // AdamW. PyTorch's keep a master copy under mixed precision;
 // bitsandbytes' update the weights in their own dtype.
-var optimizers = map[string]optimizer{
-	"":                {moments: 8, master: true, counter: true},
-	"adamw":           {moments: 8, master: true, counter: true},
-	"adamw-foreach":   {moments: 8, master: true, counter: true},
-	"adamw-fused":     {moments: 8, master: true, impl: fused, counter: true},
-	"adamw-forloop":   {moments: 8, master: true, impl: forLoop, counter: true},
-	"sgd":             {master: true},
-	"none":            {},
-	"adamw8bit":       {eightBit: true},
-	"paged-adamw8bit": {eightBit: true, paged: true},
-	"paged-adamw":     {moments: 8, paged: true},
+var optimizers = map[ir.Optimizer]optimizer{
+	"":                         {moments: 8, master: true, counter: true},
+	ir.OptimizerAdamW:          {moments: 8, master: true, counter: true},
+	ir.OptimizerAdamWForeach:   {moments: 8, master: true, counter: true},
+	ir.OptimizerAdamWFused:     {moments: 8, master: true, impl: fused, counter: true},
+	ir.OptimizerAdamWForLoop:   {moments: 8, master: true, impl: forLoop, counter: true},
+	ir.OptimizerSGD:            {master: true},
+	ir.OptimizerNone:           {},
+	ir.OptimizerAdamW8bit:      {eightBit: true},
+	ir.OptimizerPagedAdamW8bit: {eightBit: true, paged: true},
+	ir.OptimizerPagedAdamW:     {moments: 8, paged: true},
 }
 
 // OptimizerName says which optimizer a setup names, and how PyTorch's
 // AdamW runs its step: "AdamW (foreach)" for adamw.
-func OptimizerName(name string) string {
+func OptimizerName(name ir.Optimizer) string {
 	o := optimizers[name]
 	switch {
-	case name == "none":
+	case name == ir.OptimizerNone:
 		return "no optimizer"
 	case o.moments == 0 || o.eightBit || o.paged: // SGD, bitsandbytes'
-		return name
+		return string(name)
 	}
 	return "AdamW (" + [...]string{"foreach", "fused", "for-loop"}[o.impl] + ")"
 }
 
 // Bitsandbytes reports whether the named optimizer is one of
 // bitsandbytes' (8-bit or paged).
-func Bitsandbytes(name string) bool {
+func Bitsandbytes(name ir.Optimizer) bool {
 	o := optimizers[name]
 	return o.eightBit || o.paged
 }
@@ -699,7 +698,7 @@ func quantizedWeights(g *ir.Graph, i int) []quantWeight {
 // CUDA, MatMul8bitFp's ctx.A on the CPU); the 4-bit one keeps only the
 // weight.
 func int8Weight(g *ir.Graph, n *ir.Node) bool {
-	return g.Setup.Quant == "int8" && len(quantizedWeights(g, n.ID)) > 0
+	return g.Setup.Quant == ir.QuantInt8 && len(quantizedWeights(g, n.ID)) > 0
 }
 
 // quantBytes is the memory of a weight stored as quant says
@@ -712,8 +711,8 @@ func int8Weight(g *ir.Graph, n *ir.Node) bool {
 // own copy of the quantization maps (bitsandbytes 0.48's QuantState): the
 // 16 fp32 values of nf4 or fp4, and with double quantization the 256 of
 // the maxima's 8-bit map.
-func quantBytes(q quantWeight, quant string, double bool) int64 {
-	if quant == "int8" {
+func quantBytes(q quantWeight, quant ir.Quant, double bool) int64 {
+	if quant == ir.QuantInt8 {
 		return q.elems + 4*q.rows
 	}
 	blocks := ceilDiv(q.elems, 64)

@@ -16,9 +16,9 @@ import (
 func TestStaticZeRO(t *testing.T) {
 	build := func(dtype string, zero, dp int64, opt string) Static {
 		m := &graphio.Model{Name: "s", Family: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
-		m.Training.DType, m.Training.Optimizer = dtype, opt
+		m.Training.DType, m.Training.Optimizer = dtype, ir.Optimizer(opt)
 		if o, ok := strings.CutSuffix(opt, " own-dtype"); ok {
-			m.Training.Optimizer, m.Training.MasterWeights = o, "none"
+			m.Training.Optimizer, m.Training.MasterWeights = ir.Optimizer(o), ir.MasterNone
 		}
 		m.Training.Parallel = ir.Parallel{DP: dp, TP: 1, Zero: zero}
 		c := analyzeModel(t, m)
@@ -138,7 +138,7 @@ func TestFSDPGathers(t *testing.T) {
 		t.Errorf("the root's gather %d, want %d", got, want)
 	}
 	// Under LoRA only the adapters have gradients (rank 16 on q and v).
-	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []string{"q", "v"}}
+	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "v"}}
 	adapters := int64(2 * 16 * (4096 + 4096 + 4096 + 1024))
 	st = analyzeModel(t, m).Static
 	want = Gather{RootWeights: root, LayerWeights: layer + adapters, LayerGrads: adapters}
@@ -222,7 +222,7 @@ func TestStaticNoSync(t *testing.T) {
 
 func TestStaticLoRA(t *testing.T) {
 	m := &graphio.Model{Name: "s", Family: "llama", Layers: 3, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
-	m.Training.LoRA = ir.LoRA{Rank: 8, Targets: []string{"q", "v"}}
+	m.Training.LoRA = ir.LoRA{Rank: 8, Targets: []ir.LoRATarget{"q", "v"}}
 	c := analyzeModel(t, m)
 	// q: 8·(64+64), v: 8·(64+32), per layer.
 	adapters := int64(3 * (8*(64+64) + 8*(64+32)))
@@ -254,7 +254,7 @@ func TestStaticQLoRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := src.Model
-	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []string{"q", "k", "v", "o", "gate", "up", "down"}, FP32: true}
+	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "k", "v", "o", "gate", "up", "down"}, FP32: true}
 	m.Training.Quant, m.Training.DoubleQuant, m.Training.Optimizer = "nf4", true, "paged-adamw8bit"
 	c := analyzeModel(t, m)
 	const h, kv, f, v, l, r = 4096, 1024, 14336, 128256, 32, 16
@@ -296,7 +296,7 @@ func TestStaticQLoRA(t *testing.T) {
 func TestQuantConstants(t *testing.T) {
 	const n, rows = 4096 * 4096, 4096
 	for _, tt := range []struct {
-		quant  string
+		quant  ir.Quant
 		double bool
 		bits   float64
 	}{{"nf4", false, 0.5}, {"nf4", true, 0.127}, {"fp4", true, 0.127}, {"int8", false, 32.0 / 4096}} {
@@ -322,7 +322,7 @@ func TestQuantConstants(t *testing.T) {
 // TestOptimizersKnown checks that every optimizer a setup may name has
 // its accounting.
 func TestOptimizersKnown(t *testing.T) {
-	for _, name := range ir.Optimizers {
+	for _, name := range ir.Optimizers() {
 		if _, ok := optimizers[name]; !ok {
 			t.Errorf("optimizer %q has no accounting", name)
 		}
@@ -340,9 +340,9 @@ func TestInt8KeepsInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	saved := func(quant string) int64 {
+	saved := func(quant ir.Quant) int64 {
 		m := *src.Model
-		m.Training.LoRA = ir.LoRA{Rank: 4, Targets: []string{"q", "v"}}
+		m.Training.LoRA = ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "v"}}
 		m.Training.Quant = quant
 		c := analyzeModel(t, &m)
 		for _, b := range c.Blocks {
@@ -374,7 +374,7 @@ func TestInt8KeepsInput(t *testing.T) {
 func TestDeepSpeedStep(t *testing.T) {
 	const p = 90400
 	for _, tt := range []struct {
-		opt         string
+		opt         ir.Optimizer
 		kept        bool
 		grads, want int64
 	}{
@@ -458,7 +458,7 @@ func TestStaticDDP(t *testing.T) {
 		m.Training.Parallel = ir.Parallel{DP: tt.dp, TP: 1, Zero: tt.zero}
 		m.Training.Profile = tt.profile
 		if tt.lora > 0 {
-			m.Training.LoRA = ir.LoRA{Rank: tt.lora, Targets: []string{"q", "v"}}
+			m.Training.LoRA = ir.LoRA{Rank: tt.lora, Targets: []ir.LoRATarget{"q", "v"}}
 		}
 		st := analyzeModel(t, &m).Static
 		if want := tt.want(st); st.BucketBytes != want {

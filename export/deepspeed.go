@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -87,9 +88,9 @@ func (e *Export) deepSpeedExact() (deepSpeedAC, bool) {
 	}
 	for i, l := range e.Layers {
 		switch {
-		case l.Mode == "checkpoint" && !e.nothing[i]:
+		case l.Mode == ModeCheckpoint && !e.nothing[i]:
 			a.layers[i] = true
-		case l.Mode != "store":
+		case l.Mode != ModeStore:
 			return deepSpeedAC{}, false
 		}
 	}
@@ -192,7 +193,7 @@ type deepSpeedACJSON struct {
 }
 
 // The DeepSpeed target: its config, which runs ZeRO as DeepSpeed does.
-var deepSpeedTarget = &Target{Name: "deepspeed", Help: "its JSON config; the layers to checkpoint on stderr", Sharder: "deepspeed",
+var deepSpeedTarget = &Target{Name: "deepspeed", Help: "its JSON config; the layers to checkpoint on stderr", Sharder: ir.ShardingDeepSpeed,
 	Closest: closestLayers((*Export).DeepSpeedExact, DeepSpeedSettings, "DeepSpeed", "no layer checkpointed, or the first 1 to %d"),
 	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
 		runs, at := s.closestPlan()

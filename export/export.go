@@ -14,7 +14,7 @@ import (
 // Layer is one transformer layer of an exported plan.
 type Layer struct {
 	Name   string `json:"name"`
-	Mode   string `json:"mode"`             // store, checkpoint or selective
+	Mode   Mode   `json:"mode"`             // store, checkpoint or selective
 	Policy string `json:"policy,omitempty"` // selective: the keep set
 	// Saved lists, for a selective layer, the activation storages the
 	// layer saves in the order autograd first packs them, and which stay.
@@ -123,11 +123,11 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		n, layer := ir.LayerIndex(st.Name)
 		if !layer {
 			switch st.Decision {
-			case "selective":
+			case planner.DecisionSelective:
 				if o := st.KeepSet(); o != nil {
 					e.Notes = append(e.Notes, fmt.Sprintf("the plan keeps part of %s (%s); trainers run it plainly, which keeps %v more", st.Name, st.Option, mem.Bytes(st.SavedBytes-o.SavedBytes)))
 				}
-			case "checkpoint", "recompute":
+			case planner.DecisionCheckpoint, planner.DecisionRecompute:
 				e.Notes = append(e.Notes, fmt.Sprintf("the plan does not store %s (%s); trainers run it plainly, which keeps up to %v more", st.Name, st.Decision, mem.Bytes(st.SavedBytes)))
 			}
 			continue
@@ -144,7 +144,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		// checkpoint, which keeps its input. A stage that is not a layer
 		// runs plainly, storing.
 		outFreed := st.OutputUnsaved && i+1 < len(plan.Stages) &&
-			(plan.Stages[i+1].Decision == "store" || !isLayer(plan.Stages[i+1].Name))
+			(plan.Stages[i+1].Decision == planner.DecisionStore || !isLayer(plan.Stages[i+1].Name))
 		l := Layer{Name: st.Name, KeptBytes: st.SavedBytes, HostBytes: st.HostBytes}
 		sac := -1.0 // the layer's RecomputeFLOPs, but for a selective one
 		rerun := st.Forward
@@ -152,10 +152,10 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			rerun = st.Rerun
 		}
 		switch st.Decision {
-		case "store":
-			l.Mode = "store"
-		case "selective":
-			l.Mode, l.Policy = "selective", st.Option
+		case planner.DecisionStore:
+			l.Mode = ModeStore
+		case planner.DecisionSelective:
+			l.Mode, l.Policy = ModeSelective, st.Option
 			o := st.KeepSet()
 			if o == nil {
 				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", comment(st.Name), st.Option)
@@ -165,13 +165,13 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			// reruns what the keep set says; the saved-tensor hooks of
 			// older PyTorch rerun the whole forward.
 			l.RecomputeFLOPs = st.Forward
-			if plan.Setup != nil && plan.Setup.Profile == "transformers" {
+			if plan.Setup != nil && ir.Profile(plan.Setup.Profile) == ir.ProfileTransformers {
 				l.RecomputeFLOPs = o.ExtraCost
 			}
 			sac = o.ExtraCost
-		case "checkpoint", "recompute":
-			l.Mode, l.KeptBytes, l.RecomputeFLOPs = "checkpoint", out, rerun
-			if st.Decision == "recompute" {
+		case planner.DecisionCheckpoint, planner.DecisionRecompute:
+			l.Mode, l.KeptBytes, l.RecomputeFLOPs = ModeCheckpoint, out, rerun
+			if st.Decision == planner.DecisionRecompute {
 				keptNothing = append(keptNothing, st.Name)
 				nothingBytes += st.InputBytes
 			}
@@ -181,7 +181,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		if outFreed {
 			l.KeptBytes -= out
 		}
-		e.nothing = append(e.nothing, st.Decision == "recompute")
+		e.nothing = append(e.nothing, st.Decision == planner.DecisionRecompute)
 		e.wholeRerun = append(e.wholeRerun, rerun)
 		if sac < 0 {
 			sac = l.RecomputeFLOPs
@@ -190,7 +190,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 		if forwards[i] > 2 {
 			nested = append(nested, st.Name)
 		}
-		if o, ok := recomputedWith[i]; ok && st.Decision != "selective" && st.Decision != "store" {
+		if o, ok := recomputedWith[i]; ok && st.Decision != planner.DecisionSelective && st.Decision != planner.DecisionStore {
 			e.Notes = append(e.Notes, fmt.Sprintf("%s: the plan recomputes it keeping %s; a checkpoint reruns it storing everything", st.Name, o))
 		}
 		e.RecomputeFLOPs += l.RecomputeFLOPs
@@ -272,7 +272,7 @@ func index(name string) int {
 }
 
 // indexes returns the layer numbers of a mode.
-func (e *Export) indexes(mode string) []int {
+func (e *Export) indexes(mode Mode) []int {
 	var out []int
 	for i, l := range e.Layers {
 		if l.Mode == mode {

@@ -201,7 +201,7 @@ func TestPyTorchModule(t *testing.T) {
 	}
 	modes := []string{}
 	for _, l := range back.Layers {
-		modes = append(modes, l.Mode+":"+l.Policy)
+		modes = append(modes, l.Mode.String()+":"+l.Policy)
 	}
 	if got := strings.Join(modes, " "); got != "store: checkpoint: selective:megatron-selective store:" {
 		t.Errorf("modes %s", got)
@@ -293,8 +293,8 @@ func TestTargets(t *testing.T) {
 			t.Errorf("target %+v: want a name of its own, its help and its writer", tt)
 		}
 		seen[tt.Name] = true
-		if tt.Sharder != "" && !slices.Contains(ir.Shardings, tt.Sharder) {
-			t.Errorf("%s: sharder %q is no engine ZeRO runs on (%v)", tt.Name, tt.Sharder, ir.Shardings)
+		if tt.Sharder != "" && !slices.Contains(ir.Shardings(), tt.Sharder) {
+			t.Errorf("%s: sharder %q is no engine ZeRO runs on (%v)", tt.Name, tt.Sharder, ir.Shardings())
 		}
 		if tt.Closest != nil {
 			if s, err := tt.Closest(e, p, &planner.Options{Budget: 1 << 30, Strategy: planner.StoreAll}); s != nil || err != nil {

@@ -3,6 +3,8 @@ package export
 import (
 	_ "embed"
 	"io"
+
+	"github.com/ckptplan/ckptplan/ir"
 )
 
 // The FSDP2 module carries three files: the Python package's own
@@ -28,7 +30,7 @@ var fsdp2Runtime string
 // The FSDP2 target: the plan as a module for FSDP2 (PyTorch's
 // fully_shard), which runs ZeRO stage 3, so that a plan under ZeRO is
 // one for FSDP2.
-var fsdp2Target = &Target{Name: "fsdp2", Help: "a Python module wrapping layers before fully_shard", Sharder: "fsdp2",
+var fsdp2Target = &Target{Name: "fsdp2", Help: "a Python module wrapping layers before fully_shard", Sharder: ir.ShardingFSDP2,
 	Write: func(w io.Writer, e *Export, _ *Setting, command string) ([]string, error) {
 		return nil, e.FSDP2(w, command)
 	}}

@@ -17,7 +17,7 @@ var hfTarget = &Target{Name: "hf", Help: "transformers calls",
 // Gradient checkpointing has no partial keep: a selective layer is
 // checkpointed, and the output says so.
 func (e *Export) HF(w io.Writer) error {
-	ckpt := append(e.indexes("checkpoint"), e.indexes("selective")...)
+	ckpt := append(e.indexes(ModeCheckpoint), e.indexes(ModeSelective)...)
 	slices.Sort(ckpt)
 	var b strings.Builder
 	b.WriteString(sourceHeader)
@@ -32,15 +32,15 @@ func (e *Export) HF(w io.Writer) error {
 	} else {
 		fmt.Fprintf(&b, "# Checkpoint layers %s; store the others.\n", spans(ckpt, ""))
 	}
-	if sel := e.indexes("selective"); len(sel) > 0 {
+	if sel := e.indexes(ModeSelective); len(sel) > 0 {
 		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed whole here: ", spans(sel, ""))
 		if len(e.wholeRerun) == len(e.Layers) && e.baseline > 0 {
 			var rerun float64
 			for i, l := range e.Layers {
 				switch l.Mode {
-				case "checkpoint":
+				case ModeCheckpoint:
 					rerun += l.RecomputeFLOPs
-				case "selective":
+				case ModeSelective:
 					rerun += e.wholeRerun[i]
 				}
 			}

@@ -105,13 +105,13 @@ func cheapestMegatron(p *planner.Problem, o *planner.Options, n int) (*planner.P
 func (e *Export) megatronExact() (flags string, uniform bool, why string) {
 	modes := make([]string, len(e.Layers))
 	for i, l := range e.Layers {
-		modes[i] = l.Mode
-		if l.Mode == "selective" {
+		modes[i] = l.Mode.String()
+		if l.Mode == ModeSelective {
 			modes[i] += ":" + l.Policy
 		}
 	}
 	switch {
-	case all(modes, "store"):
+	case all(modes, ModeStore.String()):
 		return "# (no flags: the plan stores every layer, Megatron-LM's default)", false, ""
 	case selectiveModules(modes) != 0:
 		return recomputeFlags(planner.MegatronRecompute{Modules: selectiveModules(modes)}), false, ""
@@ -158,10 +158,10 @@ func all(modes []string, m string) bool {
 // its own input) and the rest stored, else 0.
 func (e *Export) block(modes []string) int {
 	k := 0
-	for k < len(modes) && modes[k] == "checkpoint" && !e.nothing[k] {
+	for k < len(modes) && modes[k] == ModeCheckpoint.String() && !e.nothing[k] {
 		k++
 	}
-	if k == 0 || !all(modes[k:], "store") {
+	if k == 0 || !all(modes[k:], ModeStore.String()) {
 		return 0
 	}
 	return k
@@ -179,7 +179,7 @@ func (e *Export) uniform() int {
 		}
 	}
 	for i, l := range e.Layers {
-		if l.Mode != "checkpoint" || e.nothing[i] != (i%size != 0) {
+		if l.Mode != ModeCheckpoint || e.nothing[i] != (i%size != 0) {
 			return 0
 		}
 	}

@@ -29,7 +29,7 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 	usage := "# Apply it once, before training, to the model's transformer layers in order:\n#\n" +
 		"#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n"
 	var notes []string
-	if len(e.indexes("selective")) > 0 {
+	if len(e.indexes(ModeSelective)) > 0 {
 		notes = append(notes, "a selective layer keeps exactly its plan's tensors; to get the others back it\n"+
 			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.")
 	}
@@ -60,10 +60,10 @@ func (e *Export) pythonModule(w io.Writer, command, runtimeName, usage string, n
 	b.WriteString(usage)
 	for _, l := range e.Layers {
 		switch l.Mode {
-		case "selective":
+		case ModeSelective:
 			fmt.Fprintf(&b, "#   %-10s selective (%s): keeps %v\n", comment(l.Name), comment(l.Policy), l.KeptBytes)
 		default:
-			fmt.Fprintf(&b, "#   %-10s %s: keeps %v\n", comment(l.Name), comment(l.Mode), l.KeptBytes)
+			fmt.Fprintf(&b, "#   %-10s %s: keeps %v\n", comment(l.Name), comment(l.Mode.String()), l.KeptBytes)
 		}
 	}
 	for _, n := range e.Notes {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -19,7 +20,7 @@ type Target struct {
 	// Sharder is the engine that runs ZeRO under the target, whose
 	// figures a plan under ZeRO must be made for (ir.Parallel.Sharder);
 	// "" where the target configures none.
-	Sharder string
+	Sharder ir.Sharding
 	// Closest returns the engine's setting a plan runs as when the
 	// engine cannot run it as planned (the cheapest that fits, planned
 	// by p with opt), nil when it can; an error when none fits. nil for

@@ -111,7 +111,7 @@ func TestPyTorchExport(t *testing.T) {
 						}
 					}
 				}
-				modes[l.Mode+" "+l.Policy]++
+				modes[l.Mode.String()+" "+l.Policy]++
 				if mem.Bytes(got.LayerKeptBytes[i]) != want {
 					t.Errorf("%s plan %d, %s (%s %s): PyTorch keeps %d bytes, the plan %d", model, n, l.Name, l.Mode, l.Policy, got.LayerKeptBytes[i], want)
 				}

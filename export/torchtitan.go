@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/stage"
 )
@@ -87,11 +88,11 @@ func (e *Export) torchtitanExact() (torchtitanAC, bool) {
 		same := true
 		for i, l := range e.Layers {
 			if a.op {
-				same = same && l.Mode == "selective" && l.Policy == stage.TorchtitanOp
+				same = same && l.Mode == ModeSelective && l.Policy == stage.TorchtitanOp
 				continue
 			}
-			ck := l.Mode == "checkpoint" && !e.nothing[i]
-			same = same && (l.Mode == "store" || ck) && ck == a.checkpoint(i, n)
+			ck := l.Mode == ModeCheckpoint && !e.nothing[i]
+			same = same && (l.Mode == ModeStore || ck) && ck == a.checkpoint(i, n)
 		}
 		if same {
 			return a, true
@@ -109,7 +110,7 @@ func (e *Export) TorchtitanExact() bool {
 
 // The torchtitan target: its [activation_checkpoint] section, or its
 // closest setting's. torchtitan shards with FSDP2.
-var torchtitanTarget = &Target{Name: "torchtitan", Help: "its [activation_checkpoint] TOML", Sharder: "fsdp2",
+var torchtitanTarget = &Target{Name: "torchtitan", Help: "its [activation_checkpoint] TOML", Sharder: ir.ShardingFSDP2,
 	Closest: closestLayers((*Export).TorchtitanExact, TorchtitanSettings, "torchtitan", "none, full, selective every 2 to %d layers, or op"),
 	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) {
 		runs, at := s.closestPlan()
@@ -162,8 +163,8 @@ func (e *Export) layerSummary() string {
 	var order []string
 	by := map[string][]int{}
 	for i, l := range e.Layers {
-		m := l.Mode
-		if m == "checkpoint" && e.nothing[i] {
+		m := l.Mode.String()
+		if l.Mode == ModeCheckpoint && e.nothing[i] {
 			m = "checkpoint keeping no input"
 		}
 		if _, ok := by[m]; !ok {

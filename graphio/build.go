@@ -91,15 +91,15 @@ func (b *builder) input(name string, shape ir.Shape) int {
 
 // fusedRoles are the LoRA targets a fused projection answers to: GPT-2's
 // and Phi-3's q, k and v in one, Phi-3's gate and up.
-var fusedRoles = map[string][]string{"qkv": {"q", "k", "v"}, "gate_up": {"gate", "up"}}
+var fusedRoles = map[string][]ir.LoRATarget{"qkv": {ir.LoRAQ, ir.LoRAK, ir.LoRAV}, "gate_up": {ir.LoRAGate, ir.LoRAUp}}
 
 // linear adds a projection; role is the LoRA target it answers to, or a
 // fused projection's (fusedRoles).
 func (b *builder) linear(region, role string, out int64, bias bool, x int) int {
 	a := ir.Attrs{Out: out, Bias: bias, Frozen: b.m.Training.LoRA.Rank > 0}
 	targets := b.m.Training.LoRA.Targets
-	if a.Frozen && (slices.Contains(targets, role) ||
-		slices.ContainsFunc(fusedRoles[role], func(t string) bool { return slices.Contains(targets, t) })) {
+	if a.Frozen && (slices.Contains(targets, ir.LoRATarget(role)) ||
+		slices.ContainsFunc(fusedRoles[role], func(t ir.LoRATarget) bool { return slices.Contains(targets, t) })) {
 		a.LoRARank = b.m.Training.LoRA.Rank
 		a.LoRADrop = b.m.Training.LoRA.Dropout
 	}
@@ -208,15 +208,16 @@ func (b *builder) merge(x int) int {
 // ·V with K and V expanded (gqa: repeat) or the queries grouped by kv head.
 func (b *builder) core(q, k, v int) int {
 	m, t := b.m, &b.m.Training
-	if t.Attention == "flash" {
+	kernel := ir.AttentionKernel(t.Attention)
+	if kernel == ir.AttentionFlash {
 		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
 	}
-	if t.Attention == "sdpa-math" {
+	if kernel == ir.AttentionSDPAMath {
 		// With enable_gqa (an unmasked layer, 4.54 on) sdpa repeats K
 		// and V itself.
 		return b.sdpaMath(q, k, v, t.Numerics.SDPAGQA && !b.sdpaMasked())
 	}
-	if t.Attention == "sdpa" {
+	if kernel == ir.AttentionSDPA {
 		// transformers expands K and V to every query head before
 		// F.scaled_dot_product_attention (from 4.54, where the layer has
 		// no mask, sdpa takes them unexpanded with enable_gqa), whose
@@ -252,7 +253,7 @@ func (b *builder) core(q, k, v int) int {
 		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: kv, Flash: true, BSHD: bshd, Causal: true, P: t.Dropout,
 			MaskKept: maskKept}, q, k, v)
 	}
-	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == "grouped"
+	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == ir.GQAGrouped
 	if m.KVHeads < m.Heads && !grouped {
 		k = b.op("attn.repeat_k", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, k)
 		v = b.op("attn.repeat_v", ir.RepeatKV, ir.Attrs{Heads: m.Heads}, v)

@@ -32,7 +32,6 @@ import (
 	"reflect"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 	"go.yaml.in/yaml/v3"
@@ -57,7 +56,7 @@ type GraphSpec struct {
 	Traced *Traced
 	// Optimizer and GradAccum, when set, are the training setup's: what
 	// runs after the ops, not one of them (ir.Setup).
-	Optimizer string
+	Optimizer ir.Optimizer
 	GradAccum int64
 
 	d      *decoder
@@ -80,7 +79,7 @@ type Traced struct {
 	By    string `yaml:"by"` // what recorded it: the libraries and device
 	// Attention is the attention the model ran (eager, sdpa, flash), when
 	// the tracer knows it: a label, the traced ops being what they are.
-	Attention string `yaml:"attention"`
+	Attention ir.AttentionKernel `yaml:"attention"`
 	// Device is whose kernels ran (cpu, cuda); left out, the end of By
 	// says. A checkpoint on the CPU stashes no CUDA generator state.
 	Device string `yaml:"device"`
@@ -275,8 +274,8 @@ func (s *GraphSpec) checkHeader(b *graphBody) error {
 	if t := s.Traced; t != nil && t.Device != "" && t.Device != "cpu" && t.Device != "cuda" {
 		return d.errField("graph.traced.device", "graph.traced.device: unknown value %q (valid: cpu, cuda)", t.Device)
 	}
-	if t := s.Traced; t != nil && t.Attention != "" && !slices.Contains(ir.Attentions, t.Attention) {
-		return d.errField("graph.traced.attention", "graph.traced.attention: unknown value %q (valid: %s)", t.Attention, strings.Join(ir.Attentions, ", "))
+	if t := s.Traced; t != nil && t.Attention != "" && !slices.Contains(ir.Attentions(), t.Attention) {
+		return d.errField("graph.traced.attention", "graph.traced.attention: unknown value %q (valid: %s)", t.Attention, ir.Join(ir.Attentions(), ", "))
 	}
 	return nil
 }

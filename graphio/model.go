@@ -276,7 +276,7 @@ func (m *Model) Validate() error {
 	if m.Family != "gpt2" && m.HeadDim()%2 != 0 {
 		return fe("heads", "head size %d is odd; rotary embeddings need an even one", m.HeadDim())
 	}
-	if m.Training.Autocast != "" && m.Training.Profile != "transformers" {
+	if m.Training.Autocast != "" && ir.Profile(m.Training.Profile) != ir.ProfileTransformers {
 		return fe("training.autocast", "autocast is planned under the transformers profile")
 	}
 	if err := m.Training.Validate("training"); err != nil {
@@ -326,11 +326,11 @@ func (m *Model) validateExperts() error {
 		return fe("training.autocast", "a mixture of experts under torch.autocast is not modelled yet: plan it in its own dtype")
 	case t.Parallel.TP > 1:
 		return fe("training.parallel.tp", "a mixture of experts over tensor-parallel ranks (expert parallelism) is not modelled yet")
-	case t.Profile == "megatron":
+	case ir.Profile(t.Profile) == ir.ProfileMegatron:
 		return fe("training.profile", "a mixture of experts is planned under the transformers or torch-eager profile, not megatron")
 	}
 	for _, target := range t.LoRA.Targets {
-		if slices.Contains([]string{"gate", "up", "down", "gate_up"}, target) {
+		if slices.Contains([]ir.LoRATarget{ir.LoRAGate, ir.LoRAUp, ir.LoRADown, "gate_up"}, target) {
 			return fe("training.lora.targets", "LoRA on the MLP (%s) of a mixture of experts is not modelled yet: adapt the attention (q, k, v, o)", target)
 		}
 	}

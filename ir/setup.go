@@ -3,7 +3,6 @@ package ir
 import (
 	"fmt"
 	"slices"
-	"strings"
 )
 
 // Setup is how a model is trained: the sizes of a step, numerics, the
@@ -14,8 +13,8 @@ type Setup struct {
 	Seq       int64   `yaml:"seq" json:"seq"`
 	DType     string  `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
 	Dropout   float64 `yaml:"dropout" json:"dropout"`     // in [0, 1)
-	Attention string  `yaml:"attention" json:"attention"` // eager | sdpa | flash
-	Profile   string  `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
+	Attention string  `yaml:"attention" json:"attention"` // an AttentionKernel: eager | sdpa | sdpa-math | flash
+	Profile   string  `yaml:"profile" json:"profile"`     // a Profile: transformers | torch-eager | megatron
 	// Transformers is the transformers release the transformers profile
 	// plans for ("5.24"), whose rules set the release-dependent numerics
 	// (graphio.Releases); "" where the numerics are given as written.
@@ -27,14 +26,14 @@ type Setup struct {
 	// Optimizer is the optimizer and, for PyTorch's AdamW, how its step
 	// runs: adamw is PyTorch's default on a GPU, adamw-foreach;
 	// adamw-fused and adamw-forloop are its fused=True and foreach=False.
-	Optimizer string `yaml:"optimizer" json:"optimizer"` // one of Optimizers
-	LoRA      LoRA   `yaml:"lora" json:"lora"`
+	Optimizer Optimizer `yaml:"optimizer" json:"optimizer"` // one of Optimizers
+	LoRA      LoRA      `yaml:"lora" json:"lora"`
 	// Quant is how the decoder layers' frozen linear weights are stored
 	// (bitsandbytes, as QLoRA trains): nf4 or fp4 (4 bits, blocks of 64
 	// with an fp32 absolute maximum each), int8 (LLM.int8(): a byte and
 	// an fp32 scale a row); "" for the training dtype. Adapters train
 	// over them (LoRA rank > 0).
-	Quant string `yaml:"quant,omitempty" json:"quant,omitempty"`
+	Quant Quant `yaml:"quant,omitempty" json:"quant,omitempty"`
 	// DoubleQuant quantizes the 4-bit blocks' absolute maxima again, to a
 	// byte each in blocks of 256 with an fp32 maximum (QLoRA's double
 	// quantization).
@@ -50,7 +49,7 @@ type Setup struct {
 	// as mixed-precision trainers run them (DeepSpeed, Megatron-LM); or
 	// "none", moments in the weights' own dtype and no copy, as PyTorch's
 	// AdamW and SGD do over 16-bit parameters.
-	MasterWeights string `yaml:"master_weights,omitempty" json:"master_weights,omitempty"`
+	MasterWeights MasterWeights `yaml:"master_weights,omitempty" json:"master_weights,omitempty"`
 	// BuffersBytes are the bytes of the model's registered buffers (the
 	// rotary modules' inverse frequencies and cached tables, a causal
 	// mask), as a live model holds them: the Python package measures
@@ -61,10 +60,10 @@ type Setup struct {
 // Numerics are the upcasts and the grouped-query implementation, which
 // change what autograd keeps.
 type Numerics struct {
-	NormFP32    bool   `yaml:"norm_fp32" json:"norm_fp32"`       // RMSNorm computes in fp32 (HF default)
-	SoftmaxFP32 bool   `yaml:"softmax_fp32" json:"softmax_fp32"` // softmax in fp32, cast back
-	LogitsFP32  bool   `yaml:"logits_fp32" json:"logits_fp32"`   // loss on logits.float()
-	GQA         string `yaml:"gqa" json:"gqa"`                   // repeat (expand K, V) | grouped
+	NormFP32    bool `yaml:"norm_fp32" json:"norm_fp32"`       // RMSNorm computes in fp32 (HF default)
+	SoftmaxFP32 bool `yaml:"softmax_fp32" json:"softmax_fp32"` // softmax in fp32, cast back
+	LogitsFP32  bool `yaml:"logits_fp32" json:"logits_fp32"`   // loss on logits.float()
+	GQA         GQA  `yaml:"gqa" json:"gqa"`                   // repeat (expand K, V) | grouped
 	// RopeInLayer: each layer computes its rotary cos/sin tables itself
 	// (Mistral in transformers before 4.48), so they are its activations.
 	RopeInLayer bool `yaml:"rope_in_layer,omitempty" json:"rope_in_layer,omitempty"`
@@ -123,9 +122,9 @@ type Numerics struct {
 
 // LoRA describes low-rank adapters. Rank 0 means full fine-tuning.
 type LoRA struct {
-	Rank    int64    `yaml:"rank" json:"rank"`
-	Targets []string `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
-	Dropout float64  `yaml:"dropout" json:"dropout"` // dropout on each adapter's input
+	Rank    int64        `yaml:"rank" json:"rank"`
+	Targets []LoRATarget `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
+	Dropout float64      `yaml:"dropout" json:"dropout"` // dropout on each adapter's input
 	// FP32: the adapters' weights are fp32 over 16-bit base weights, as
 	// PEFT makes them by default (autocast_adapter_dtype).
 	FP32 bool `yaml:"fp32,omitempty" json:"fp32,omitempty"`
@@ -147,42 +146,31 @@ type Parallel struct {
 	// step the cost model counts: deepspeed (DeepSpeed's ZeRO, configured
 	// as its export writes) or fsdp2 (PyTorch's fully_shard: stage 3).
 	// "" is the stage's usual engine (Sharder).
-	Sharding string `yaml:"sharding,omitempty" json:"sharding,omitempty"`
+	Sharding Sharding `yaml:"sharding,omitempty" json:"sharding,omitempty"`
 }
 
 // Sharder returns the engine that runs ZeRO: Sharding, or where it is
 // unset deepspeed for stages 1 and 2 and fsdp2 for stage 3; "" without
 // ZeRO.
-func (p Parallel) Sharder() string {
+func (p Parallel) Sharder() Sharding {
 	switch {
 	case p.Zero <= 0:
 		return ""
 	case p.Sharding != "":
 		return p.Sharding
 	case p.Zero >= 3:
-		return "fsdp2"
+		return ShardingFSDP2
 	}
-	return "deepspeed"
+	return ShardingDeepSpeed
 }
-
-// Enumerated values of the setup's string fields.
-var (
-	Attentions  = []string{"eager", "sdpa", "sdpa-math", "flash"}
-	Profiles    = []string{"transformers", "torch-eager", "megatron"}
-	Optimizers  = []string{"adamw", "adamw-foreach", "adamw-fused", "adamw-forloop", "adamw8bit", "paged-adamw8bit", "paged-adamw", "sgd", "none"}
-	Quants      = []string{"nf4", "fp4", "int8"}
-	GQAs        = []string{"repeat", "grouped"}
-	Shardings   = []string{"deepspeed", "fsdp2"}
-	LoRATargets = []string{"q", "k", "v", "o", "gate", "up", "down"}
-)
 
 // DefaultSetup returns the defaults of every training field.
 func DefaultSetup() Setup {
 	return Setup{
-		Batch: 1, Seq: 2048, DType: "bf16", Attention: "eager", Profile: "torch-eager",
-		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: "repeat"},
-		Optimizer: "adamw",
-		LoRA:      LoRA{Targets: []string{"q", "k", "v", "o"}},
+		Batch: 1, Seq: 2048, DType: "bf16", Attention: string(AttentionEager), Profile: string(ProfileTorchEager),
+		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: GQARepeat},
+		Optimizer: OptimizerAdamW,
+		LoRA:      LoRA{Targets: []LoRATarget{LoRAQ, LoRAK, LoRAV, LoRAO}},
 		Parallel:  Parallel{DP: 1, TP: 1},
 	}
 }
@@ -197,13 +185,6 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-func oneOf(field, v string, valid []string) error {
-	if slices.Contains(valid, v) {
-		return nil
-	}
-	return &FieldError{field, fmt.Sprintf("unknown value %q (valid: %s)", v, strings.Join(valid, ", "))}
-}
-
 // ModelDType returns the parsed training dtype.
 func (s *Setup) ModelDType() DType {
 	d, _ := ParseDType(s.DType)
@@ -211,7 +192,9 @@ func (s *Setup) ModelDType() DType {
 }
 
 // Validate checks every field; prefix is prepended to field names in
-// errors ("training").
+// errors ("training"). It writes the dtypes by their short names
+// (float32 and float are fp32, bfloat16 is bf16), as every reader of the
+// setup compares them.
 func (s *Setup) Validate(prefix string) error {
 	f := func(name string) string { return prefix + "." + name }
 	positive := []struct {
@@ -223,36 +206,41 @@ func (s *Setup) Validate(prefix string) error {
 			return &FieldError{f(p.name), fmt.Sprintf("must be positive, got %d", p.v)}
 		}
 	}
-	if d, err := ParseDType(s.DType); err != nil || !slices.Contains(TrainDTypes, d) {
+	d, err := ParseDType(s.DType)
+	if err != nil || !slices.Contains(TrainDTypes, d) {
 		return &FieldError{f("dtype"), fmt.Sprintf("unknown value %q (valid: fp32, bf16, fp16)", s.DType)}
 	}
+	written := s.DType
+	s.DType = d.String()
 	if s.Autocast != "" {
-		if d, err := ParseDType(s.Autocast); err != nil || !(d == BF16 || d == FP16) {
+		a, err := ParseDType(s.Autocast)
+		if err != nil || !(a == BF16 || a == FP16) {
 			return &FieldError{f("autocast"), fmt.Sprintf("unknown value %q (valid: bf16, fp16)", s.Autocast)}
 		}
-		if s.DType != "fp32" {
-			return &FieldError{f("autocast"), fmt.Sprintf("autocast runs over fp32 weights, but dtype is %s", s.DType)}
+		s.Autocast = a.String()
+		if d != FP32 {
+			return &FieldError{f("autocast"), fmt.Sprintf("autocast runs over fp32 weights, but dtype is %s", written)}
 		}
 	}
 	if s.Quant != "" {
-		if err := oneOf(f("quant"), s.Quant, Quants); err != nil {
+		if err := oneOf(f("quant"), s.Quant, Quants()); err != nil {
 			return err
 		}
 		if s.LoRA.Rank <= 0 {
 			return &FieldError{f("quant"), fmt.Sprintf("%s base weights are frozen: they train through LoRA adapters (QLoRA), so lora.rank must be positive", s.Quant)}
 		}
 	}
-	if s.DoubleQuant && s.Quant != "nf4" && s.Quant != "fp4" {
+	if s.DoubleQuant && !s.Quant.FourBit() {
 		return &FieldError{f("double_quant"), "double quantization is of 4-bit weights' constants: it needs quant nf4 or fp4"}
 	}
 	if s.Dropout < 0 || s.Dropout >= 1 || s.Dropout != s.Dropout {
 		return &FieldError{f("dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.Dropout)}
 	}
 	for _, e := range []error{
-		oneOf(f("attention"), s.Attention, Attentions),
-		oneOf(f("profile"), s.Profile, Profiles),
-		oneOf(f("optimizer"), s.Optimizer, Optimizers),
-		oneOf(f("numerics.gqa"), s.Numerics.GQA, GQAs),
+		oneOf(f("attention"), AttentionKernel(s.Attention), Attentions()),
+		oneOf(f("profile"), Profile(s.Profile), Profiles()),
+		oneOf(f("optimizer"), s.Optimizer, Optimizers()),
+		oneOf(f("numerics.gqa"), s.Numerics.GQA, GQAs()),
 	} {
 		if e != nil {
 			return e
@@ -265,15 +253,17 @@ func (s *Setup) Validate(prefix string) error {
 		return &FieldError{f("lora.rank"), fmt.Sprintf("must not be negative, got %d", s.LoRA.Rank)}
 	}
 	for i, t := range s.LoRA.Targets {
-		if err := oneOf(fmt.Sprintf("%s[%d]", f("lora.targets"), i), t, LoRATargets); err != nil {
+		if err := oneOf(fmt.Sprintf("%s[%d]", f("lora.targets"), i), t, LoRATargets()); err != nil {
 			return err
 		}
 	}
 	if s.GradAccum < 0 {
 		return &FieldError{f("grad_accum"), fmt.Sprintf("must not be negative, got %d", s.GradAccum)}
 	}
-	if s.MasterWeights != "" && s.MasterWeights != "fp32" && s.MasterWeights != "none" {
-		return &FieldError{f("master_weights"), fmt.Sprintf("unknown value %q (valid: fp32, none)", s.MasterWeights)}
+	if s.MasterWeights != "" {
+		if err := oneOf(f("master_weights"), s.MasterWeights, MasterWeightsValues()); err != nil {
+			return err
+		}
 	}
 	if s.BuffersBytes < 0 {
 		return &FieldError{f("buffers_bytes"), fmt.Sprintf("must not be negative, got %d", s.BuffersBytes)}
@@ -282,15 +272,15 @@ func (s *Setup) Validate(prefix string) error {
 		return &FieldError{f("parallel.zero"), fmt.Sprintf("must be 0, 1, 2 or 3, got %d", s.Parallel.Zero)}
 	}
 	if sh := s.Parallel.Sharding; sh != "" {
-		if err := oneOf(f("parallel.sharding"), sh, Shardings); err != nil {
+		if err := oneOf(f("parallel.sharding"), sh, Shardings()); err != nil {
 			return err
 		}
 		switch {
 		case s.Parallel.Zero == 0:
 			return &FieldError{f("parallel.sharding"), fmt.Sprintf("%s runs ZeRO: set parallel.zero to 1, 2 or 3, or leave sharding unset", sh)}
-		case s.Profile == "megatron":
+		case Profile(s.Profile) == ProfileMegatron:
 			return &FieldError{f("parallel.sharding"), "the megatron profile shards through Megatron-LM's distributed optimizer: leave sharding unset"}
-		case sh == "fsdp2" && s.Parallel.Zero < 3:
+		case sh == ShardingFSDP2 && s.Parallel.Zero < 3:
 			return &FieldError{f("parallel.sharding"), fmt.Sprintf("fsdp2 (fully_shard) runs ZeRO stage 3, not %d: use deepspeed, or zero 3", s.Parallel.Zero)}
 		}
 	}

@@ -28,7 +28,7 @@ func ExampleProblem_Plan() {
 	}
 	fmt.Println(plan.Feasible, plan.PeakBytes <= plan.BudgetBytes, plan.Overhead > 0)
 	for _, s := range plan.Stages {
-		fmt.Println(strings.TrimSpace(s.Name + " " + s.Decision + " " + s.Option))
+		fmt.Println(strings.TrimSpace(s.Name + " " + s.Decision.String() + " " + s.Option))
 	}
 	// Output:
 	// true true true

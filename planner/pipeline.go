@@ -594,12 +594,12 @@ func (p *Problem) decided(st Stage, choice int) Stage {
 	st.Options = nil
 	switch {
 	case choice == solver.Checkpoint:
-		st.Decision = "checkpoint"
+		st.Decision = DecisionCheckpoint
 	case choice == 0:
-		st.Decision = "store"
+		st.Decision = DecisionStore
 	default:
 		ks := &p.Stages[st.Index].KeepSets[choice]
-		st.Decision, st.Option = "selective", ks.Name
+		st.Decision, st.Option = DecisionSelective, ks.Name
 		st.Options = []KeepSet{keepSetRecord(p.Stages[st.Index], ks)}
 	}
 	return st

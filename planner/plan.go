@@ -216,7 +216,7 @@ type Stage struct {
 	// Decision: "store" (the first forward keeps the tape), "selective"
 	// (it keeps part of the tape: the keep set Option), "checkpoint" (it
 	// keeps only its input), or "recompute" (it keeps nothing).
-	Decision string `json:"decision" yaml:"decision"`
+	Decision Decision `json:"decision" yaml:"decision"`
 	// HostBytes is what the stage keeps in host memory under its
 	// decision, apart from the device's: the Python numbers its products
 	// keep (wrapped, 8 bytes each), and for a checkpointed or selective
@@ -232,7 +232,7 @@ type Stage struct {
 // nil.
 func (s *Stage) KeepSet() *KeepSet {
 	for k := range s.Options {
-		if s.Decision == "selective" && s.Options[k].Name == s.Option {
+		if s.Decision == DecisionSelective && s.Options[k].Name == s.Option {
 			return &s.Options[k]
 		}
 	}
@@ -244,9 +244,9 @@ func (s *Stage) KeepSet() *KeepSet {
 // checkpoints, nothing when it recomputes.
 func (s *Stage) KeptBytes() mem.Bytes {
 	switch s.Decision {
-	case "store":
+	case DecisionStore:
 		return s.SavedBytes
-	case "checkpoint":
+	case DecisionCheckpoint:
 		return s.InputBytes
 	}
 	if o := s.KeepSet(); o != nil {
@@ -427,7 +427,7 @@ func (p *Problem) hostBytes(stages []Stage) {
 		}
 		st := &stages[i]
 		st.HostBytes = p.Stages[i].HostBytes
-		if _, layer := ir.LayerIndex(st.Name); layer && st.Decision != "store" && st.Decision != "" {
+		if _, layer := ir.LayerIndex(st.Name); layer && st.Decision != DecisionStore && st.Decision != "" {
 			st.HostBytes += mem.Bytes(costmodel.CheckpointHostBytes(p.Costs))
 		}
 	}
@@ -449,14 +449,14 @@ func (p *Problem) decide(stages []Stage, s solver.Schedule) {
 		done[op.Stage] = true
 		switch op.Kind {
 		case solver.FAll:
-			stages[op.Stage].Decision = "store"
+			stages[op.Stage].Decision = DecisionStore
 			if op.Option != 0 {
-				stages[op.Stage].Decision, stages[op.Stage].Option = "selective", p.keepSetName(op)
+				stages[op.Stage].Decision, stages[op.Stage].Option = DecisionSelective, p.keepSetName(op)
 			}
 		case solver.FCk:
-			stages[op.Stage].Decision = "checkpoint"
+			stages[op.Stage].Decision = DecisionCheckpoint
 		case solver.FN:
-			stages[op.Stage].Decision = "recompute"
+			stages[op.Stage].Decision = DecisionRecompute
 		}
 	}
 	for i, u := range used {
@@ -513,9 +513,9 @@ func (p *Problem) LayerRuntime(plan *Plan) (*Plan, error) {
 			continue
 		}
 		switch st.Decision {
-		case "checkpoint", "recompute":
+		case DecisionCheckpoint, DecisionRecompute:
 			ck[i] = true
-		case "selective":
+		case DecisionSelective:
 			j, ok := p.resolveKeepSet(plan, i, st.Option)
 			if !ok {
 				return nil, fmt.Errorf("%s: no keep set %q", st.Name, st.Option)

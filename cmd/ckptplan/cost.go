@@ -216,7 +216,7 @@ func precision(dtype, autocast string) string {
 // profileName names the profile a step is planned with: "transformers
 // 5.24" for the transformers profile of one release.
 func profileName(profile, release string) string {
-	if profile == "transformers" && release != "" {
+	if ir.Profile(profile) == ir.ProfileTransformers && release != "" {
 		return "transformers " + release
 	}
 	return profile

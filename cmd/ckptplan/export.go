@@ -108,7 +108,7 @@ func checkSharder(p ir.Parallel, profile, target string) error {
 	if engine == "" || p.Zero == 0 || costmodel.Profile(profile) == costmodel.Megatron {
 		return nil
 	}
-	if engine == "fsdp2" && p.Zero < 3 {
+	if engine == ir.ShardingFSDP2 && p.Zero < 3 {
 		return usagef("export --to %s shards with fully_shard, ZeRO 3, but the plan is for ZeRO %d: plan with --zero 3", target, p.Zero)
 	}
 	if got := p.Sharder(); got != engine {
@@ -157,7 +157,7 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.W
 	}
 	if src.Kind == graphio.KindModel {
 		t := &src.Model.Training
-		if e := export.Lookup(target).Sharder; t.Parallel.Sharding == "" && t.Parallel.Zero > 0 && (e == "deepspeed" || t.Parallel.Zero >= 3) {
+		if e := export.Lookup(target).Sharder; t.Parallel.Sharding == "" && t.Parallel.Zero > 0 && (e == ir.ShardingDeepSpeed || t.Parallel.Zero >= 3) {
 			t.Parallel.Sharding = e
 		}
 		if err := checkSharder(t.Parallel, t.Profile, target); err != nil {

@@ -200,7 +200,7 @@ func decisions(chunks []planner.Chunk) string {
 	count := map[string]int{}
 	for _, c := range chunks {
 		for _, s := range c.Stages {
-			d := s.Decision
+			d := s.Decision.String()
 			if s.Option != "" {
 				d = s.Option
 			}

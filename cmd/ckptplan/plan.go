@@ -238,7 +238,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 	}
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile, %s", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers), costmodel.OptimizerName(s.Optimizer))
-		if s.MasterWeights == "none" && s.DType != "fp32" {
+		if s.MasterWeights == ir.MasterNone && s.DType != "fp32" {
 			fmt.Fprintf(w, " (%s moments, no master copy)", s.DType)
 		}
 		if s.GradAccum > 1 {
@@ -340,7 +340,7 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	weights := ""
 	if s.Quant != "" {
-		weights = " (" + s.Quant + " linears"
+		weights = " (" + s.Quant.String() + " linears"
 		if s.DoubleQuant {
 			weights += ", double quantization"
 		}
@@ -348,7 +348,7 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	}
 	opt := ""
 	if costmodel.Bitsandbytes(s.Optimizer) {
-		opt = " (" + s.Optimizer
+		opt = " (" + s.Optimizer.String()
 		if st.Paged {
 			opt += ", paged: the driver moves it to the host when the GPU runs short"
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -64,9 +63,9 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 			}
 		})
 	}()
-	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+strings.Join(ir.Profiles, " | ")+" (default: the model's)")
+	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+ir.Join(ir.Profiles(), " | ")+" (default: the model's)")
 	fs.StringVar(&s.autocast, "autocast", "", "16-bit dtype torch.autocast computes products in over fp32 weights: bf16 | fp16 | none (default: the model's)")
-	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+strings.Join(ir.Attentions, " | ")+" (default: the model's)")
+	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+ir.Join(ir.Attentions(), " | ")+" (default: the model's)")
 	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
 	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
@@ -83,7 +82,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.kernels, "kernels", "", "whose kernels run the step: cuda | cpu (PyTorch's CPU kernels keep a layer norm's statistics in 16 bits and sdpa's log-sum-exp unpadded) (default: the model's; cuda for a config.json)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
-	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+strings.Join(ir.Optimizers, " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
+	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+ir.Join(ir.Optimizers(), " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
 	fs.Int64Var(&s.gradAccum, "grad-accum", 0, "micro-batches a step accumulates gradients over: from 2, the gradients are held through every micro-batch (default: the model's)")
 	fs.StringVar(&s.masterWeights, "master-weights", "", "what the optimizer keeps of 16-bit trained weights: fp32 (an fp32 master copy and fp32 moments: DeepSpeed, Megatron-LM) | none (moments in the weights' dtype, no copy: PyTorch's AdamW and SGD over 16-bit parameters) (default: the model's; fp32)")
 	fs.Int64Var(&s.buffersBytes, "buffers-bytes", 0, "bytes of the model's registered buffers (rotary inverse frequencies and cached tables, causal masks), as the live model holds them: the Python package measures them (default: the model's; modeled from the config)")
@@ -113,7 +112,7 @@ func (s *setupFlags) applyTrainingTo(fs *flag.FlagSet, src *graphio.Source, arg 
 		switch {
 		case src.Kind == graphio.KindGraph && f.Name == "optimizer":
 			// What runs after the ops, not one of them.
-			src.Graph.Optimizer = s.optimizer
+			src.Graph.Optimizer = ir.Optimizer(s.optimizer)
 		case src.Kind == graphio.KindGraph && f.Name == "grad-accum":
 			src.Graph.GradAccum = s.gradAccum
 		case s.training[f.Name]:
@@ -160,7 +159,7 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 		case "logits-dtype":
 			t.Numerics.LogitsFP32 = s.logits == "fp32"
 		case "lora-targets":
-			t.LoRA.Targets = strings.Split(s.loraTargets, ",")
+			t.LoRA.Targets = loraTargets(s.loraTargets)
 		case "dropout-mask":
 			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":
@@ -182,15 +181,15 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 		case "lora-rank":
 			t.LoRA.Rank = s.loraRank
 		case "optimizer":
-			t.Optimizer = s.optimizer
+			t.Optimizer = ir.Optimizer(s.optimizer)
 		case "grad-accum":
 			t.GradAccum = s.gradAccum
 		case "buffers-bytes":
 			t.BuffersBytes = s.buffersBytes
 		case "master-weights":
-			t.MasterWeights = s.masterWeights
+			t.MasterWeights = ir.MasterWeights(s.masterWeights)
 		case "quant":
-			t.Quant = s.quant
+			t.Quant = ir.Quant(s.quant)
 			if s.quant == "none" {
 				t.Quant, t.DoubleQuant = "", false
 			}
@@ -207,70 +206,82 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 		case "no-sync":
 			t.Parallel.NoSync = s.noSync
 		case "sharding":
-			t.Parallel.Sharding = s.sharding
+			t.Parallel.Sharding = ir.Sharding(s.sharding)
 		}
 	})
 }
 
-// load reads MODEL and applies the overrides.
-func (s *setupFlags) load(arg string) (*graphio.Source, error) {
-	if s.batch < 0 || s.seq < 0 {
-		return nil, usagef("--batch and --seq must be positive")
+// loraTargets splits --lora-targets; Setup.Validate checks each.
+func loraTargets(list string) []ir.LoRATarget {
+	var out []ir.LoRATarget
+	for _, t := range strings.Split(list, ",") {
+		out = append(out, ir.LoRATarget(t))
 	}
-	if s.profile != "" && !slices.Contains(ir.Profiles, s.profile) {
-		return nil, usagef("--profile: unknown value %q (valid: %s)", s.profile, strings.Join(ir.Profiles, ", "))
-	}
-	if s.attention != "" && !slices.Contains(ir.Attentions, s.attention) {
-		return nil, usagef("--attention: unknown value %q (valid: %s)", s.attention, strings.Join(ir.Attentions, ", "))
-	}
-	if s.ropeTables != "" && s.ropeTables != "model" && s.ropeTables != "layer" && s.ropeTables != "cached" {
-		return nil, usagef("--rope-tables: unknown value %q (valid: model, layer, cached)", s.ropeTables)
-	}
-	if s.sdpaLayout != "" && s.sdpaLayout != "views" && s.sdpaLayout != "contiguous" && s.sdpaLayout != "legacy" {
-		return nil, usagef("--sdpa-layout: unknown value %q (valid: views, contiguous, legacy)", s.sdpaLayout)
-	}
-	if s.kernels != "" && s.kernels != "cuda" && s.kernels != "cpu" {
-		return nil, usagef("--kernels: unknown value %q (valid: cuda, cpu)", s.kernels)
-	}
-	if s.gqaKernel != "" && s.gqaKernel != "fused" && s.gqaKernel != "math" {
-		return nil, usagef("--gqa-kernel: unknown value %q (valid: fused, math)", s.gqaKernel)
-	}
-	if s.autocast != "" && s.autocast != "bf16" && s.autocast != "fp16" && s.autocast != "none" {
-		return nil, usagef("--autocast: unknown value %q (valid: bf16, fp16, none)", s.autocast)
-	}
-	if s.gradAccum < 0 {
-		return nil, usagef("--grad-accum: must not be negative, got %d", s.gradAccum)
-	}
-	if s.masterWeights != "" && s.masterWeights != "fp32" && s.masterWeights != "none" {
-		return nil, usagef("--master-weights: unknown value %q (valid: fp32, none)", s.masterWeights)
-	}
-	if s.buffersBytes < 0 {
-		return nil, usagef("--buffers-bytes: must not be negative, got %d", s.buffersBytes)
-	}
-	if s.optimizer != "" && !slices.Contains(ir.Optimizers, s.optimizer) {
-		return nil, usagef("--optimizer: unknown value %q (valid: %s)", s.optimizer, strings.Join(ir.Optimizers, ", "))
-	}
-	if s.quant != "" && s.quant != "none" && !slices.Contains(ir.Quants, s.quant) {
-		return nil, usagef("--quant: unknown value %q (valid: %s, none)", s.quant, strings.Join(ir.Quants, ", "))
-	}
-	if s.quant == "none" && s.doubleQuant {
-		return nil, usagef("--double-quant quantizes 4-bit weights' constants: it needs --quant nf4 or fp4, not none")
-	}
-	if s.loraDType != "" && s.loraDType != "fp32" && s.loraDType != "model" {
-		return nil, usagef("--lora-dtype: unknown value %q (valid: fp32, model)", s.loraDType)
-	}
-	if s.dropoutMask != "" && s.dropoutMask != "byte" && s.dropoutMask != "dtype" {
-		return nil, usagef("--dropout-mask: unknown value %q (valid: byte, dtype)", s.dropoutMask)
-	}
-	if s.logits != "" && s.logits != "fp32" && s.logits != "model" {
-		return nil, usagef("--logits-dtype: unknown value %q (valid: fp32, model)", s.logits)
+	return out
+}
+
+// check refuses flag values outside their vocabularies or ranges, the
+// first in the order listed here, and writes --dtype's short name
+// ("float32" is fp32).
+func (s *setupFlags) check() error {
+	for _, err := range []error{
+		usageIf(s.batch < 0 || s.seq < 0, "--batch and --seq must be positive"),
+		choice("profile", s.profile, ir.Profiles()...),
+		choice("attention", s.attention, ir.Attentions()...),
+		choice("rope-tables", s.ropeTables, "model", "layer", "cached"),
+		choice("sdpa-layout", s.sdpaLayout, "views", "contiguous", "legacy"),
+		choice("kernels", s.kernels, "cuda", "cpu"),
+		choice("gqa-kernel", s.gqaKernel, "fused", "math"),
+		choice("autocast", s.autocast, "bf16", "fp16", "none"),
+		usageIf(s.gradAccum < 0, "--grad-accum: must not be negative, got %d", s.gradAccum),
+		choice("master-weights", s.masterWeights, ir.MasterWeightsValues()...),
+		usageIf(s.buffersBytes < 0, "--buffers-bytes: must not be negative, got %d", s.buffersBytes),
+		choice("optimizer", s.optimizer, ir.Optimizers()...),
+		choice("quant", s.quant, append(ir.Quants(), "none")...),
+		usageIf(s.quant == "none" && s.doubleQuant, "--double-quant quantizes 4-bit weights' constants: it needs --quant nf4 or fp4, not none"),
+		choice("lora-dtype", s.loraDType, "fp32", "model"),
+		choice("dropout-mask", s.dropoutMask, "byte", "dtype"),
+		choice("logits-dtype", s.logits, "fp32", "model"),
+	} {
+		if err != nil {
+			return err
+		}
 	}
 	if s.dtype != "" {
 		d, err := ir.ParseDType(s.dtype)
 		if err != nil || !(d == ir.FP32 || d == ir.BF16 || d == ir.FP16) {
-			return nil, usagef("--dtype: unknown value %q (valid: fp32, bf16, fp16)", s.dtype)
+			return usagef("--dtype: unknown value %q (valid: fp32, bf16, fp16)", s.dtype)
 		}
 		s.dtype = d.String()
+	}
+	return nil
+}
+
+// choice refuses the value v of flag name unless it is one of valid or
+// "" (not given).
+func choice[T ~string](name, v string, valid ...T) error {
+	if v == "" {
+		return nil
+	}
+	var x T
+	if err := ir.SetOneOf(&x, v, valid); err != nil {
+		return usagef("--%s: %v", name, err)
+	}
+	return nil
+}
+
+// usageIf returns the usage error format and args make if bad, else nil.
+func usageIf(bad bool, format string, args ...any) error {
+	if bad {
+		return usagef(format, args...)
+	}
+	return nil
+}
+
+// load reads MODEL and applies the overrides.
+func (s *setupFlags) load(arg string) (*graphio.Source, error) {
+	if err := s.check(); err != nil {
+		return nil, err
 	}
 	src, err := graphio.Load(arg)
 	if err != nil {
