@@ -1,31 +1,10 @@
 package export
 
 import (
-	_ "embed"
 	"io"
 
 	"github.com/ckptplan/ckptplan/ir"
 )
-
-// The FSDP2 module carries three files: the Python package's own
-// decoder-layer discovery (layers.py; python/ckptplan/layers.py links
-// here) and selective checkpointing (sac.py; python/ckptplan/_sac.py
-// links here), and the FSDP2 runtime.
-//
-//go:embed layers.py
-var layersRuntime string
-
-// sacRuntime finds and applies a selective layer's policy for PyTorch's
-// selective activation checkpointing.
-//
-//go:embed sac.py
-var sacRuntime string
-
-// fsdp2Runtime applies PLAN with apply_activation_checkpointing, before
-// FSDP2's fully_shard.
-//
-//go:embed fsdp2.py
-var fsdp2Runtime string
 
 // The FSDP2 target: the plan as a module for FSDP2 (PyTorch's
 // fully_shard), which runs ZeRO stage 3, so that a plan under ZeRO is
@@ -48,5 +27,5 @@ func (e *Export) FSDP2(w io.Writer, command string) error {
 		"#     for layer in model.model.layers:    # GPT-2: model.transformer.h\n" +
 		"#         fully_shard(layer)\n" +
 		"#     fully_shard(model)\n#\n"
-	return e.underSAC().pythonModule(w, command, "FSDP2", usage, nil, layersRuntime+"\n\n"+sacRuntime+"\n\n"+fsdp2Runtime)
+	return e.underSAC().pythonModule(w, command, "FSDP2", usage, nil, pythonRuntime(layersRuntime, sacRuntime, layerRuntime, fsdp2Runtime))
 }

@@ -93,6 +93,8 @@ func TestHostileNamesStayText(t *testing.T) {
 	os.WriteFile(filepath.Join(stub, "__init__.py"), []byte("def __getattr__(name):\n    return None\n"), 0o644)
 	os.WriteFile(filepath.Join(stub, "utils", "__init__.py"), []byte(""), 0o644)
 	os.WriteFile(filepath.Join(stub, "utils", "checkpoint.py"), []byte("def __getattr__(name):\n    return None\n"), 0o644)
+	os.WriteFile(filepath.Join(stub, "utils", "_python_dispatch.py"), []byte("TorchDispatchMode = object\n"), 0o644)
+	os.WriteFile(filepath.Join(stub, "utils", "_pytree.py"), []byte("def tree_flatten(tree):\n    return [], None\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "plan_mod.py"), py.Bytes(), 0o644)
 	os.WriteFile(filepath.Join(dir, "hf_calls.py"), hf.Bytes(), 0o644)
 	want, _ := json.Marshal(e)

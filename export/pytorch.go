@@ -1,19 +1,14 @@
 package export
 
 import (
-	_ "embed"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
-)
 
-// runtime is the Python that applies PLAN: per-layer checkpointing, and
-// selective layers through saved-tensor hooks (PyTorch 1.13 and later).
-//
-//go:embed runtime.py
-var runtime string
+	"github.com/ckptplan/ckptplan/ir"
+)
 
 var pytorchTarget = &Target{Name: "pytorch", Help: "a Python module",
 	Write: func(w io.Writer, e *Export, _ *Setting, command string) ([]string, error) {
@@ -23,17 +18,27 @@ var pytorchTarget = &Target{Name: "pytorch", Help: "a Python module",
 // PyTorch writes a Python module that applies the plan: apply_plan(layers)
 // wraps each checkpointed layer in torch.utils.checkpoint (non-reentrant),
 // runs each selective layer keeping only its plan's tensors, and leaves
-// stored layers alone. command is the command line that made the plan,
-// for the module's header.
+// stored layers alone. A selective layer runs under selective activation
+// checkpointing (PyTorch 2.4 and later), which reruns what its keep set
+// drops; on older PyTorch it reruns its whole forward. The figures it
+// prints are those of the runtime the plan's profile runs: selective
+// checkpointing under transformers', a whole rerun otherwise. command is
+// the command line that made the plan, for the module's header.
 func (e *Export) PyTorch(w io.Writer, command string) error {
 	usage := "# Apply it once, before training, to the model's transformer layers in order:\n#\n" +
-		"#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n#\n"
+		"#     apply_plan(model.model.layers)    # Llama, Mistral, Qwen2; GPT-2: model.transformer.h\n" +
+		"#     model.config.use_cache = False    # a layer's rerun would add to the key/value cache again\n#\n"
 	var notes []string
 	if len(e.indexes(ModeSelective)) > 0 {
-		notes = append(notes, "a selective layer keeps exactly its plan's tensors; to get the others back it\n"+
-			"# reruns its whole forward once in backward, where the plan reruns only the ops that make them.")
+		if ir.Profile(e.Profile) == ir.ProfileTransformers {
+			notes = append(notes, "a selective layer keeps exactly its plan's tensors through selective activation\n"+
+				"# checkpointing (PyTorch 2.4 and later); on older PyTorch it reruns its whole forward once in backward.")
+		} else {
+			notes = append(notes, "a selective layer keeps exactly its plan's tensors; it reruns its whole forward once in\n"+
+				"# backward on PyTorch before 2.4, as counted here, and from 2.4 only the ops that make the others.")
+		}
 	}
-	return e.pythonModule(w, command, "PyTorch", usage, notes, runtime)
+	return e.pythonModule(w, command, "PyTorch", usage, notes, pythonRuntime(sacRuntime, layerRuntime, pytorchRuntime))
 }
 
 // pythonModule writes a module for a runtime: a header saying what each

@@ -1,18 +1,26 @@
-"""ckptplan runtime: applies PLAN, a per-layer activation-memory plan, to a model.
+"""ckptplan runtime: each decoder layer of a model runs as its plan entry says.
 
-Call apply_plan(layers) once, after building the model and before training,
-with the model's transformer layers in order (model.model.layers for a
-Hugging Face Llama, model.transformer.h for GPT-2). Each layer then runs as
-the plan says:
+One implementation for every way a plan is applied: ckptplan.apply (the
+package's _runtime.py links here), and the modules ckptplan export writes
+for PyTorch and for FSDP2, which carry this file's text after sac.py's. A
+layer runs in one of three modes:
 
   store       unchanged: autograd keeps everything the layer saves.
   checkpoint  torch.utils.checkpoint (non-reentrant): keeps only the layer's
               inputs and the RNG state, and reruns the layer in backward.
-  selective   keeps only the saved activations the plan marks keep=true; the
-              others are freed after the forward and recomputed in backward by
-              rerunning the layer's forward (same arguments, same RNG state).
+  selective   selective activation checkpointing (PyTorch 2.4 and later):
+              the layer runs in a non-reentrant checkpoint whose policy
+              caches exactly the op outputs that make the plan's kept
+              tensors and recomputes every other op in backward (sac.py;
+              the policy is found on the layer's first call in training).
+              Older PyTorch has no such policy. Where the caller allows it
+              (the exported PyTorch module, for PyTorch 1.13 and later),
+              the layer instead keeps exactly the plan's tensors through
+              saved-tensor hooks and reruns its whole forward once in
+              backward to get the others back; elsewhere it is refused.
 
-Gradients are the same as without the plan. Works with PyTorch 1.13 and 2.x.
+A plan is for one batch and sequence length: a call with other shapes
+fails with a message saying so. Gradients are those without the plan.
 """
 import contextlib
 import functools
@@ -21,70 +29,141 @@ import weakref
 import torch
 import torch.utils.checkpoint
 
+if "SacPolicy" not in globals():  # in the package; an exported module carries sac.py above
+    try:
+        from ._sac import SacPolicy, layer_input_shape, sac_available
+    except ImportError:  # this file loaded alone (its activation helpers only)
+        pass
+
 MODES = ("store", "checkpoint", "selective")
 
 
-def apply_plan(layers, plan=None):
-    """Make each of layers run as the matching entry of plan["layers"] says.
+class LayerPlan:
+    """One layer's plan entry: its name, mode, the activations a selective
+    layer saves as (name, bytes, keep), and the keep set's policy name."""
 
-    plan defaults to this module's PLAN. Sets each layer's forward (an
-    instance attribute; applying a plan again starts from the forward the
-    layer had before the first). Returns how many layers got each mode.
-    """
-    if plan is None:
-        plan = PLAN  # noqa: F821 (defined above this text in the exported module)
-    layers, entries = list(layers), plan["layers"]
-    if len(layers) != len(entries):
-        raise ValueError(
-            f"the plan for {plan.get('model', 'the model')} has {len(entries)} layers "
-            f"but {len(layers)} were given: pass the model's transformer layers, in order")
+    __slots__ = ("name", "mode", "saved", "policy")
+
+    def __init__(self, name, mode, saved=None, policy=""):
+        self.name, self.mode, self.policy = name, mode, policy or ""
+        self.saved = None if saved is None else [(n, int(b), bool(k)) for n, b, k in saved]
+
+    @classmethod
+    def from_dict(cls, entry):
+        """The entry of a plan's "layers" list, as JSON gives it."""
+        saved = entry.get("saved")
+        if saved is not None:
+            saved = [(s.get("name", "?"), s["bytes"], s.get("keep", False)) for s in saved]
+        return cls(entry.get("name", "?"), entry.get("mode"), saved, entry.get("policy", ""))
+
+
+def check_modes(entries, rerun=False, hint=""):
+    """How many of entries (LayerPlan) have each mode; raises ValueError for
+    an unknown mode, a selective layer without its saved list, or one this
+    PyTorch cannot run (no selective checkpointing, and rerun not allowed;
+    hint ends that message)."""
     counts = dict.fromkeys(MODES, 0)
-    for layer, entry in zip(layers, entries):
-        name, mode = entry.get("name", "?"), entry.get("mode")
-        if mode not in MODES:
-            raise ValueError(f"{name}: unknown mode {mode!r} (valid: {', '.join(MODES)})")
-        if mode == "selective" and "saved" not in entry:
-            raise ValueError(f"{name}: a selective layer needs its 'saved' list")
-        forward = layer.forward
-        if isinstance(forward, _Planned):
-            forward = forward.inner
-        if mode == "store":
-            if isinstance(layer.forward, _Planned):
-                layer.forward = forward
-        else:
-            layer.forward = _Planned(forward, layer, name, mode, entry.get("saved"),
-                                     (plan.get("batch"), plan.get("seq")))
-        counts[mode] += 1
+    for e in entries:
+        if e.mode not in MODES:
+            raise ValueError(f"{e.name}: unknown mode {e.mode!r} (valid: {', '.join(MODES)})")
+        if e.mode == "selective":
+            if e.saved is None:
+                raise ValueError(f"{e.name}: a selective layer needs its 'saved' list")
+            if not rerun and not sac_available():
+                raise ValueError(
+                    f"{e.name}: the plan keeps part of this layer, which needs selective activation "
+                    f"checkpointing (PyTorch >= 2.4; this is {torch.__version__}){hint}")
+        counts[e.mode] += 1
     return counts
 
 
-class _Planned:
-    """A layer's forward as its plan entry says. An object rather than a
-    closure, so that a deep copy of the model runs its own layers."""
+class LayerRun:
+    """How a layer runs in training as its plan entry says: called with the
+    layer's forward (inner), the layer and a call's arguments. shape is the
+    planned (batch, sequence); retry says what to do for another, with
+    {batch} and {seq} the call's; rerun allows the whole-forward rerun where
+    PyTorch has no selective checkpointing. Holds the selective policy,
+    found on the first call in training."""
 
-    def __init__(self, inner, layer, name, mode, saved, shape=(None, None)):
-        self.inner, self.layer, self.name, self.ckptplan_mode = inner, layer, name, mode
-        self.shape = shape  # the planned (batch, sequence), when the plan says
-        if mode == "selective":
-            self.keep = [bool(s.get("keep")) for s in saved]
-            self.sizes = [int(s["bytes"]) for s in saved]
+    def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes"):
+        self.entry, self.shape, self.rerun, self.retry = entry, tuple(shape), rerun, retry
+        self.policy = None
+
+    def __call__(self, inner, layer, args, kwargs):
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        self._check_shape(args, kwargs)
+        if not _autocasting(args, kwargs):
+            return self._run(inner, layer, args, kwargs)
+        # torch.autocast caches its casts of the weights until it exits.
+        # Cleared around the layer, its weights are cast inside it every
+        # time (the forward, the policy's probe and the recomputation then
+        # run the same ops) and the copies it does not save go with it.
+        torch.clear_autocast_cache()
+        try:
+            return self._run(inner, layer, args, kwargs)
+        finally:
+            torch.clear_autocast_cache()
+
+    def _run(self, inner, layer, args, kwargs):
+        # Keyword arguments are bound: checkpoint takes some of its own.
+        fn = functools.partial(inner, **kwargs) if kwargs else inner
+        if self.entry.mode == "checkpoint":
+            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+        if not sac_available() and self.rerun:
+            return _selective(self.entry, inner, layer, args, kwargs)
+        if self.policy is None:
+            e = self.entry
+            self.policy = SacPolicy.for_layer(inner, layer, args, kwargs, e.name, e.policy, e.saved)
+            if _autocasting(args, kwargs):
+                torch.clear_autocast_cache()  # the probe's casts
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
+                                                 context_fn=self.policy.contexts)
+
+    def _check_shape(self, args, kwargs):
+        got = layer_input_shape(args, kwargs)
+        want = self.shape
+        if got is None or None in want or got == want:
+            return
+        raise ValueError(
+            f"ckptplan: {self.entry.name} was planned for batch {want[0]} and sequence {want[1]} "
+            f"but is called with batch {got[0]} and sequence {got[1]}: what it keeps and recomputes "
+            f"differs with the shape; {self.retry.format(batch=got[0], seq=got[1])}")
+
+
+class Planned:
+    """A layer's forward as its plan entry says (LayerRun). An object rather
+    than a closure, so that a deep copy of the model runs its own layers."""
+
+    def __init__(self, inner, layer, run):
+        self.inner, self.layer, self.run = inner, layer, run
+        self.ckptplan_mode = run.entry.mode
 
     def __call__(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            return self.inner(*args, **kwargs)
-        x = args[0] if args else kwargs.get("hidden_states")
-        if None not in self.shape and isinstance(x, torch.Tensor) and x.dim() >= 2 and \
-                tuple(x.shape[:2]) != tuple(self.shape):
-            raise ValueError(
-                f"ckptplan: {self.name} was planned for batch {self.shape[0]} and sequence "
-                f"{self.shape[1]} but is called with batch {x.shape[0]} and sequence {x.shape[1]}: "
-                "what it keeps and recomputes differs with the shape; export a plan for these "
-                "shapes (ckptplan export ... --batch B --seq S)")
-        if self.ckptplan_mode == "checkpoint":
-            # Bind keyword arguments: checkpoint takes some of its own.
-            fn = functools.partial(self.inner, **kwargs) if kwargs else self.inner
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        return _selective(self, args, kwargs)
+        return self.run(self.inner, self.layer, args, kwargs)
+
+
+def set_forward(layer, run):
+    """Make layer's forward run as run (a LayerRun) says, or as it did
+    before any plan when run is None; an instance attribute, so applying a
+    plan again starts from the forward the layer had before the first."""
+    forward = layer.forward
+    if isinstance(forward, Planned):
+        forward = forward.inner
+    if run is not None:
+        layer.forward = Planned(forward, layer, run)
+    elif isinstance(layer.forward, Planned):
+        layer.forward = forward
+
+
+def _autocasting(args, kwargs):
+    """Whether torch.autocast is on for the device of the layer's input."""
+    x = next(_tensors((args, kwargs)), None)
+    device = x.device.type if x is not None else "cpu"
+    try:
+        return torch.is_autocast_enabled(device)
+    except TypeError:  # PyTorch before 2.4 takes no device
+        return torch.is_autocast_cpu_enabled() if device == "cpu" else torch.is_autocast_enabled()
 
 
 # Which saved tensors are activations ------------------------------------
@@ -125,7 +204,7 @@ def _activation(t, exempt):
     return st
 
 
-# Selective recomputation -------------------------------------------------
+# Selective recomputation without selective checkpointing ------------------
 
 class _Dropped:
     """What autograd holds instead of a dropped saved tensor: the layer call it
@@ -211,18 +290,22 @@ def _unpack(x):
     return x.call.recomputed.pop(x)
 
 
-def _selective(p, args, kwargs):
-    """Run p.inner keeping only the saved activations that p.keep marks.
+def _selective(entry, inner, layer, args, kwargs):
+    """Run inner, the forward of layer, keeping only the saved activations
+    that entry (a selective LayerPlan) keeps: where PyTorch has no
+    selective checkpointing.
 
-    The k-th distinct activation storage the forward saves is plan entry k;
-    its size must be p.sizes[k]. The dropped ones are replaced by stand-ins
-    and all recomputed when backward first needs one of them; autograd gets
-    each recomputed tensor once and frees it with the node that used it (a
+    The k-th distinct activation storage the forward saves is saved entry
+    k, of its size. The dropped ones are replaced by stand-ins and all
+    recomputed when backward first needs one of them; autograd gets each
+    recomputed tensor once and frees it with the node that used it (a
     stand-in never used is freed with the graph).
     """
-    name, keep, sizes = p.name, p.keep, p.sizes
-    exempt = _not_activations(p.layer, args, kwargs)
-    call = _Call(p.inner, name, args, kwargs) if not all(keep) else None
+    name = entry.name
+    sizes = [b for _, b, _ in entry.saved]
+    keep = [k for _, _, k in entry.saved]
+    exempt = _not_activations(layer, args, kwargs)
+    call = _Call(inner, name, args, kwargs) if not all(keep) else None
     index = {}  # storage address -> k
     # Dropped tensors are held until the forward ends, so that no later
     # activation reuses their address and passes for the same storage.
@@ -251,7 +334,7 @@ def _selective(p, args, kwargs):
         return call.drop(n, t)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-        out = p.inner(*args, **kwargs)
+        out = inner(*args, **kwargs)
     held.clear()
     if len(index) != len(sizes):
         raise RuntimeError(

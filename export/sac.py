@@ -14,15 +14,16 @@ A layer whose keep set is a runtime's own policy (torchtitan-op) numbers
 its calls the same way and caches those that policy names
 (SacPolicy.torchtitan_op).
 
-This file is shared: the ckptplan Python package imports it, and the FSDP2
-export carries it in the module it writes.
+This file is shared: the ckptplan Python package imports it, and the
+PyTorch and FSDP2 exports carry it in the modules they write. It imports
+on PyTorch 1.13, which has no selective checkpointing (sac_available).
 """
 from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
 # The ops selective checkpointing runs without asking its policy.
 _SAC_IGNORED = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", frozenset())
@@ -36,6 +37,12 @@ _TORCHTITAN_CACHED = frozenset({
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
     "aten.max.default",
 })
+
+
+def tree_leaves(tree) -> list:
+    """The leaves of a nested argument (torch.utils._pytree's, which
+    PyTorch 1.13 lacks)."""
+    return tree_flatten(tree)[0]
 
 
 def sac_available() -> bool:
@@ -213,8 +220,11 @@ class SacPolicy:
 def _mismatch(name: str, order: list, saved: Sequence[Tuple[str, int, bool]], funcs: list) -> str:
     """Why layer name's saved activations are not the plan's: the first
     that differs, what made it, and the versions the plan was made for."""
-    import transformers
-
+    try:
+        import transformers
+        stack = f"transformers {transformers.__version__} and torch {torch.__version__}"
+    except ImportError:
+        stack = f"torch {torch.__version__}"
     i = next((i for i, (o, s) in enumerate(zip(order, saved)) if o[0] != s[1]), min(len(order), len(saved)))
     if i < len(order):
         nbytes, op, _, shape, dtype = order[i]
@@ -225,7 +235,7 @@ def _mismatch(name: str, order: list, saved: Sequence[Tuple[str, int, bool]], fu
     planned = f"{saved[i][0]}, {saved[i][1]} B" if i < len(saved) else "nothing"
     return (f"ckptplan: {name} does not save what its plan says: its saved activation {i + 1} is {live}, "
             f"where the plan has {planned} (the layer saves {len(order)}, the plan {len(saved)}). This runs "
-            f"transformers {transformers.__version__} and torch {torch.__version__}: if the model is the one "
+            f"{stack}: if the model is the one "
             "planned, ckptplan models these versions otherwise than they run, planning again gives the same "
             "plan, and whole layers (solver='optimal') are what applies; report the difference with these versions")
 

@@ -1,7 +1,9 @@
 """Applying a plan to a live model: each decoder layer runs as the plan says.
 
 ``apply(model, plan)`` sets each decoder layer's forward (an instance
-attribute; applying again starts from the forward the layer had before):
+attribute; applying again starts from the forward the layer had before) to
+run as the plan says, through the runtime the exported modules carry too
+(``_runtime``, a link to export/runtime.py):
 
 store
     unchanged: autograd keeps everything the layer saves.
@@ -33,18 +35,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Iterator, Optional
 
-import torch
 import torch.nn as nn
-import torch.utils.checkpoint
-from torch.utils._pytree import tree_leaves
 
 from . import versions
-from ._sac import SacPolicy, layer_input_shape, sac_available
+from ._runtime import LayerPlan, LayerRun, Planned, check_modes, set_forward
 from .layers import decoder_layers
-from .plan import MODES, Plan
+from .plan import Plan
 
 _ATTR = "_ckptplan_plan"
 
@@ -65,25 +63,13 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
         raise ValueError(
             f"the plan has {len(plan.layers)} layers but the model has {len(layers)}: "
             "it was made for another model")
-    counts = dict.fromkeys(MODES, 0)
-    for layer, entry in zip(layers, plan.layers):
-        if entry.mode not in MODES:
-            raise ValueError(f"{entry.name}: unknown mode {entry.mode!r} (valid: {', '.join(MODES)})")
-        if entry.mode == "selective" and not sac_available():
-            raise ValueError(
-                f"{entry.name}: the plan keeps part of this layer, which needs selective activation "
-                f"checkpointing (PyTorch >= 2.4; this is {torch.__version__}): "
-                "plan with --solver optimal, which checkpoints whole layers")
-    for layer, entry in zip(layers, plan.layers):
-        forward = layer.forward
-        if isinstance(forward, _Planned):
-            forward = forward.inner
-        if entry.mode == "store":
-            if isinstance(layer.forward, _Planned):
-                layer.forward = forward
-        else:
-            layer.forward = _Planned(forward, layer, entry, plan)
-        counts[entry.mode] += 1
+    entries = [LayerPlan(e.name, e.mode, [(s.name, s.bytes, s.keep) for s in e.saved], e.policy)
+               for e in plan.layers]
+    counts = check_modes(entries, hint=": plan with --solver optimal, which checkpoints whole layers")
+    shape = (plan.batch, plan.seq)
+    retry = "plan again for these shapes (ckptplan.plan(..., batch={batch}, seq={seq}))"
+    for layer, e in zip(layers, entries):
+        set_forward(layer, None if e.mode == "store" else LayerRun(e, shape, retry=retry))
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "use_cache", False):
         # Training needs no key/value cache; it would hold every layer's
@@ -102,7 +88,7 @@ def applied(model: nn.Module) -> Optional[Plan]:
 def suspended(model: nn.Module) -> Iterator[None]:
     """Run model without its plan inside the block (every layer stored)."""
     layers = decoder_layers(model)
-    planned = [(layer, layer.forward) for layer in layers if isinstance(layer.forward, _Planned)]
+    planned = [(layer, layer.forward) for layer in layers if isinstance(layer.forward, Planned)]
     for layer, p in planned:
         layer.forward = p.inner
     try:
@@ -110,66 +96,3 @@ def suspended(model: nn.Module) -> Iterator[None]:
     finally:
         for layer, p in planned:
             layer.forward = p
-
-
-class _Planned:
-    """A layer's forward as its plan entry says. An object rather than a
-    closure, so that a deep copy of the model runs its own layers."""
-
-    def __init__(self, inner, layer: nn.Module, entry, plan: Plan):
-        self.inner, self.layer, self.entry, self.plan = inner, layer, entry, plan
-        self.ckptplan_mode = entry.mode
-        self.policy: Optional[SacPolicy] = None
-        self.shapes: Optional[tuple] = None
-
-    def __call__(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            return self.inner(*args, **kwargs)
-        self._check_shapes(args, kwargs)
-        if not _autocasting(args):
-            return self._run(args, kwargs)
-        # torch.autocast caches its casts of the weights until it exits.
-        # Cleared around the layer, its weights are cast inside it every
-        # time — the forward, the policy's probe and the recomputation then
-        # run the same ops — and the copies it does not save go with it.
-        torch.clear_autocast_cache()
-        try:
-            return self._run(args, kwargs)
-        finally:
-            torch.clear_autocast_cache()
-
-    def _run(self, args, kwargs):
-        fn = functools.partial(self.inner, **kwargs) if kwargs else self.inner
-        if self.ckptplan_mode == "checkpoint":
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        if self.policy is None:
-            saved = [(s.name, s.bytes, s.keep) for s in self.entry.saved]
-            self.policy = SacPolicy.for_layer(self.inner, self.layer, args, kwargs, self.entry.name,
-                                              self.entry.policy, saved)
-            if _autocasting(args):
-                torch.clear_autocast_cache()  # the probe's casts
-        return torch.utils.checkpoint.checkpoint(
-            fn, *args, use_reentrant=False, context_fn=self.policy.contexts)
-
-    def _check_shapes(self, args, kwargs) -> None:
-        got = layer_input_shape(args, kwargs)
-        if got is None:
-            return
-        want = (self.plan.batch, self.plan.seq)
-        if None not in want and got != want:
-            raise ValueError(
-                f"ckptplan: {self.entry.name} was planned for batch {want[0]} and sequence {want[1]} "
-                f"but is called with batch {got[0]} and sequence {got[1]}: its kept tensors and "
-                "recompute differ with the shape; plan again for these shapes (ckptplan.plan(..., "
-                f"batch={got[0]}, seq={got[1]}))")
-
-
-def _autocasting(args) -> bool:
-    """Whether torch.autocast is on for the device of the layer's input."""
-    x = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
-    device = x.device.type if x is not None else "cpu"
-    try:
-        return torch.is_autocast_enabled(device)
-    except TypeError:  # PyTorch before 2.4 takes no device
-        return torch.is_autocast_cpu_enabled() if device == "cpu" else torch.is_autocast_enabled()
-

@@ -1,9 +1,11 @@
-"""The FSDP2 export (``ckptplan export --to fsdp2``) on real transformers models.
+"""The PyTorch and FSDP2 exports (``ckptplan export --to pytorch|fsdp2``) on
+real transformers models.
 
 Each test writes the module the binary exports for a tiny model, applies
-it with its ``apply_plan`` (torch.distributed's apply_activation_checkpointing
-with a check_fn per layer, selective layers through selective activation
-checkpointing) and runs a training step: every layer holds what the plan
+it with its ``apply_plan`` (the PyTorch module's sets each layer's forward;
+the FSDP2 module's calls torch.distributed's apply_activation_checkpointing
+with a check_fn per layer; both run selective layers through selective
+activation checkpointing) and runs a training step: every layer holds what the plan
 says (ckptplan.measure: PyTorch's own live storages), the FLOPs the backward
 reruns are the plan's (FlopCounterMode), and the gradients are those of the
 model without the plan. The tests marked fsdp2 do so under FSDP2's
@@ -76,13 +78,13 @@ def batch() -> dict:
     return {"input_ids": ids, "labels": ids}
 
 
-def export_fsdp2(binary: str, model, budget: int, solver: str, tmp_path) -> object:
-    """The module ckptplan export --to fsdp2 writes for model, imported."""
+def export_module(binary: str, model, budget: int, solver: str, tmp_path, to: str = "fsdp2") -> object:
+    """The module ckptplan export --to TO writes for model, imported."""
     setup = describe(model, batch=BATCH, seq=SEQ)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(setup.config))
-    out = tmp_path / f"plan_{solver}_{budget}.py"
-    p = subprocess.run([binary, "export", "--to", "fsdp2", "--optimizer", OPTIMIZER, "--solver", solver, "--budget", str(budget),
+    out = tmp_path / f"plan_{to}_{solver}_{budget}.py"
+    p = subprocess.run([binary, "export", "--to", to, "--optimizer", OPTIMIZER, "--solver", solver, "--budget", str(budget),
                         *setup.flags(), "-o", str(out), str(config)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     spec = importlib.util.spec_from_file_location(out.stem, out)
@@ -133,7 +135,7 @@ def test_fsdp2_module_applies_the_plan(ckptplan_binary, tmp_path, family, solver
     ref = build(family)
     modes = set()
     for budget in budgets(ref):
-        module = export_fsdp2(ckptplan_binary, ref, budget, solver, tmp_path)
+        module = export_module(ckptplan_binary, ref, budget, solver, tmp_path)
         model = copy.deepcopy(ref)
         counts = module.apply_plan(model)
         layers = ckptplan.layers.decoder_layers(model)
@@ -144,9 +146,32 @@ def test_fsdp2_module_applies_the_plan(ckptplan_binary, tmp_path, family, solver
     assert ("selective" if solver == "selective" else "checkpoint") in modes
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("solver", ["selective", "every-k"])
+def test_pytorch_module_applies_the_plan(ckptplan_binary, tmp_path, family, solver):
+    """The PyTorch module's apply_plan over the decoder layers: each layer
+    the plan does not store runs planned, holds what the plan says, and
+    the backward reruns the FLOPs the module's header prints."""
+    ref = build(family)
+    ref.config.use_cache = False  # as the module's header says
+    modes = set()
+    for budget in budgets(ref):
+        module = export_module(ckptplan_binary, ref, budget, solver, tmp_path, to="pytorch")
+        model = copy.deepcopy(ref)
+        layers = ckptplan.layers.decoder_layers(model)
+        counts = module.apply_plan(layers)
+        got = [getattr(layer.forward, "ckptplan_mode", "store") for layer in layers]
+        assert got == [e["mode"] for e in module.PLAN["layers"]]
+        assert sum(counts.values()) == len(layers)
+        check_step(module, model, copy.deepcopy(ref), modes)
+        header = f"{100 * module.PLAN['overhead']:+.1f}% compute"
+        assert header in open(module.__file__).read(), f"the header does not print {header}"
+    assert ("selective" if solver == "selective" else "checkpoint") in modes
+
+
 def test_fsdp2_module_refuses_other_shapes_and_models(ckptplan_binary, tmp_path):
     ref = build("llama")
-    module = export_fsdp2(ckptplan_binary, ref, budgets(ref)[0], "every-k", tmp_path)
+    module = export_module(ckptplan_binary, ref, budgets(ref)[0], "every-k", tmp_path)
     model = copy.deepcopy(ref)
     module.apply_plan(model)
     with pytest.raises(ValueError, match="planned for batch 2 and sequence 16"):
@@ -187,7 +212,7 @@ def test_fsdp2_plan_under_fully_shard(ckptplan_binary, tmp_path, gloo, family, s
     ref.config.use_cache = False
     modes = set()
     for budget in budgets(ref):
-        module = export_fsdp2(ckptplan_binary, ref, budget, solver, tmp_path)
+        module = export_module(ckptplan_binary, ref, budget, solver, tmp_path)
         model = copy.deepcopy(ref)
         module.apply_plan(model)
         plain = copy.deepcopy(ref)

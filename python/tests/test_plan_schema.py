@@ -105,3 +105,21 @@ def test_a_plan_is_one_call(ckptplan_binary, monkeypatch):
     p = ckptplan.plan(neox, "64MiB", batch=2, seq=16)
     assert p.feasible and len(p.layers) == 2
     assert [c[0] for c in calls] == ["export", "export"], calls  # the config's, refused; the trace's
+
+
+def test_one_runtime_for_every_way_a_plan_is_applied():
+    """ckptplan.apply runs the files the exported PyTorch and FSDP2 modules
+    carry (export/runtime.py, sac.py, layers.py), byte for byte, with the
+    plan's modes."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    import ckptplan._runtime
+    import ckptplan._sac
+    import ckptplan.layers
+
+    export_dir = Path(__file__).resolve().parents[2] / "export"
+    for module, name in ((ckptplan._runtime, "runtime.py"), (ckptplan._sac, "sac.py"), (ckptplan.layers, "layers.py")):
+        assert Path(module.__file__).read_bytes() == (export_dir / name).read_bytes(), \
+            f"{module.__name__} is not export/{name}"
+    assert ckptplan._runtime.MODES == MODES

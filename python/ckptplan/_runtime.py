@@ -1,0 +1,1 @@
+../../export/runtime.py
