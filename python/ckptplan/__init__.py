@@ -18,12 +18,12 @@ model_type ckptplan does not build is traced into a graph it plans,
 The planning runs in the ``ckptplan`` binary that the wheel carries (or the
 one ``CKPTPLAN_BINARY`` names); applying and measuring need PyTorch.
 """
-from ._binary import BinaryNotFoundError, CkptplanError, binary
+from ._binary import BinaryNotFoundError, CkptplanError, CkptplanUsageError, binary
 from .plan import Layer, Plan, PlanFormatError, Saved, optimizer_name, plan
 
 __version__ = "0.1.0"
 
-__all__ = ["BinaryNotFoundError", "CkptplanError", "Layer", "Plan", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
+__all__ = ["BinaryNotFoundError", "CkptplanError", "CkptplanUsageError", "Layer", "Plan", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
            "binary", "measure", "plan", "suspended", "trace", "TraceError", "__version__"]
 
 

@@ -40,7 +40,9 @@ from typing import Iterator, Optional
 import torch.nn as nn
 
 from . import versions
+from ._binary import CkptplanUsageError
 from ._runtime import LayerPlan, LayerRun, Planned, check_modes, set_forward
+from ._sac import sac_available  # noqa: F401 (ckptplan.sac_available)
 from .layers import decoder_layers
 from .plan import Plan
 
@@ -55,7 +57,18 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     not fit its budget, or has a selective layer and this PyTorch has no
     selective checkpointing.
     """
+    if not isinstance(plan, Plan):
+        raise CkptplanUsageError(
+            f"ckptplan.apply: plan is a ckptplan.Plan (from ckptplan.plan, or Plan.from_json of an exported "
+            f"plan), not {type(plan).__name__}")
+    if not isinstance(model, nn.Module):
+        raise CkptplanUsageError(f"ckptplan.apply: model is a torch.nn.Module, not {type(model).__name__}")
     versions.check()
+    if _hf_checkpointing(model):
+        raise CkptplanUsageError(
+            "ckptplan.apply: transformers' gradient checkpointing is on for this model, and would checkpoint "
+            "every layer around the plan: call model.gradient_checkpointing_disable() first, and leave "
+            "gradient_checkpointing=False in TrainingArguments")
     layers = decoder_layers(model) if layers is None else layers
     if not plan.feasible:
         raise ValueError(f"the plan does not fit its budget of {plan.budget_bytes} bytes: nothing to apply")
@@ -77,6 +90,13 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
         config.use_cache = False
     setattr(model, _ATTR, plan)
     return counts
+
+
+def _hf_checkpointing(model: nn.Module) -> bool:
+    """Whether transformers' gradient checkpointing is on in model: a
+    module of it with its gradient_checkpointing flag set (what
+    gradient_checkpointing_enable sets)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def applied(model: nn.Module) -> Optional[Plan]:

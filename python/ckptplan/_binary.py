@@ -30,10 +30,14 @@ import subprocess
 import zipfile
 from typing import Optional, Sequence
 
-__all__ = ["ENV", "BinaryNotFoundError", "CkptplanError", "binary", "call", "run"]
+__all__ = ["ENV", "TIMEOUT_ENV", "BinaryNotFoundError", "CkptplanError", "CkptplanUsageError", "binary", "call", "run"]
 
 #: The environment variable that names the binary to use.
 ENV = "CKPTPLAN_BINARY"
+#: The environment variable that sets how long, in seconds, one run of the
+#: binary may take (default 600: a plan takes seconds).
+TIMEOUT_ENV = "CKPTPLAN_TIMEOUT"
+_TIMEOUT = 600.0
 # Set for the binary, which then follows an error with a JSON report of it.
 _ERRORS = "CKPTPLAN_ERRORS"
 
@@ -91,6 +95,21 @@ class CkptplanError(RuntimeError):
                              file=self.file, line=self.line, column=self.column)
 
 
+class CkptplanUsageError(CkptplanError, ValueError):
+    """A call the package refuses before it runs anything: an argument
+    missing, of the wrong type or out of range, or a model in a state the
+    call cannot work with. One line in Python terms; ``code`` 2 and
+    ``kind`` "usage", as the binary's usage errors; a ValueError too.
+
+    >>> err = CkptplanUsageError("ckptplan.plan: batch must be a positive int, not 0")
+    >>> isinstance(err, ValueError), err.code, err.kind
+    (True, 2, 'usage')
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 2, kind="usage")
+
+
 def binary() -> str:
     """The path of the ckptplan executable (see the module doc for the order
     in which it is looked for).
@@ -131,15 +150,41 @@ def run(args: Sequence[str], *, input: Optional[bytes] = None) -> subprocess.Com
     (2, ['ckptplan: plan: need --budget or --device', '{"kind":"usage","message":"plan: need --budget or --device"}'])
     """
     argv = [binary(), *[os.fspath(a) for a in args]]
-    return subprocess.run(
-        argv,
-        env={**os.environ, _ERRORS: "json"},
-        input=input,
-        stdin=subprocess.DEVNULL if input is None else None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        check=False,
-    )
+    limit = timeout()
+    try:
+        return subprocess.run(
+            argv,
+            env={**os.environ, _ERRORS: "json"},
+            input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=limit,
+        )
+    except subprocess.TimeoutExpired:
+        raise CkptplanError(
+            f"ckptplan: {os.path.basename(argv[0])} {' '.join(argv[1:2])} did not finish in {limit:g} s and was "
+            f"stopped; {TIMEOUT_ENV} sets the limit in seconds", 1, kind="timeout") from None
+
+
+def timeout() -> float:
+    """How long one run of the binary may take, in seconds: CKPTPLAN_TIMEOUT,
+    else 600. Raises CkptplanUsageError when it is not a positive number.
+
+    >>> timeout()
+    600.0
+    """
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return _TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise CkptplanUsageError(f"{TIMEOUT_ENV}={text!r}: want a positive number of seconds")
+    return value
 
 
 def call(args: Sequence[str], *, input: Optional[bytes] = None) -> str:

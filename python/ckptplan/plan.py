@@ -46,9 +46,10 @@ FIELDS = {
 }
 
 
-class PlanFormatError(ValueError):
+class PlanFormatError(_binary.CkptplanError, ValueError):
     """A plan JSON this package cannot read: of another schema version, not
-    a plan, or a field missing or of the wrong type.
+    a plan, or a field missing or of the wrong type (``code`` 1, ``kind``
+    "input"; a ValueError too).
 
     Example:
         >>> Plan.from_json('{"schema": 9, "layers": []}')
@@ -56,6 +57,9 @@ class PlanFormatError(ValueError):
         ...
         ckptplan.plan.PlanFormatError: the plan is of schema 9, but this ckptplan package reads schema 1: export it with the ckptplan binary of the package's release
     """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 1, kind="input")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +235,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     model cannot be planned or the plan does not fit, and ValueError (a
     ``ckptplan.TraceError`` when tracing) for a model it cannot describe.
     """
+    _check_plan_args(budget, device, batch, seq)
     if autocast not in (None, "bf16", "fp16"):
-        raise ValueError(f"autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
+        raise _binary.CkptplanUsageError(f"ckptplan.plan: autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     from . import versions
 
     versions.check()
@@ -279,6 +284,29 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
         return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
     return _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)()
+
+
+def _check_plan_args(budget, device, batch, seq) -> None:
+    """Refuses plan's arguments that no plan can be made of, in Python's
+    terms, before the binary runs.
+
+    >>> _check_plan_args(None, None, 2, 16)
+    Traceback (most recent call last):
+    ...
+    ckptplan._binary.CkptplanUsageError: ckptplan.plan: give a budget (bytes, or a string such as "24GiB") or a device (a GPU name such as "h100-80gb", whose memory is the budget)
+    """
+    if budget is None and device is None:
+        raise _binary.CkptplanUsageError(
+            'ckptplan.plan: give a budget (bytes, or a string such as "24GiB") or a device '
+            '(a GPU name such as "h100-80gb", whose memory is the budget)')
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, str))):
+        raise _binary.CkptplanUsageError(
+            f'ckptplan.plan: budget is bytes (an int) or a string such as "24GiB", not {type(budget).__name__}')
+    if device is not None and not isinstance(device, str):
+        raise _binary.CkptplanUsageError(f"ckptplan.plan: device is a GPU's name, not {type(device).__name__}")
+    for name, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise _binary.CkptplanUsageError(f"ckptplan.plan: {name} must be a positive int, not {value!r}")
 
 
 def _config_plan(model, args: list, extra_args: Sequence[str], *, batch: int, seq: int,
