@@ -56,6 +56,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ._binary import CkptplanUsageError
 from .layers import decoder_layers
 
 try:
@@ -106,6 +107,16 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
     mixed precision does. Gradients are accumulated into the parameters as
     a training step would.
     """
+    if not isinstance(model, nn.Module):
+        raise CkptplanUsageError(f"ckptplan.measure: model is a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(batch, Mapping) or not all(isinstance(k, str) for k in batch):
+        raise CkptplanUsageError(
+            "ckptplan.measure: batch is the model's keyword arguments, a dict such as "
+            f"{{'input_ids': ids, 'labels': ids}}, not {type(batch).__name__}")
+    ids = batch.get("input_ids")
+    if ids is not None and not (isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.dim() == 2):
+        what = f"a {ids.dtype} tensor of {ids.dim()} dimensions" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise CkptplanUsageError(f"ckptplan.measure: input_ids is an integer tensor of [batch, seq], not {what}")
     layers = decoder_layers(model) if layers is None else layers
     batch = dict(batch)
     if "labels" not in batch and "input_ids" in batch:

@@ -167,6 +167,8 @@ class Plan:
         (store or checkpoint), with no figures: for comparisons."""
         from .layers import decoder_layers
 
+        if mode not in ("store", "checkpoint"):
+            raise _binary.CkptplanUsageError(f"ckptplan.Plan.every_layer: mode is store or checkpoint, not {mode!r}")
         n = len(decoder_layers(model))
         return cls(model=type(model).__name__, solver=f"every layer {mode}", feasible=True,
                    budget_bytes=0, reserve_bytes=0, peak_bytes=0, overhead=0.0, recompute_flops=0,
@@ -235,7 +237,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     model cannot be planned or the plan does not fit, and ValueError (a
     ``ckptplan.TraceError`` when tracing) for a model it cannot describe.
     """
-    _check_plan_args(budget, device, batch, seq)
+    _check_plan_args(model, budget, device, batch, seq)
     if autocast not in (None, "bf16", "fp16"):
         raise _binary.CkptplanUsageError(f"ckptplan.plan: autocast={autocast!r}: ckptplan plans torch.autocast in bf16 or fp16")
     from . import versions
@@ -286,15 +288,20 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     return _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)()
 
 
-def _check_plan_args(budget, device, batch, seq) -> None:
+def _check_plan_args(model, budget, device, batch, seq) -> None:
     """Refuses plan's arguments that no plan can be made of, in Python's
     terms, before the binary runs.
 
-    >>> _check_plan_args(None, None, 2, 16)
+    >>> import torch
+    >>> _check_plan_args(torch.nn.Linear(2, 2), None, None, 2, 16)
     Traceback (most recent call last):
     ...
     ckptplan._binary.CkptplanUsageError: ckptplan.plan: give a budget (bytes, or a string such as "24GiB") or a device (a GPU name such as "h100-80gb", whose memory is the budget)
     """
+    import torch.nn as nn  # as a model needs
+
+    if not isinstance(model, nn.Module):
+        raise _binary.CkptplanUsageError(f"ckptplan.plan: model is a torch.nn.Module, not {type(model).__name__}")
     if budget is None and device is None:
         raise _binary.CkptplanUsageError(
             'ckptplan.plan: give a budget (bytes, or a string such as "24GiB") or a device '

@@ -38,10 +38,14 @@ def one_line_usage(err: BaseException) -> None:
     ({"budget": 1.5e9, "batch": 2, "seq": 16}, "budget is bytes (an int) or a string"),
     ({"device": 80, "batch": 2, "seq": 16}, "device is a GPU's name, not int"),
     ({"budget": "1GiB", "batch": 2, "seq": 16, "autocast": "fp8"}, "autocast='fp8'"),
+    ({"model": "llama", "budget": "1GiB", "batch": 2, "seq": 16}, "model is a torch.nn.Module, not str"),
+    ({"model": None, "budget": "1GiB", "batch": 2, "seq": 16}, "model is a torch.nn.Module, not NoneType"),
 ])
 def test_plan_refuses_arguments_no_plan_comes_of(ckptplan_binary, kwargs, says):
+    kwargs = dict(kwargs)
+    model = kwargs.pop("model") if "model" in kwargs else tiny()
     with pytest.raises(ckptplan.CkptplanUsageError) as info:
-        ckptplan.plan(tiny(), **kwargs)
+        ckptplan.plan(model, **kwargs)
     one_line_usage(info.value)
     assert says in str(info.value)
 
@@ -55,6 +59,25 @@ def test_apply_refuses_what_is_not_a_plan_or_a_model(ckptplan_binary):
             ckptplan.apply(bad_model, bad_plan)
         one_line_usage(info.value)
         assert says in str(info.value)
+
+
+@pytest.mark.parametrize("batch, says", [
+    (None, "batch is the model's keyword arguments, a dict"),
+    ("abc", "not str"),
+    ({"input_ids": [[1, 2]]}, "input_ids is an integer tensor of [batch, seq], not list"),
+    ({"input_ids": torch.rand(2, 4)}, "not a torch.float32 tensor of 2 dimensions"),
+    ({"input_ids": torch.ones(8, dtype=torch.long)}, "not a torch.int64 tensor of 1 dimensions"),
+])
+def test_measure_refuses_what_is_not_a_batch(batch, says):
+    with pytest.raises(ckptplan.CkptplanUsageError) as info:
+        ckptplan.measure(tiny(), batch)
+    one_line_usage(info.value)
+    assert says in str(info.value)
+
+
+def test_every_layer_refuses_another_mode():
+    with pytest.raises(ckptplan.CkptplanUsageError, match="store or checkpoint, not 'sometimes'"):
+        ckptplan.Plan.every_layer(tiny(), "sometimes")
 
 
 def test_apply_refuses_transformers_gradient_checkpointing(ckptplan_binary):
