@@ -174,7 +174,7 @@ type analyzer struct {
 // It fails on a setup it cannot interpret (unknown profile). O(nodes).
 func Analyze(g *ir.Graph) (*Costs, error) {
 	setup := g.Setup
-	p := Profile(setup.Profile)
+	p := setup.Profile
 	if p == "" {
 		p = TorchEager
 	}

@@ -368,7 +368,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 		a.keep(n, operand(n, 2))
 		out := a.lay.out[n.ID]
 		lseShape := q.Shape[:3].Clone()
-		cudaSDPA := a.profile == Transformers && ir.AttentionKernel(a.g.Setup.Attention) == ir.AttentionSDPA && !a.g.Setup.Numerics.CPUKernels
+		cudaSDPA := a.profile == Transformers && a.g.Setup.Attention == ir.AttentionSDPA && !a.g.Setup.Numerics.CPUKernels
 		efficient := cudaSDPA && q.DType == ir.FP32
 		if efficient {
 			// CUDA runs fp32 sdpa on its memory-efficient kernel, whose

@@ -103,7 +103,7 @@ func (s Static) Total() int64 {
 func GradientsInBackward(g *ir.Graph) bool {
 	s := g.Setup
 	return s.GradAccum < 2 && s.Parallel.Zero == 0 && !s.Parallel.NoSync &&
-		Profile(s.Profile) != Megatron && s.Optimizer != ir.OptimizerNone
+		s.Profile != Megatron && s.Optimizer != ir.OptimizerNone
 }
 
 // AccumulatesGradients reports whether a backward after the first of a
@@ -114,7 +114,7 @@ func GradientsInBackward(g *ir.Graph) bool {
 // accumulation into its gradient buffer).
 func AccumulatesGradients(g *ir.Graph) bool {
 	s := g.Setup
-	return s.GradAccum >= 2 && s.Parallel.Zero == 0 && Profile(s.Profile) != Megatron
+	return s.GradAccum >= 2 && s.Parallel.Zero == 0 && s.Profile != Megatron
 }
 
 // ParamGrad is where node's backward puts parameter gradients, when they
@@ -188,7 +188,7 @@ func paramSizes(g *ir.Graph, i int) (weight, train, grad int64) {
 		train = 4
 	}
 	grad = train
-	if Profile(s.Profile) == Megatron && e < 4 {
+	if s.Profile == Megatron && e < 4 {
 		grad = 4
 	}
 	return weight, train, grad
@@ -359,10 +359,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 			// held all step: the largest layer's, as its export sets it.
 			st.BucketBytes = lg
 		}
-	case s.Parallel.Zero >= 1 && Profile(s.Profile) != Megatron:
+	case s.Parallel.Zero >= 1 && s.Profile != Megatron:
 		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
-	if s.Parallel.DP > 1 && s.Parallel.Zero == 0 && Profile(s.Profile) != Megatron {
+	if s.Parallel.DP > 1 && s.Parallel.Zero == 0 && s.Profile != Megatron {
 		st.BucketBytes = grads
 	}
 	made, registered := ropeTables(g, held)
@@ -370,10 +370,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		registered = s.BuffersBytes // measured on the live model
 	}
 	st.BuffersBytes = made + registered
-	if Profile(s.Profile) != Megatron {
+	if s.Profile != Megatron {
 		st.StepFreedBytes = made // the forward's tables, freed with the backward's graph
 	}
-	if made+registered > 0 && Profile(s.Profile) == Transformers {
+	if made+registered > 0 && s.Profile == Transformers {
 		// The positions (cache_position, and position_ids a view of it)
 		// the model makes each forward, int64: a checkpointed layer's
 		// call holds them to its backward. Counted through the forward
@@ -386,7 +386,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
 	}
-	if s.Parallel.Sharder() == ir.ShardingDeepSpeed && !s.Parallel.NoSync && Profile(s.Profile) != Megatron && s.Optimizer != ir.OptimizerNone && trainable > 0 {
+	if s.Parallel.Sharder() == ir.ShardingDeepSpeed && !s.Parallel.NoSync && s.Profile != Megatron && s.Optimizer != ir.OptimizerNone && trainable > 0 {
 		partition := int64(4) // DeepSpeed's fp32 partition of the trained weights
 		if ownDType {
 			partition = e

@@ -166,7 +166,7 @@ func TestZeROReduceSet(t *testing.T) {
 	const psi = 32*layer + root
 	for _, tt := range []struct {
 		zero    int64
-		profile string
+		profile ir.Profile
 		want    int64
 	}{
 		{1, "transformers", 2*2*layer + 2*psi/8},
@@ -443,7 +443,7 @@ func TestStaticDDP(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
 		dp, zero int64
-		profile  string
+		profile  ir.Profile
 		lora     int64
 		want     func(st Static) int64
 	}{

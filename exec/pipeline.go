@@ -104,11 +104,11 @@ func (r *Runner) runPipeline(plan *planner.PipelinePlan, seed uint64) (*Pipeline
 			run := chunkRun{from: ch.Stages[0].Index, to: ch.Stages[len(ch.Stages)-1].Index + 1, drop: ch.OutputFreed}
 			for _, st := range ch.Stages {
 				switch st.Decision {
-				case "checkpoint":
+				case planner.DecisionCheckpoint:
 					run.choices = append(run.choices, solver.Checkpoint)
-				case "store":
+				case planner.DecisionStore:
 					run.choices = append(run.choices, 0)
-				case "selective":
+				case planner.DecisionSelective:
 					k, ok := r.stages[st.Index].KeepSet(st.Option)
 					if !ok {
 						return nil, fmt.Errorf("%s: no keep set %q", st.Name, st.Option)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 )
@@ -17,13 +18,13 @@ import (
 func TestPipelineByExecution(t *testing.T) {
 	type run struct {
 		model    string
-		profile  string
+		profile  ir.Profile
 		pp       planner.Pipeline
 		strategy planner.Strategy
 	}
 	var runs []run
 	for _, model := range []string{"tiny-llama", "tiny-gpt2"} {
-		for _, profile := range []string{"", "megatron"} {
+		for _, profile := range []ir.Profile{"", ir.ProfileMegatron} {
 			pps := []planner.Pipeline{{Stages: 2, Microbatches: 3}, {Stages: 2, Microbatches: 1}, {Stages: 1, Microbatches: 2}}
 			if model == "tiny-llama" { // 4 layers
 				pps = append(pps, planner.Pipeline{Stages: 4, Microbatches: 5}, planner.Pipeline{Stages: 2, Microbatches: 4, Schedule: "interleaved", Virtual: 2})

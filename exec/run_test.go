@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/solver"
@@ -15,8 +16,8 @@ import (
 // variant is a tiny model under one training setup.
 type variant struct {
 	model     string
-	profile   string
-	attention string
+	profile   ir.Profile
+	attention ir.AttentionKernel
 	dropout   float64
 	lora      int64
 	loraDrop  float64

@@ -55,13 +55,13 @@ type Export struct {
 	Overhead         float64   `json:"overhead"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
-	RecomputeFLOPs float64 `json:"recompute_flops"`
-	Batch          int64   `json:"batch,omitempty"`
-	Seq            int64   `json:"seq,omitempty"`
-	DType          string  `json:"dtype,omitempty"`
-	Autocast       string  `json:"autocast,omitempty"`
-	Attention      string  `json:"attention,omitempty"`
-	Profile        string  `json:"profile,omitempty"`
+	RecomputeFLOPs float64            `json:"recompute_flops"`
+	Batch          int64              `json:"batch,omitempty"`
+	Seq            int64              `json:"seq,omitempty"`
+	DType          string             `json:"dtype,omitempty"`
+	Autocast       string             `json:"autocast,omitempty"`
+	Attention      ir.AttentionKernel `json:"attention,omitempty"`
+	Profile        ir.Profile         `json:"profile,omitempty"`
 	// Zero is the ZeRO stage the plan's static memory assumes (0: none).
 	Zero   int64    `json:"zero,omitempty"`
 	Layers []Layer  `json:"layers"`
@@ -165,7 +165,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			// reruns what the keep set says; the saved-tensor hooks of
 			// older PyTorch rerun the whole forward.
 			l.RecomputeFLOPs = st.Forward
-			if plan.Setup != nil && ir.Profile(plan.Setup.Profile) == ir.ProfileTransformers {
+			if plan.Setup != nil && plan.Setup.Profile == ir.ProfileTransformers {
 				l.RecomputeFLOPs = o.ExtraCost
 			}
 			sac = o.ExtraCost

@@ -30,7 +30,7 @@ func (e *Export) PyTorch(w io.Writer, command string) error {
 		"#     model.config.use_cache = False    # a layer's rerun would add to the key/value cache again\n#\n"
 	var notes []string
 	if len(e.indexes(ModeSelective)) > 0 {
-		if ir.Profile(e.Profile) == ir.ProfileTransformers {
+		if e.Profile == ir.ProfileTransformers {
 			notes = append(notes, "a selective layer keeps exactly its plan's tensors through selective activation\n"+
 				"# checkpointing (PyTorch 2.4 and later); on older PyTorch it reruns its whole forward once in backward.")
 		} else {

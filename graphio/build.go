@@ -208,7 +208,7 @@ func (b *builder) merge(x int) int {
 // ·V with K and V expanded (gqa: repeat) or the queries grouped by kv head.
 func (b *builder) core(q, k, v int) int {
 	m, t := b.m, &b.m.Training
-	kernel := ir.AttentionKernel(t.Attention)
+	kernel := t.Attention
 	if kernel == ir.AttentionFlash {
 		return b.op("attn.flash", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: m.KVHeads, Flash: true, Causal: true, P: t.Dropout}, q, k, v)
 	}

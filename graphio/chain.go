@@ -54,11 +54,7 @@ type ChainLoss struct {
 // finite costs and sizes, none negative; a non-empty input and outputs;
 // saved_bytes ≥ output_bytes. It runs in time linear in len(data).
 func ParseChain(file string, data []byte) (*Chain, error) {
-	root, err := parseYAML(file, data)
-	if err != nil {
-		return nil, err
-	}
-	return decodeChain(newDecoder(file), root)
+	return parseDocument(file, data, decodeChain)
 }
 
 // decodeChain decodes a chain document; root is the document's mapping,

@@ -104,7 +104,18 @@ func (d *decoder) errField(path, format string, args ...any) error {
 	}
 }
 
-// parse reads one YAML document into its root node.
+// parseDocument reads one YAML document of file and decodes its root
+// node with decode.
+func parseDocument[T any](file string, data []byte, decode func(*decoder, *yaml.Node) (T, error)) (T, error) {
+	root, err := parseYAML(file, data)
+	if err != nil {
+		var none T
+		return none, err
+	}
+	return decode(newDecoder(file), root)
+}
+
+// parseYAML reads one YAML document into its root node.
 func parseYAML(file string, data []byte) (*yaml.Node, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node

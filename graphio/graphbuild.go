@@ -29,9 +29,9 @@ func (s *GraphSpec) Build() (*ir.Graph, error) {
 		// What transformers ran, as it ran it: the selective runtime is
 		// PyTorch 2's.
 		g.Setup.Batch, g.Setup.Seq = t.Batch, t.Seq
-		g.Setup.Profile = string(ir.ProfileTransformers)
+		g.Setup.Profile = ir.ProfileTransformers
 		if t.Attention != "" {
-			g.Setup.Attention = string(t.Attention)
+			g.Setup.Attention = t.Attention
 		}
 		g.Setup.Numerics.CPUKernels = t.Device == "cpu" || t.Device == "" && strings.HasSuffix(t.By, ", cpu")
 	}

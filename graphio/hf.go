@@ -195,7 +195,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	// What transformers does by default on PyTorch 2: sdpa attention and
 	// a loss that upcasts the logits; GPT-2's softmax stays in the model
 	// dtype.
-	m.Training.Profile, m.Training.Attention = string(ir.ProfileTransformers), string(ir.AttentionSDPA)
+	m.Training.Profile, m.Training.Attention = ir.ProfileTransformers, ir.AttentionSDPA
 	m.Training.Numerics.LogitsFP32 = true
 	m.Training.Numerics.ByteMasks = true // the GPU a config trains on
 	// The newest transformers release verified; --transformers plans
@@ -221,7 +221,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	}
 	if m.AttnSoftcap > 0 && rulesOf(Newest).softcapEager {
 		// What transformers picks where sdpa cannot soft-cap.
-		m.Training.Attention = string(ir.AttentionEager)
+		m.Training.Attention = ir.AttentionEager
 	}
 	if err := m.Validate(); err != nil {
 		return nil, r.fieldError(err)

@@ -144,11 +144,7 @@ func (m *Model) HeadDim() int64 {
 
 // ParseModel reads a model YAML document. file names it in errors.
 func ParseModel(file string, data []byte) (*Model, error) {
-	root, err := parseYAML(file, data)
-	if err != nil {
-		return nil, err
-	}
-	return decodeModel(newDecoder(file), root)
+	return parseDocument(file, data, decodeModel)
 }
 
 func decodeModel(d *decoder, root *yaml.Node) (*Model, error) {
@@ -276,7 +272,7 @@ func (m *Model) Validate() error {
 	if m.Family != "gpt2" && m.HeadDim()%2 != 0 {
 		return fe("heads", "head size %d is odd; rotary embeddings need an even one", m.HeadDim())
 	}
-	if m.Training.Autocast != "" && ir.Profile(m.Training.Profile) != ir.ProfileTransformers {
+	if m.Training.Autocast != "" && m.Training.Profile != ir.ProfileTransformers {
 		return fe("training.autocast", "autocast is planned under the transformers profile")
 	}
 	if err := m.Training.Validate("training"); err != nil {
@@ -326,7 +322,7 @@ func (m *Model) validateExperts() error {
 		return fe("training.autocast", "a mixture of experts under torch.autocast is not modelled yet: plan it in its own dtype")
 	case t.Parallel.TP > 1:
 		return fe("training.parallel.tp", "a mixture of experts over tensor-parallel ranks (expert parallelism) is not modelled yet")
-	case ir.Profile(t.Profile) == ir.ProfileMegatron:
+	case t.Profile == ir.ProfileMegatron:
 		return fe("training.profile", "a mixture of experts is planned under the transformers or torch-eager profile, not megatron")
 	}
 	for _, target := range t.LoRA.Targets {

@@ -152,7 +152,7 @@ func (e *traceFieldError) As(target any) bool {
 // release that the release does not run.
 func (m *Model) checkRelease() error {
 	t := &m.Training
-	if ir.Profile(t.Profile) != ir.ProfileTransformers || t.Transformers == "" {
+	if t.Profile != ir.ProfileTransformers || t.Transformers == "" {
 		return nil
 	}
 	r, err := ParseRelease(t.Transformers)
@@ -162,7 +162,7 @@ func (m *Model) checkRelease() error {
 	if m.Experts > 0 && rulesOf(r).expertsKernels {
 		return &traceFieldError{ir.FieldError{Field: "experts", Msg: fmt.Sprintf("transformers %s runs a mixture of experts through its experts implementations (grouped_mm, from 5.0), which ckptplan's builders do not model: trace the model ('ckptplan trace CONFIG', which follows them) and plan the trace, or plan it as transformers 4.57 runs it (--transformers 4.57)", t.Transformers)}}
 	}
-	if m.AttnSoftcap > 0 && (ir.AttentionKernel(t.Attention) == ir.AttentionSDPA || ir.AttentionKernel(t.Attention) == ir.AttentionSDPAMath) && rulesOf(r).softcapEager {
+	if m.AttnSoftcap > 0 && (t.Attention == ir.AttentionSDPA || t.Attention == ir.AttentionSDPAMath) && rulesOf(r).softcapEager {
 		return fe("training.attention", "transformers %s runs no sdpa attention for %s, whose attention soft-caps its scores (from 5.21): plan eager or flash attention", t.Transformers, m.Family)
 	}
 	return nil

@@ -39,12 +39,7 @@ var dtypeNames = [...]string{
 }
 
 // String returns the short name used in YAML and output ("bf16").
-func (d DType) String() string {
-	if int(d) < len(dtypeNames) {
-		return dtypeNames[d]
-	}
-	return fmt.Sprintf("dtype(%d)", d)
-}
+func (d DType) String() string { return indexedName(dtypeNames[:], d, "dtype") }
 
 // Size returns the bytes of one element; 0 for Invalid.
 func (d DType) Size() int64 {

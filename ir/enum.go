@@ -225,3 +225,12 @@ func oneOf[T ~string](field string, v T, valid []T) error {
 	}
 	return nil
 }
+
+// indexedName returns the name of v, an index into names, or kind(v) for
+// a value past the table: the String of the byte-sized enumerations.
+func indexedName[T ~uint8](names []string, v T, kind string) string {
+	if int(v) < len(names) {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", kind, v)
+}

@@ -141,7 +141,7 @@ func TestSetupValidateDTypeNames(t *testing.T) {
 // setupEncodingCase is a setup with every enumerated field given.
 func setupEncodingCase() Setup {
 	s := DefaultSetup()
-	s.Attention, s.Profile = string(AttentionSDPA), string(ProfileTransformers)
+	s.Attention, s.Profile = AttentionSDPA, ProfileTransformers
 	s.Numerics.GQA = GQAGrouped
 	s.Optimizer = OptimizerPagedAdamW8bit
 	s.LoRA = LoRA{Rank: 8, Targets: []LoRATarget{LoRAQ, LoRAV}}

@@ -85,12 +85,7 @@ var opNames = [...]string{
 }
 
 // String returns the op's name as written in graph YAML.
-func (o Op) String() string {
-	if int(o) < len(opNames) {
-		return opNames[o]
-	}
-	return fmt.Sprintf("op(%d)", o)
-}
+func (o Op) String() string { return indexedName(opNames[:], o, "op") }
 
 // IsView reports whether the op only reinterprets its input's storage and
 // so costs no bytes and no FLOPs.

@@ -9,12 +9,12 @@ import (
 // framework profile whose rules say what autograd keeps, optimizer, LoRA
 // and parallelism. The cost model gives these fields their meaning.
 type Setup struct {
-	Batch     int64   `yaml:"batch" json:"batch"`
-	Seq       int64   `yaml:"seq" json:"seq"`
-	DType     string  `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
-	Dropout   float64 `yaml:"dropout" json:"dropout"`     // in [0, 1)
-	Attention string  `yaml:"attention" json:"attention"` // an AttentionKernel: eager | sdpa | sdpa-math | flash
-	Profile   string  `yaml:"profile" json:"profile"`     // a Profile: transformers | torch-eager | megatron
+	Batch     int64           `yaml:"batch" json:"batch"`
+	Seq       int64           `yaml:"seq" json:"seq"`
+	DType     string          `yaml:"dtype" json:"dtype"`         // fp32 | bf16 | fp16
+	Dropout   float64         `yaml:"dropout" json:"dropout"`     // in [0, 1)
+	Attention AttentionKernel `yaml:"attention" json:"attention"` // eager | sdpa | sdpa-math | flash
+	Profile   Profile         `yaml:"profile" json:"profile"`     // transformers | torch-eager | megatron
 	// Transformers is the transformers release the transformers profile
 	// plans for ("5.24"), whose rules set the release-dependent numerics
 	// (graphio.Releases); "" where the numerics are given as written.
@@ -167,7 +167,7 @@ func (p Parallel) Sharder() Sharding {
 // DefaultSetup returns the defaults of every training field.
 func DefaultSetup() Setup {
 	return Setup{
-		Batch: 1, Seq: 2048, DType: "bf16", Attention: string(AttentionEager), Profile: string(ProfileTorchEager),
+		Batch: 1, Seq: 2048, DType: "bf16", Attention: AttentionEager, Profile: ProfileTorchEager,
 		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: GQARepeat},
 		Optimizer: OptimizerAdamW,
 		LoRA:      LoRA{Targets: []LoRATarget{LoRAQ, LoRAK, LoRAV, LoRAO}},
@@ -237,8 +237,8 @@ func (s *Setup) Validate(prefix string) error {
 		return &FieldError{f("dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.Dropout)}
 	}
 	for _, e := range []error{
-		oneOf(f("attention"), AttentionKernel(s.Attention), Attentions()),
-		oneOf(f("profile"), Profile(s.Profile), Profiles()),
+		oneOf(f("attention"), s.Attention, Attentions()),
+		oneOf(f("profile"), s.Profile, Profiles()),
 		oneOf(f("optimizer"), s.Optimizer, Optimizers()),
 		oneOf(f("numerics.gqa"), s.Numerics.GQA, GQAs()),
 	} {
@@ -278,7 +278,7 @@ func (s *Setup) Validate(prefix string) error {
 		switch {
 		case s.Parallel.Zero == 0:
 			return &FieldError{f("parallel.sharding"), fmt.Sprintf("%s runs ZeRO: set parallel.zero to 1, 2 or 3, or leave sharding unset", sh)}
-		case Profile(s.Profile) == ProfileMegatron:
+		case s.Profile == ProfileMegatron:
 			return &FieldError{f("parallel.sharding"), "the megatron profile shards through Megatron-LM's distributed optimizer: leave sharding unset"}
 		case sh == ShardingFSDP2 && s.Parallel.Zero < 3:
 			return &FieldError{f("parallel.sharding"), fmt.Sprintf("fsdp2 (fully_shard) runs ZeRO stage 3, not %d: use deepspeed, or zero 3", s.Parallel.Zero)}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/solver"
 )
@@ -19,10 +20,10 @@ import (
 // gradients made in the backward, the optimizer step) and, to compare,
 // with the gradients held the whole step and no optimizer (held).
 func BenchmarkPlan70B(b *testing.B) {
-	for _, attention := range []string{"flash", "eager"} {
+	for _, attention := range []ir.AttentionKernel{ir.AttentionFlash, ir.AttentionEager} {
 		for _, strategy := range []Strategy{Optimal, Selective} {
 			for _, timeline := range []string{"step", "held"} {
-				b.Run(attention+"/"+strategy.Name+"/"+timeline, func(b *testing.B) {
+				b.Run(attention.String()+"/"+strategy.Name+"/"+timeline, func(b *testing.B) {
 					benchPlan70B(b, attention, strategy, timeline == "held")
 				})
 			}
@@ -30,7 +31,7 @@ func BenchmarkPlan70B(b *testing.B) {
 	}
 }
 
-func benchPlan70B(b *testing.B, attention string, strategy Strategy, held bool) {
+func benchPlan70B(b *testing.B, attention ir.AttentionKernel, strategy Strategy, held bool) {
 	src, err := graphio.Load("llama-3-70b")
 	if err != nil {
 		b.Fatal(err)
@@ -40,7 +41,7 @@ func benchPlan70B(b *testing.B, attention string, strategy Strategy, held bool) 
 	}
 	src.Model.Training.Attention = attention
 	act := mem.Bytes(40 << 30)
-	if attention == "eager" {
+	if attention == ir.AttentionEager {
 		act = 2 << 40
 	}
 	for b.Loop() {

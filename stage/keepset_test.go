@@ -431,7 +431,7 @@ func TestMegatronModulesFound(t *testing.T) {
 		norms   []string
 		mlp     []string // nil: none
 		dropout float64
-		profile string
+		profile ir.Profile
 	}{
 		{"gpt3-175b", []string{"ln_1", "ln_2"}, []string{"mlp.fc1", "mlp.gelu", "mlp.fc2"}, 0.1, "megatron"},
 		{"llama-3-8b", []string{"input_layernorm", "post_attention_layernorm"},
@@ -486,7 +486,7 @@ func TestMegatronModulesFound(t *testing.T) {
 // tables reads, down's only the residual sum), and the replay reruns the
 // other three products. Under the torch-eager profile it is no keep set.
 func TestTorchtitanOpKeepSet(t *testing.T) {
-	for _, profile := range []string{"transformers", "torch-eager"} {
+	for _, profile := range []ir.Profile{ir.ProfileTransformers, ir.ProfileTorchEager} {
 		stages := build(t, "tiny-llama", func(s *ir.Setup) { s.Profile = profile })
 		st := stages[1]
 		c := st.Costs()

@@ -14,20 +14,20 @@ import (
 
 // costReport is the JSON of 'ckptplan cost'.
 type costReport struct {
-	Model   string `json:"model"`
-	Profile string `json:"profile"`
+	Model   string     `json:"model"`
+	Profile ir.Profile `json:"profile"`
 	// Transformers is the release the transformers profile plans for.
-	Transformers string        `json:"transformers,omitempty"`
-	Batch        int64         `json:"batch"`
-	Seq          int64         `json:"seq"`
-	DType        string        `json:"dtype"`
-	Autocast     string        `json:"autocast,omitempty"`
-	Attention    string        `json:"attention"`
-	Parallel     ir.Parallel   `json:"parallel"`
-	LoRARank     int64         `json:"lora_rank"`
-	Static       staticReport  `json:"static"`
-	Blocks       []blockReport `json:"blocks"`
-	Totals       totalsReport  `json:"totals"`
+	Transformers string             `json:"transformers,omitempty"`
+	Batch        int64              `json:"batch"`
+	Seq          int64              `json:"seq"`
+	DType        string             `json:"dtype"`
+	Autocast     string             `json:"autocast,omitempty"`
+	Attention    ir.AttentionKernel `json:"attention"`
+	Parallel     ir.Parallel        `json:"parallel"`
+	LoRARank     int64              `json:"lora_rank"`
+	Static       staticReport       `json:"static"`
+	Blocks       []blockReport      `json:"blocks"`
+	Totals       totalsReport       `json:"totals"`
 
 	setup  *ir.Setup        // for the text's static line
 	static costmodel.Static // likewise
@@ -83,11 +83,7 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 	setup := addSetupFlags(fs)
 	setup.addTrainingFlags(fs)
 	format := addFormat(fs, "text", "json")
-	arg, err := oneArg(fs, args, "MODEL")
-	if err != nil {
-		return err
-	}
-	src, err := setup.load(arg)
+	src, arg, err := setup.parse(fs, args)
 	if err != nil {
 		return err
 	}
@@ -115,7 +111,7 @@ func runCost(stdout, stderr io.Writer, args []string) error {
 func newCostReport(name string, c *costmodel.Costs) *costReport {
 	g, s := c.Graph, c.Graph.Setup
 	r := &costReport{
-		Model: name, Profile: string(c.Profile), Transformers: s.Transformers, Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(), Autocast: s.Autocast,
+		Model: name, Profile: c.Profile, Transformers: s.Transformers, Batch: s.Batch, Seq: s.Seq, DType: g.DType.String(), Autocast: s.Autocast,
 		Attention: s.Attention, Parallel: s.Parallel, LoRARank: s.LoRA.Rank,
 		Static: staticReport{
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
@@ -215,9 +211,9 @@ func precision(dtype, autocast string) string {
 
 // profileName names the profile a step is planned with: "transformers
 // 5.24" for the transformers profile of one release.
-func profileName(profile, release string) string {
-	if ir.Profile(profile) == ir.ProfileTransformers && release != "" {
+func profileName(profile ir.Profile, release string) string {
+	if profile == ir.ProfileTransformers && release != "" {
 		return "transformers " + release
 	}
-	return profile
+	return profile.String()
 }

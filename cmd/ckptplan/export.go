@@ -103,9 +103,9 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 
 // checkSharder refuses a plan under ZeRO whose figures are for another
 // engine than the one the export target configures.
-func checkSharder(p ir.Parallel, profile, target string) error {
+func checkSharder(p ir.Parallel, profile ir.Profile, target string) error {
 	engine := export.Lookup(target).Sharder
-	if engine == "" || p.Zero == 0 || costmodel.Profile(profile) == costmodel.Megatron {
+	if engine == "" || p.Zero == 0 || profile == costmodel.Megatron {
 		return nil
 	}
 	if engine == ir.ShardingFSDP2 && p.Zero < 3 {

@@ -52,11 +52,7 @@ func runInspect(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("inspect", "MODEL", stderr)
 	setup := addSetupFlags(fs)
 	format := addFormat(fs, "text", "json")
-	arg, err := oneArg(fs, args, "MODEL")
-	if err != nil {
-		return err
-	}
-	src, err := setup.load(arg)
+	src, _, err := setup.parse(fs, args)
 	if err != nil {
 		return err
 	}

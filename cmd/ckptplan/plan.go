@@ -244,7 +244,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		if s.GradAccum > 1 {
 			fmt.Fprintf(w, ", %d micro-batches a step", s.GradAccum)
 		}
-		if sh := s.Parallel.Sharder(); sh != "" && costmodel.Profile(s.Profile) != costmodel.Megatron {
+		if sh := s.Parallel.Sharder(); sh != "" && s.Profile != costmodel.Megatron {
 			fmt.Fprintf(w, ", ZeRO %d on %s over %d ranks", s.Parallel.Zero, sh, s.Parallel.DP)
 		}
 		if p.StepPeakBytes > 0 {

@@ -26,7 +26,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	}
 	// The executor computes in float32 on the CPU.
 	if src.Kind == graphio.KindModel {
-		if t := &src.Model.Training; ir.Profile(t.Profile) == ir.ProfileTransformers {
+		if t := &src.Model.Training; t.Profile == ir.ProfileTransformers {
 			// The executor runs the torch-eager profile's ops and its
 			// minimal recomputation; the transformers profile's plans are
 			// proven on PyTorch itself, by the Python package.

@@ -144,9 +144,9 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "profile":
-			t.Profile = s.profile
+			t.Profile = ir.Profile(s.profile)
 		case "attention":
-			t.Attention = s.attention
+			t.Attention = ir.AttentionKernel(s.attention)
 		case "autocast":
 			t.Autocast = s.autocast
 			if s.autocast == "none" {
@@ -276,6 +276,17 @@ func usageIf(bad bool, format string, args ...any) error {
 		return usagef(format, args...)
 	}
 	return nil
+}
+
+// parse parses the command line (one MODEL) and loads the model with the
+// overrides; it returns the argument too.
+func (s *setupFlags) parse(fs *flag.FlagSet, args []string) (*graphio.Source, string, error) {
+	arg, err := oneArg(fs, args, "MODEL")
+	if err != nil {
+		return nil, "", err
+	}
+	src, err := s.load(arg)
+	return src, arg, err
 }
 
 // load reads MODEL and applies the overrides.
