@@ -349,6 +349,7 @@ func (m *Model) checkSizes() error {
 		field string
 		shape ir.Shape
 	}{
+		{"training.batch", ir.Shape{t.Batch, m.Heads, 8}},
 		{"training.seq", ir.Shape{t.Batch, m.Heads, t.Seq, t.Seq, 8}},
 		{"vocab", ir.Shape{t.Batch, t.Seq, m.Vocab, 8}},
 		{"ffn", ir.Shape{t.Batch, t.Seq, m.FFN, 8}},

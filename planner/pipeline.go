@@ -27,6 +27,7 @@ package planner
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -49,6 +50,10 @@ type Pipeline struct {
 	// more.
 	Layers []int `json:"layers" yaml:"layers"`
 }
+
+// MaxMicrobatches is the most microbatches a step a pipeline is planned
+// for: each device's order lists every one.
+const MaxMicrobatches = 1 << 16
 
 // PipelineSchedules are the schedules Pipeline.Schedule names.
 var PipelineSchedules = []string{"1f1b", "interleaved"}
@@ -142,11 +147,17 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 		// of p.
 		return pp, fmt.Errorf("the interleaved schedule runs microbatches in groups of the %d pipeline stages: %d microbatches is not a multiple", pp.Stages, pp.Microbatches)
 	}
+	if pp.Stages > math.MaxInt/pp.Virtual { // far past any model's layers
+		return pp, fmt.Errorf("%d decoder layers cannot fill %d pipeline stages × %d virtual", layers, pp.Stages, pp.Virtual)
+	}
 	chunks := pp.Stages * pp.Virtual
+	if pp.Layers == nil && layers < chunks {
+		return pp, fmt.Errorf("%d decoder layers cannot fill %d pipeline chunks (%d stages × %d virtual)", layers, chunks, pp.Stages, pp.Virtual)
+	}
+	if pp.Microbatches > MaxMicrobatches {
+		return pp, fmt.Errorf("%d microbatches a step: ckptplan plans at most %d", pp.Microbatches, MaxMicrobatches)
+	}
 	if pp.Layers == nil {
-		if layers < chunks {
-			return pp, fmt.Errorf("%d decoder layers cannot fill %d pipeline chunks (%d stages × %d virtual)", layers, chunks, pp.Stages, pp.Virtual)
-		}
 		pp.Layers = make([]int, chunks)
 		for c := range pp.Layers {
 			pp.Layers[c] = layers / chunks
@@ -163,6 +174,9 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 	for c, n := range pp.Layers {
 		if n < 1 {
 			return pp, fmt.Errorf("pipeline chunk %d has %d layers: each needs at least one", c, n)
+		}
+		if n > layers {
+			return pp, fmt.Errorf("pipeline chunk %d has %d layers, but the model has %d decoder layers", c, n, layers)
 		}
 		sum += n
 	}

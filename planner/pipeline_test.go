@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -258,6 +259,9 @@ func TestPipelineRefuses(t *testing.T) {
 		{Pipeline{Stages: 2, Microbatches: 4, Virtual: 2}, Selective, 0, "need the interleaved"},
 		{Pipeline{Stages: 2, Microbatches: 4, Schedule: "gpipe"}, Selective, 0, "unknown pipeline schedule"},
 		{Pipeline{Stages: 0, Microbatches: 4}, Selective, 0, "at least one stage"},
+		{Pipeline{Stages: 2, Microbatches: MaxMicrobatches + 1}, Selective, 0, "65537 microbatches a step: ckptplan plans at most 65536"},
+		{Pipeline{Stages: 2, Microbatches: 4, Schedule: "interleaved", Virtual: math.MaxInt/2 + 1}, Selective, 0, "cannot fill 2 pipeline stages × 4611686018427387904 virtual"},
+		{Pipeline{Stages: 2, Microbatches: 4, Layers: []int{math.MaxInt, math.MaxInt}}, Selective, 0, "chunk 0 has 9223372036854775807 layers, but the model has 4"},
 		{Pipeline{Stages: 2, Microbatches: 4}, Sqrt, 0, "does not apply"},
 		{Pipeline{Stages: 2, Microbatches: 4}, EveryK, 2, "every layer (k 1)"},
 	} {

@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -97,6 +98,9 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 		return nil, err
 	}
 	if c.Options != nil {
+		// The first curve's table is garbage now: collected before the
+		// second is made, their memory is one table's, not two.
+		runtime.GC()
 		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true); err != nil {
 			return nil, err
 		}

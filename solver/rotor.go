@@ -155,6 +155,11 @@ func newTable(c *Chain, maxBudget mem.Bytes, slots int, upTo mem.Bytes) (*Table,
 		t.lastCol = min(max(int(upTo/t.unit)-t.act[0], 0), t.slots)
 	}
 	t.blocks = t.lastCol/blockCols + 1
+	// The layout's own index, two words a block of each first stage,
+	// comes before the table it measures.
+	if index := mem.Bytes(t.blocks) * mem.Bytes(t.l+1) * 12; index > MaxTableBytes {
+		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take more than the %v ckptplan allows: use fewer slots", c.Len(), slots, MaxTableBytes)
+	}
 	t.bounds()
 	if need := t.layout(); need > MaxTableBytes {
 		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)

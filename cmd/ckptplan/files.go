@@ -57,12 +57,24 @@ func writeFileAt(path string, write func(io.Writer) error) error {
 		return writeInPlace(path, fi, write)
 	case !fi.Mode().IsRegular():
 		return fmt.Errorf("is not a regular file (%v)", fi.Mode().Type())
+	case readOnly(path, fi):
+		// Replacing it would need only the folder's permission: a file
+		// its owner made read-only is kept, whoever runs the command.
+		return errors.New("is read-only: make it writable, or write elsewhere")
 	}
 	target, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return err
 	}
 	return replace(target, fi.Mode().Perm(), write)
+}
+
+// readOnly reports whether the regular file at path may not be written:
+// no write permission at all (which the superuser, whom access(2) lets
+// write anything, is held to as well), or none for this process.
+func readOnly(path string, fi fs.FileInfo) bool {
+	const writable = 2 // access(2)'s W_OK
+	return fi.Mode().Perm()&0o222 == 0 || syscall.Access(path, writable) != nil
 }
 
 // writeDescriptor writes through a duplicate of an open descriptor, which

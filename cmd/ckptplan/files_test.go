@@ -18,7 +18,7 @@ func writeHello(w io.Writer) error {
 }
 
 // TestWriteFile: a new or regular file is replaced with its permissions
-// kept, a symlink is written through, a device is written in place and
+// kept, a read-only one is refused and kept, a symlink is written through, a device is written in place and
 // stays a device, a pipe is written through when read and refused when
 // not, a directory is refused, and every error names the user's path
 // and leaves nothing behind.
@@ -49,6 +49,21 @@ func TestWriteFile(t *testing.T) {
 		fi, _ := os.Stat(p)
 		if fi.Mode().Perm() != 0o600 || read(p) != "hello\n" {
 			t.Errorf("mode %v, %q", fi.Mode(), read(p))
+		}
+	})
+	t.Run("read-only kept", func(t *testing.T) {
+		for _, perm := range []os.FileMode{0o444, 0o400, 0o555} {
+			p := filepath.Join(dir, fmt.Sprintf("read-only-%o.txt", perm))
+			if err := os.WriteFile(p, []byte("old"), perm); err != nil {
+				t.Fatal(err)
+			}
+			err := writeFile(p, writeHello)
+			if err == nil || !strings.Contains(err.Error(), p+": is read-only") {
+				t.Errorf("%o: error %v, want %s: is read-only", perm, err, p)
+			}
+			if fi, _ := os.Stat(p); read(p) != "old" || fi.Mode().Perm() != perm {
+				t.Errorf("%o: now %q, mode %v", perm, read(p), fi.Mode())
+			}
 		}
 	})
 	t.Run("symlink written through", func(t *testing.T) {

@@ -328,7 +328,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "8"}, false, "4 decoder layers cannot fill 8 pipeline chunks"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-layers", "1,2"}, false, "the layer counts add up to 3, but the model has 4 decoder layers"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--virtual-stages", "2"}, false, "2 virtual stages need the interleaved schedule"},
-		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-schedule", "gpipe"}, false, `unknown pipeline schedule "gpipe"`},
+		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-schedule", "gpipe"}, true, `--pp-schedule: unknown value "gpipe" (valid: 1f1b, interleaved)`},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--microbatches", "3", "--pp-schedule", "interleaved", "--virtual-stages", "2"}, false, "3 microbatches is not a multiple"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--solver", "revolve"}, false, "the revolve solver plans one schedule of the whole chain"},
 		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (it needs at least"},

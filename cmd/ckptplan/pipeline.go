@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -44,6 +45,9 @@ func (p *pipelineFlags) pipeline(fs *flag.FlagSet) (*planner.Pipeline, error) {
 	}
 	if p.stages < 1 {
 		return nil, usagef("--pp must be positive, got %d", p.stages)
+	}
+	if !slices.Contains(planner.PipelineSchedules, p.schedule) {
+		return nil, usagef("--pp-schedule: unknown value %q (valid: %s)", p.schedule, strings.Join(planner.PipelineSchedules, ", "))
 	}
 	pp := &planner.Pipeline{Stages: p.stages, Microbatches: p.microbatches, Schedule: p.schedule, Virtual: p.virtual}
 	if !given["microbatches"] {

@@ -87,7 +87,7 @@ func parseModules(s string) (costmodel.Module, error) {
 func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p := &planFlags{setup: addSetupFlags(fs)}
 	p.setup.addTrainingFlags(fs)
-	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included (e.g. 24GiB); default: the --device's memory")
+	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included: bytes, or with a unit (24GiB is 24·2³⁰ bytes, 80GB 80·10⁹); default: the --device's memory")
 	if withSolver {
 		var names []string
 		for _, s := range planner.Strategies {
@@ -137,7 +137,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 			return nil, nil, usagef("--device: %v", err)
 		}
 	}
-	src, err := p.setup.load(arg)
+	src, err := p.setup.load(fs, arg)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -40,7 +40,7 @@ type setupFlags struct {
 	optimizer, quant   string
 	doubleQuant        bool
 	training           map[string]bool // the flags addTrainingFlags registers
-	set                map[string]bool // flags given on the command line
+	set                map[string]bool // flags given on the command line (load)
 }
 
 func addSetupFlags(fs *flag.FlagSet) *setupFlags {
@@ -225,7 +225,7 @@ func loraTargets(list string) []ir.LoRATarget {
 // ("float32" is fp32).
 func (s *setupFlags) check() error {
 	for _, err := range []error{
-		usageIf(s.batch < 0 || s.seq < 0, "--batch and --seq must be positive"),
+		usageIf(s.batch < 0 || s.seq < 0 || s.set["batch"] && s.batch == 0 || s.set["seq"] && s.seq == 0, "--batch and --seq must be positive"),
 		choice("profile", s.profile, ir.Profiles()...),
 		choice("attention", s.attention, ir.Attentions()...),
 		choice("rope-tables", s.ropeTables, "model", "layer", "cached"),
@@ -285,12 +285,14 @@ func (s *setupFlags) parse(fs *flag.FlagSet, args []string) (*graphio.Source, st
 	if err != nil {
 		return nil, "", err
 	}
-	src, err := s.load(arg)
+	src, err := s.load(fs, arg)
 	return src, arg, err
 }
 
-// load reads MODEL and applies the overrides.
-func (s *setupFlags) load(arg string) (*graphio.Source, error) {
+// load reads MODEL and applies the overrides of the flags fs was given.
+func (s *setupFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, error) {
+	s.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { s.set[f.Name] = true })
 	if err := s.check(); err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if *points < 2 || *points > maxPoints || *slots <= 0 {
 		return usagef("sweep: --points must be in 2..%d and --slots positive", maxPoints)
 	}
-	src, err := setup.load(arg)
+	src, err := setup.load(fs, arg)
 	if err != nil {
 		return err
 	}
