@@ -53,6 +53,9 @@ type Export struct {
 	// and ckptplan.apply run it, when known.
 	RuntimePeakBytes mem.Bytes `json:"runtime_peak_bytes,omitempty"`
 	Overhead         float64   `json:"overhead"`
+	// Runtime is what the plan was made for (planner.Runtime): per-layer
+	// for every runtime an export writes for, unless asked otherwise.
+	Runtime planner.Runtime `json:"runtime,omitempty"`
 	// RecomputeFLOPs is the layers' RecomputeFLOPs summed; Overhead is it
 	// over the step's work without recomputation.
 	RecomputeFLOPs float64            `json:"recompute_flops"`
@@ -93,7 +96,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if !plan.Feasible {
 		return nil, fmt.Errorf("the plan for %s does not fit its budget: nothing to export", comment(plan.Model))
 	}
-	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, StepPeakBytes: plan.StepPeakBytes, Overhead: plan.Overhead}
+	e := &Export{Schema: 1, Model: plan.Model, Solver: plan.Solver, BudgetBytes: plan.BudgetBytes, ReserveBytes: plan.ReserveBytes, StaticBytes: plan.StaticBytes, PeakBytes: plan.PeakBytes, StepPeakBytes: plan.StepPeakBytes, Overhead: plan.Overhead, Runtime: plan.Runtime}
 	if plan.Peak != nil {
 		e.PeakAt = plan.Peak.At
 	}
@@ -236,21 +239,22 @@ func (e *Export) underSAC() *Export {
 
 // LayerByLayer records rt, the plan as trainers and ckptplan.apply run
 // it, each layer on its own (planner.Problem.LayerRuntime): its peak, and
-// a note where that exceeds the plan's. Where the plan recomputes a layer
-// more than once, which such a runtime cannot, and that takes it past the
-// budget, it is an error.
+// a note where that exceeds the plan's. Where that takes it past the
+// budget (a plan that reruns layers from an earlier checkpoint, which
+// such a runtime cannot), it is a *planner.RuntimeOverBudget.
 func (e *Export) LayerByLayer(rt *planner.Plan) error {
 	e.RuntimePeakBytes = rt.PeakBytes
 	if rt.PeakBytes <= e.PeakBytes {
 		return nil
 	}
-	if e.nested && rt.PeakBytes+e.ReserveBytes > e.BudgetBytes {
+	if rt.PeakBytes+e.ReserveBytes > e.BudgetBytes {
 		reserve := ""
 		if e.ReserveBytes > 0 {
 			reserve = fmt.Sprintf(" less its %v reserve", e.ReserveBytes)
 		}
-		return fmt.Errorf("%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it recomputes layers more than once, which they cannot; export with a budget of at least %v",
-			comment(e.Model), e.Solver, rt.PeakBytes, rt.PeakBytes, e.BudgetBytes, reserve, rt.PeakBytes+e.ReserveBytes)
+		return &planner.RuntimeOverBudget{MinBudget: rt.PeakBytes + e.ReserveBytes, Msg: fmt.Sprintf(
+			"%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it reruns layers from an earlier checkpoint, which they cannot; plan with --solver selective or optimal (per-layer), or export with a budget of at least %v",
+			comment(e.Model), e.Solver, rt.PeakBytes, rt.PeakBytes, e.BudgetBytes, reserve, rt.PeakBytes+e.ReserveBytes)}
 	}
 	e.runtimeNote = fmt.Sprintf("run layer by layer, as trainers run it, the plan peaks at %v, above its own %v", rt.PeakBytes, e.PeakBytes)
 	e.Notes = append(e.Notes, e.runtimeNote)

@@ -37,13 +37,15 @@ func ExampleProblem_Plan() {
 	// layers.1 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.2 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.3 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
-	// head selective keep(loss:log_softmax)
+	// head store
 }
 
 // Plan a chain whose per-stage costs were measured elsewhere (by a
 // trainer's profiler), built in code. Storing every tape would need 272 MiB;
-// in 200 MiB the plan keeps only the input of stage 0 and recomputes stages
-// 0 and 1 once.
+// in 200 MiB a trainer's per-layer checkpointing (the default runtime)
+// checkpoints stages 1 and 2, each rerun once; a runtime that nests
+// recomputation keeps only the input of stage 0 and reruns stages 0 and 1
+// from it, at the same cost and a lower peak.
 func ExampleNew_chain() {
 	const MiB = mem.MiB
 	stage := func(name string) graphio.ChainStage {
@@ -57,20 +59,27 @@ func ExampleNew_chain() {
 	if err != nil {
 		panic(err)
 	}
-	plan, err := p.Plan(&planner.Options{Budget: 200 * MiB})
-	if err != nil {
-		panic(err)
-	}
-	fmt.Printf("peak %v, cost %g ms (storing all: %g ms)\n", plan.PeakBytes, plan.Cost, plan.BaselineCost)
-	for _, s := range plan.Stages {
-		fmt.Println(s.Name, s.Decision)
+	for _, rt := range planner.Runtimes() {
+		plan, err := p.Plan(&planner.Options{Budget: 200 * MiB, Runtime: rt})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: peak %v, cost %g ms (storing all: %g ms)\n", plan.Runtime, plan.PeakBytes, plan.Cost, plan.BaselineCost)
+		for _, s := range plan.Stages {
+			fmt.Println(" ", s.Name, s.Decision)
+		}
 	}
 	// Output:
-	// peak 160 MiB, cost 28 ms (storing all: 24 ms)
-	// b0 checkpoint
-	// b1 recompute
-	// b2 store
-	// b3 store
+	// per-layer: peak 168 MiB, cost 28 ms (storing all: 24 ms)
+	//   b0 store
+	//   b1 checkpoint
+	//   b2 checkpoint
+	//   b3 store
+	// nested: peak 160 MiB, cost 28 ms (storing all: 24 ms)
+	//   b0 checkpoint
+	//   b1 recompute
+	//   b2 store
+	//   b3 store
 }
 
 // Read back a plan saved with ckptplan plan --format json.

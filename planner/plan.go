@@ -37,6 +37,9 @@ type Options struct {
 	// it fits the budget. 0: the device's default reserve
 	// (costmodel.Device.Reserve), none without a device; NoReserve: none.
 	Reserve mem.Bytes
+	// Runtime is what runs the plan, which the optimal and selective
+	// strategies plan for (zero: PerLayer).
+	Runtime Runtime
 }
 
 // modules returns megatron-selective's modules, the default filled in.
@@ -66,6 +69,12 @@ func (o *Options) withDefaults() (Options, error) {
 			return opt, fmt.Errorf("strategy %q is not one of Strategies", opt.Strategy.Name)
 		}
 		opt.Strategy = Selective
+	}
+	if opt.Runtime == "" {
+		opt.Runtime = PerLayer
+	}
+	if err := checkRuntime(opt.Runtime); err != nil {
+		return opt, err
 	}
 	if opt.Device != "" {
 		d, err := costmodel.LookupDevice(opt.Device)
@@ -102,6 +111,9 @@ type Plan struct {
 	Solver string `json:"solver" yaml:"solver"`
 	Unit   string `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
 	Device string `json:"device,omitempty" yaml:"device,omitempty"`
+	// Runtime is what the plan was made for (Options.Runtime); empty in
+	// plans made before it was recorded.
+	Runtime Runtime `json:"runtime,omitempty" yaml:"runtime,omitempty"`
 	// Setup is the training setup a model's plan assumes: batch,
 	// sequence, dtype, attention, profile.
 	Setup       *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
@@ -297,6 +309,7 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	}
 	plan := p.newPlan(opt.Strategy.Name, opt.Budget)
 	plan.Device = opt.Device
+	plan.Runtime = opt.Runtime
 	plan.ReserveBytes = opt.Reserve
 	// With no room left for activations, still ask the strategy for the
 	// least it needs, so that the plan can say what budget would work.

@@ -374,7 +374,7 @@ func TestLayerRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	least, err := p.Plan(&Options{Budget: p.Static + 1, Strategy: Optimal})
+	least, err := p.Plan(&Options{Budget: p.Static + 1, Strategy: Optimal, Runtime: Nested})
 	if err != nil || least.MinBudgetBytes == 0 {
 		t.Fatalf("no least budget: %v", err)
 	}
@@ -386,7 +386,7 @@ func TestLayerRuntime(t *testing.T) {
 	nested := 0
 	for _, budget := range budgets {
 		for _, s := range []Strategy{EveryK, Optimal} {
-			plan, err := p.Plan(&Options{Budget: budget, Strategy: s, K: 1})
+			plan, err := p.Plan(&Options{Budget: budget, Strategy: s, K: 1, Runtime: Nested})
 			if err != nil {
 				t.Fatal(err)
 			}

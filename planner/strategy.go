@@ -41,11 +41,12 @@ var (
 	// TorchtitanOp stores every decoder layer under torchtitan's op-level
 	// selective checkpointing (stage.TorchtitanOp).
 	TorchtitanOp = Strategy{"torchtitan-op", "store every layer under torchtitan's op-level selective checkpointing (selective_ac_option = \"op\")", solveTorchtitanOp}
-	// Optimal is solver.Optimal on whole stages: each stage is stored,
-	// checkpointed or recomputed.
-	Optimal = Strategy{"optimal", "the optimal schedule of whole stages (store, checkpoint, recompute)", solveOptimal}
-	// Selective is solver.Optimal with every stage's keep sets, and each
-	// of Megatron-LM's selective settings everywhere as more candidates.
+	// Optimal is the optimal schedule of whole stages for the options'
+	// runtime: solver.PerLayer (each layer stored or checkpointed) or
+	// solver.Optimal (also recomputed from an earlier checkpoint).
+	Optimal = Strategy{"optimal", "the optimal schedule of whole stages (store, checkpoint; nested: recompute)", solveOptimal}
+	// Selective is Optimal with every stage's keep sets, and each of
+	// Megatron-LM's selective settings everywhere as more candidates.
 	Selective = Strategy{"selective", "the optimal schedule with keep sets inside stages, chosen together (the default)", solveSelective}
 )
 
@@ -210,7 +211,10 @@ func (p *Problem) torchtitanOpEverywhere() ([]int, error) {
 func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
 	plain := *p.Chain
 	plain.Options = nil
-	return solver.Optimal(&plain, budget, o.Slots)
+	if o.Runtime == Nested {
+		return solver.Optimal(&plain, budget, o.Slots)
+	}
+	return solver.PerLayer(&plain, budget, o.Slots, p.pinned())
 }
 
 // solveSelective also weighs each of Megatron-LM's selective settings
@@ -218,7 +222,10 @@ func solveOptimal(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, e
 // makes it worse than one of them, nor the search's passing over what
 // torchtitan-op holds (KeepSet.Held).
 func solveSelective(p *Problem, budget mem.Bytes, o *Options) (*solver.Solution, error) {
-	return solver.Optimal(p.Chain, budget, o.Slots, p.selectiveAlternatives()...)
+	if o.Runtime == Nested {
+		return solver.Optimal(p.Chain, budget, o.Slots, p.selectiveAlternatives()...)
+	}
+	return solver.PerLayer(p.Chain, budget, o.Slots, p.pinned(), p.selectiveAlternatives()...)
 }
 
 // selectiveAlternatives are the schedules the selective strategy weighs

@@ -41,11 +41,18 @@ type StrategyPoint struct {
 	Overhead  float64   `json:"overhead"`
 }
 
-// Sweep computes the trade-off with points budgets for the optimal curve,
-// from the least memory any schedule needs to what storing everything
-// needs, with one table of the given slots (0: solver.DefaultSlots).
+// Sweep computes the trade-off with points budgets for the optimal curve
+// of the runtime rt (zero: PerLayer), from the least memory any schedule
+// needs to what storing everything needs, with one table of the given
+// slots (0: solver.DefaultSlots).
 // O(slots·L³) for the table plus the baselines' replays.
-func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
+func (p *Problem) Sweep(points, slots int, rt Runtime) (*Sweep, error) {
+	if rt == "" {
+		rt = PerLayer
+	}
+	if err := checkRuntime(rt); err != nil {
+		return nil, err
+	}
 	c := p.Chain
 	all, err := solver.Simulate(c, solver.StoreAll(c))
 	if err != nil {
@@ -94,31 +101,40 @@ func (p *Problem) Sweep(points, slots int) (*Sweep, error) {
 	budgets = slices.Compact(budgets)
 	plain := *c
 	plain.Options = nil
-	if s.Optimal, err = p.curve(&plain, s, budgets, all.Peak, slots, false); err != nil {
+	if s.Optimal, err = p.curve(&plain, s, budgets, all.Peak, slots, false, rt); err != nil {
 		return nil, err
 	}
 	if c.Options != nil {
 		// The first curve's table is garbage now: collected before the
 		// second is made, their memory is one table's, not two.
 		runtime.GC()
-		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true); err != nil {
+		if s.Selective, err = p.curve(c, s, budgets, all.Peak, slots, true, rt); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
 }
 
-// curve reads the optimal cost at each budget from one table of chain c,
-// on the grid the optimal strategy uses, and, as that strategy does
-// (solver.Optimal), takes a baseline's cost where rounding sizes to slots
-// costs the table a schedule; the selective curve also megatron-selective
-// everywhere. So every point is what plan prints at that budget.
-func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool) ([]SweepPoint, error) {
-	t, err := solver.NewTable(c, top, slots)
+// curve reads the optimal cost at each budget from one table of chain c
+// for the runtime rt, on the grid the optimal strategy uses, and, as that
+// strategy does (solver.PerLayer, solver.Optimal), takes a baseline's
+// cost where rounding sizes to slots costs the table a schedule; the
+// selective curve also megatron-selective everywhere. So every point is
+// what plan prints at that budget for that runtime.
+func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool, rt Runtime) ([]SweepPoint, error) {
+	var t interface{ Cost(mem.Bytes) float64 }
+	var scheds []solver.Schedule
+	var err error
+	if rt == Nested {
+		t, err = solver.NewTable(c, top, slots)
+		scheds = solver.Baselines(c)
+	} else {
+		t, err = solver.NewLayerTable(c, top, slots, p.pinned())
+		scheds = solver.LayerBaselines(c, p.pinned())
+	}
 	if err != nil {
 		return nil, err
 	}
-	scheds := solver.Baselines(c)
 	if selective {
 		scheds = append(scheds, p.selectiveAlternatives()...)
 	}

@@ -5,11 +5,19 @@ import (
 )
 
 // TestSweep: the optimal curve never rises with the budget, ends at no
-// overhead, and lies on or below every fixed strategy's point; the
-// Megatron-selective point keeps less per layer than storing everything.
+// overhead, and lies on or below every fixed strategy's point that its
+// runtime runs (nested: all of them; per-layer: storing everything and
+// every-1); the Megatron-selective point keeps less per layer than
+// storing everything.
 func TestSweep(t *testing.T) {
+	for _, rt := range Runtimes() {
+		t.Run(string(rt), func(t *testing.T) { testSweep(t, rt) })
+	}
+}
+
+func testSweep(t *testing.T, rt Runtime) {
 	p := load(t, "tiny-llama")
-	s, err := p.Sweep(40, 0)
+	s, err := p.Sweep(40, 0, rt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,6 +45,9 @@ func TestSweep(t *testing.T) {
 		if sp.Solver == "megatron-selective" {
 			continue // recomputes inside layers: outside the chain's choices
 		}
+		if rt == PerLayer && sp.Solver != "none" && sp.Solver != "every-1" {
+			continue // reruns runs of layers from one checkpoint
+		}
 		for _, o := range s.Optimal {
 			if o.BudgetBytes >= sp.PeakBytes && o.Overhead > sp.Overhead+1e-12 {
 				t.Errorf("optimal at %d costs %.3f, %s fits at %d with %.3f", o.BudgetBytes, o.Overhead, sp.Solver, sp.PeakBytes, sp.Overhead)
@@ -46,11 +57,17 @@ func TestSweep(t *testing.T) {
 }
 
 // TestSweepMatchesPlan: every point of both curves is what planning at
-// that budget gives, on every small bundled model.
+// that budget gives, for each runtime, on every small bundled model.
 func TestSweepMatchesPlan(t *testing.T) {
+	for _, rt := range Runtimes() {
+		t.Run(string(rt), func(t *testing.T) { testSweepMatchesPlan(t, rt) })
+	}
+}
+
+func testSweepMatchesPlan(t *testing.T, rt Runtime) {
 	for _, model := range []string{"tiny-llama", "tiny-gpt2", "gpt2", "smollm-135m"} {
 		p := load(t, model)
-		s, err := p.Sweep(12, 0)
+		s, err := p.Sweep(12, 0, rt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +76,7 @@ func TestSweepMatchesPlan(t *testing.T) {
 			points   []SweepPoint
 		}{{Optimal, s.Optimal}, {Selective, s.Selective}} {
 			for _, pt := range c.points {
-				plan, err := p.Plan(&Options{Budget: pt.BudgetBytes, Strategy: c.strategy})
+				plan, err := p.Plan(&Options{Budget: pt.BudgetBytes, Strategy: c.strategy, Runtime: rt})
 				if err != nil {
 					t.Fatal(err)
 				}

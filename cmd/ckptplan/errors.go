@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/planner"
 )
 
 // errorsEnv, set to "json", makes the command follow its error message,
@@ -45,12 +46,15 @@ func reportOf(err error) errorReport {
 	r := errorReport{Kind: "input", Message: err.Error()}
 	var u *usageError
 	var inf *infeasibleError
+	var over *planner.RuntimeOverBudget
 	var pos *graphio.PosError
 	switch {
 	case errors.As(err, &u) || errors.Is(err, errUsageShown):
 		r.Kind = "usage"
 	case errors.As(err, &inf):
 		r.Kind, r.MinBudgetBytes = "infeasible", inf.minBudgetBytes
+	case errors.As(err, &over):
+		r.Kind, r.MinBudgetBytes = "infeasible", int64(over.MinBudget)
 	}
 	if errors.Is(err, graphio.ErrNeedsTrace) {
 		r.Kind = "needs_trace"

@@ -29,6 +29,7 @@ type planFlags struct {
 	slots   int
 	k       int
 	modules string // --recompute-modules
+	runtime planner.Runtime
 }
 
 // reserveFlag is --reserve: unset, the device's default reserve.
@@ -100,7 +101,14 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
+	addRuntimeFlag(fs, &p.runtime)
 	return p
+}
+
+// addRuntimeFlag defines --runtime, what runs the plan.
+func addRuntimeFlag(fs *flag.FlagSet, r *planner.Runtime) {
+	*r = planner.PerLayer
+	fs.Var(r, "runtime", "what runs the plan, which optimal and selective plan for: per-layer (a trainer's checkpointing, layer by layer: every export and ckptplan.apply) | nested (also reruns runs of layers from one checkpoint: the CPU executor's run)")
 }
 
 // parse parses the command line (one MODEL) and loads the model.
@@ -144,7 +152,7 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 	if err := p.setup.applyTrainingTo(fs, src, arg); err != nil {
 		return nil, nil, err
 	}
-	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Modules: modules, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value()}, nil
+	return src, &planner.Options{Budget: p.budget, Strategy: strategy, Modules: modules, Slots: p.slots, K: p.k, Device: p.device, Reserve: p.reserve.value(), Runtime: p.runtime}, nil
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {

@@ -20,6 +20,8 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	points := fs.Int("points", 40, "budgets on the optimal curve")
 	slots := fs.Int("slots", solver.DefaultSlots, "memory slots of the optimal solver")
 	svg := fs.String("svg", "", "also draw the trade-off to this .svg or .png file")
+	var runtime planner.Runtime
+	addRuntimeFlag(fs, &runtime)
 	format := addFormat(fs, "text", "json")
 	arg, err := oneArg(fs, args, "MODEL")
 	if err != nil {
@@ -40,7 +42,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	progress(stderr, "solving %s for every budget", p.Name)
-	s, err := p.Sweep(*points, *slots)
+	s, err := p.Sweep(*points, *slots, runtime)
 	if err != nil {
 		return err
 	}

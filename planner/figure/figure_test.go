@@ -26,7 +26,7 @@ func figures(t *testing.T) map[string]*plot.Plot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := p.Sweep(40, 0)
+	s, err := p.Sweep(40, 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}

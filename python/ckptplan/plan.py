@@ -39,7 +39,7 @@ MODES = ("store", "checkpoint", "selective")
 #: against them.
 FIELDS = {
     "plan": ("schema", "model", "solver", "feasible", "budget_bytes", "reserve_bytes", "static_bytes",
-             "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "overhead", "recompute_flops",
+             "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "runtime", "overhead", "recompute_flops",
              "batch", "seq", "dtype", "autocast", "attention", "profile", "zero", "layers", "notes"),
     "layer": ("name", "mode", "policy", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
     "saved": ("name", "bytes", "keep"),
@@ -113,6 +113,7 @@ class Plan:
     peak_at: str = ""  # when the step holds peak_bytes: "backward of layers.3", "optimizer step"
     step_peak_bytes: int = 0  # what the optimizer step holds (0: not known)
     runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
+    runtime: str = "per-layer"  # what it was planned for: per-layer (apply, the exports) or nested
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -158,6 +159,7 @@ class Plan:
                    attention=d.get("attention", ""), layers=layers,
                    static_bytes=int(d.get("static_bytes", 0)),
                    runtime_peak_bytes=int(d.get("runtime_peak_bytes", 0)),
+                   runtime=d.get("runtime") or "per-layer",
                    peak_at=d.get("peak_at", ""), step_peak_bytes=int(d.get("step_peak_bytes", 0)),
                    notes=tuple(d.get("notes") or ()), raw=d)
 
