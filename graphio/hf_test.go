@@ -384,3 +384,22 @@ func FuzzParseModel(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckJSONKeys: a key given twice in any object of a document is
+// refused at its place; the same key in different objects, in arrays of
+// objects, or as a string value is not a duplicate.
+func TestCheckJSONKeys(t *testing.T) {
+	for _, tt := range []struct{ doc, want string }{
+		{`{"a": 1, "b": 2}`, ""},
+		{`{"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}], "c": "a"}`, ""},
+		{`[{"x": 1}, {"x": 2, "y": [1, {"x": 3}]}]`, ""},
+		{"{\"feasible\": false,\n \"feasible\": true}", `p.json:2:2: duplicate key "feasible"`},
+		{`{"s": [{"k": 1, "k": 2}]}`, `p.json:1:17: duplicate key "k"`},
+		{`{"o": {"x": {}, "y": [], "x": 1}}`, `p.json:1:26: duplicate key "x"`},
+	} {
+		err := CheckJSONKeys("p.json", []byte(tt.doc))
+		if got := fmt.Sprint(err); tt.want == "" && err != nil || tt.want != "" && got != tt.want {
+			t.Errorf("%s: %v, want %q", tt.doc, err, tt.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"unicode/utf8"
 
@@ -187,4 +188,53 @@ func (p *textPos) at(off int) (line, col int) {
 		}
 	}
 	return p.line, p.col
+}
+
+// CheckJSONKeys reports the first key that an object of the JSON document
+// data gives twice, at its line and column, as a *PosError: encoding/json
+// keeps the last of them silently, and a document whose fields say two
+// things ("feasible": false, "feasible": true) is not to be read as
+// either. data must be valid JSON (json.Valid). O(len(data)).
+func CheckJSONKeys(file string, data []byte) error {
+	t := &jsonTokens{dec: json.NewDecoder(bytes.NewReader(data)), pos: textPos{data: data, line: 1, col: 1}}
+	t.dec.UseNumber()
+	type frame struct {
+		object bool
+		keys   map[string]bool
+		key    bool // an object's next token is a key
+	}
+	var stack []frame
+	for {
+		n, delim, err := t.next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return jsonSyntaxError(file, data, err)
+		}
+		if len(stack) > 0 {
+			top := &stack[len(stack)-1]
+			if top.object && top.key && delim == 0 {
+				if top.keys[n.Value] {
+					return &PosError{File: file, Line: n.Line, Col: n.Column, Msg: fmt.Sprintf("duplicate key %q", n.Value)}
+				}
+				top.keys[n.Value] = true
+				top.key = false
+				continue
+			}
+			top.key = top.object
+		}
+		switch delim {
+		case '{':
+			stack = append(stack, frame{object: true, keys: map[string]bool{}, key: true})
+		case '[':
+			stack = append(stack, frame{})
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 {
+				top := &stack[len(stack)-1]
+				top.key = top.object
+			}
+		}
+	}
 }

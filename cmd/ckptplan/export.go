@@ -70,7 +70,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	t := export.Lookup(to.value)
 	var setting *export.Setting // the engine's closest setting, where it cannot run the plan
-	if t.Closest != nil && p != nil {
+	if t.Closest != nil && opt != nil {
 		if setting, err = t.Closest(e, p, opt); err != nil {
 			return err
 		}
@@ -139,16 +139,8 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.W
 			return nil, nil, nil, err
 		}
 		if probe["schedule"] != nil && probe["schema"] != nil {
-			plan, err := planner.ReadPlan(bytes.NewReader(data))
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("%s: %w", arg, err)
-			}
-			if s := plan.Setup; s != nil {
-				if err := checkSharder(s.Parallel, s.Profile, target); err != nil {
-					return nil, nil, nil, err
-				}
-			}
-			return plan, nil, nil, nil
+			plan, p, err := readPlanFile(fs, arg, data, target)
+			return plan, p, nil, err
 		}
 	}
 	src, opt, err := pf.load(fs, arg)
@@ -179,4 +171,65 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.W
 		return nil, nil, nil, infeasible(plan)
 	}
 	return plan, p, opt, nil
+}
+
+// readPlanFile reads a saved plan and verifies it: the flags that would
+// change it are refused (they are the plan's), its fields must not
+// repeat or contradict one another (planner.Plan.Check), and where its
+// model loads here (a bundled model, a model or config file by its
+// path), its schedule is planned again on the model under the plan's
+// setup and every figure must be the model's (planner.Problem.Verify);
+// the problem is returned then. Under ZeRO, the plan must be for the
+// engine the target configures.
+func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (*planner.Plan, *planner.Problem, error) {
+	var given []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "to" && f.Name != "o" {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	if len(given) > 0 {
+		return nil, nil, usagef("export %s: %s set what a saved plan already says: export from the model with them, or give only --to and -o", arg, strings.Join(given, ", "))
+	}
+	if err := graphio.CheckJSONKeys(arg, data); err != nil {
+		return nil, nil, err
+	}
+	plan, err := planner.ReadPlan(bytes.NewReader(data))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", arg, err)
+	}
+	if err := plan.Check(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", arg, err)
+	}
+	if s := plan.Setup; s != nil {
+		if err := checkSharder(s.Parallel, s.Profile, target); err != nil {
+			return nil, nil, err
+		}
+	}
+	p, err := planModel(plan)
+	if err != nil {
+		// A model ckptplan cannot load (a trace, a file elsewhere): the
+		// figures are checked against one another only.
+		return plan, nil, nil
+	}
+	if err := p.Verify(plan); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", arg, err)
+	}
+	return plan, p, nil
+}
+
+// planModel rebuilds the problem a plan was made from: its model, under
+// the setup it records.
+func planModel(plan *planner.Plan) (*planner.Problem, error) {
+	src, err := graphio.Load(plan.Model)
+	if err != nil {
+		return nil, err
+	}
+	if src.Kind == graphio.KindModel {
+		if plan.Setup == nil {
+			return nil, fmt.Errorf("the plan records no setup")
+		}
+		src.Model.Training = *plan.Setup
+	}
+	return planner.New(src)
 }

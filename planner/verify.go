@@ -1,0 +1,141 @@
+package planner
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// A plan read from a file is a claim: that this schedule of this model's
+// stages, under this setup, peaks at so many bytes within the budget and
+// costs so much. Check tests the claims a plan makes about itself; Verify
+// tests them against the model, planning the plan's schedule again on the
+// problem rebuilt from the model and the plan's setup. A plan that fails
+// either is refused with what differs, so that no export writes figures
+// nobody computed.
+
+// Check reports the first figure of plan that contradicts another or is
+// out of range: a budget that is not positive, negative bytes or costs,
+// static memory above the peak, a feasible plan whose peak and reserve
+// pass its budget, an infeasible one, a setup that does not validate.
+func (plan *Plan) Check() error {
+	for _, f := range []struct {
+		name string
+		v    mem.Bytes
+	}{{"reserve_bytes", plan.ReserveBytes}, {"static_bytes", plan.StaticBytes}, {"peak_bytes", plan.PeakBytes},
+		{"activation_peak_bytes", plan.ActivationPeakBytes}, {"step_peak_bytes", plan.StepPeakBytes}, {"min_budget_bytes", plan.MinBudgetBytes}} {
+		if f.v < 0 {
+			return fmt.Errorf("%s is negative (%d)", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"cost", plan.Cost}, {"baseline_cost", plan.BaselineCost}, {"overhead", plan.Overhead}} {
+		if f.v < 0 || math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%s is %v: a cost is finite and not negative", f.name, f.v)
+		}
+	}
+	switch {
+	case plan.BudgetBytes <= 0:
+		return fmt.Errorf("budget_bytes is %d: a budget is positive", plan.BudgetBytes)
+	case !plan.Feasible:
+		return fmt.Errorf("the plan does not fit its budget of %v (feasible is false)", plan.BudgetBytes)
+	case plan.PeakBytes+plan.ReserveBytes > plan.BudgetBytes:
+		return fmt.Errorf("the plan says it fits, but its peak %v and reserve %v pass its budget %v", plan.PeakBytes, plan.ReserveBytes, plan.BudgetBytes)
+	case plan.StaticBytes > plan.PeakBytes:
+		return fmt.Errorf("static_bytes %v is above peak_bytes %v", plan.StaticBytes, plan.PeakBytes)
+	}
+	if plan.Runtime != "" {
+		if err := checkRuntime(plan.Runtime); err != nil {
+			return err
+		}
+	}
+	if s := plan.Setup; s != nil {
+		c := *s
+		if err := c.Validate("setup"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ErrPlanMismatch is wrapped by Verify's errors for a plan whose figures
+// are not its model's.
+var ErrPlanMismatch = errors.New("the plan does not match its model")
+
+// Verify plans plan's schedule again on p, the problem of the model the
+// plan names under the plan's setup, and reports the first figure that
+// differs: the setup, the stages, a keep set, the static memory, the
+// peak, the cost or the baseline. It checks plan itself first (Check).
+func (p *Problem) Verify(plan *Plan) error {
+	if err := plan.Check(); err != nil {
+		return err
+	}
+	if err := p.sameSetup(plan); err != nil {
+		return err
+	}
+	if len(plan.Stages) != len(p.names) {
+		return fmt.Errorf("%w %s: it has %d stages, the model %d", ErrPlanMismatch, p.Name, len(plan.Stages), len(p.names))
+	}
+	for i, st := range plan.Stages {
+		if st.Name != p.names[i] {
+			return fmt.Errorf("%w %s: its stage %d is %q, the model's %q", ErrPlanMismatch, p.Name, i, st.Name, p.names[i])
+		}
+		if st.Decision == DecisionSelective && p.Stages != nil {
+			if _, ok := p.resolveKeepSet(plan, i, st.Option); !ok {
+				return fmt.Errorf("%w %s: %s keeps %q, which is none of the model's keep sets of that stage", ErrPlanMismatch, p.Name, st.Name, st.Option)
+			}
+		}
+	}
+	sched, err := p.Schedule(plan)
+	if err != nil {
+		return fmt.Errorf("%w %s: %v", ErrPlanMismatch, p.Name, err)
+	}
+	again, err := p.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	if err != nil {
+		return fmt.Errorf("%w %s: its schedule: %v", ErrPlanMismatch, p.Name, err)
+	}
+	if !again.Feasible {
+		return fmt.Errorf("%w %s: its schedule needs %v, more than its budget %v", ErrPlanMismatch, p.Name, again.MinBudgetBytes, plan.BudgetBytes)
+	}
+	for _, f := range []struct {
+		name       string
+		got, model mem.Bytes
+	}{{"static_bytes", plan.StaticBytes, again.StaticBytes}, {"peak_bytes", plan.PeakBytes, again.PeakBytes},
+		{"activation_peak_bytes", plan.ActivationPeakBytes, again.ActivationPeakBytes}, {"step_peak_bytes", plan.StepPeakBytes, again.StepPeakBytes}} {
+		if f.got != f.model {
+			return fmt.Errorf("%w %s: %s is %d, the model's is %d", ErrPlanMismatch, p.Name, f.name, f.got, f.model)
+		}
+	}
+	for _, f := range []struct {
+		name       string
+		got, model float64
+	}{{"cost", plan.Cost, again.Cost}, {"baseline_cost", plan.BaselineCost, again.BaselineCost}} {
+		if math.Abs(f.got-f.model) > 1e-9*max(math.Abs(f.model), 1) {
+			return fmt.Errorf("%w %s: %s is %v, the model's is %v", ErrPlanMismatch, p.Name, f.name, f.got, f.model)
+		}
+	}
+	return nil
+}
+
+// sameSetup reports a plan whose setup is not the problem's, as their
+// JSON says it.
+func (p *Problem) sameSetup(plan *Plan) error {
+	if plan.Setup == nil || p.Costs == nil || p.Costs.Graph.Setup.Batch == 0 {
+		return nil
+	}
+	got, err1 := json.Marshal(plan.Setup)
+	want, err2 := json.Marshal(p.Costs.Graph.Setup)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("%w %s: its setup is %s, the model's %s", ErrPlanMismatch, p.Name, got, want)
+	}
+	return nil
+}
