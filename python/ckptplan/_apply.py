@@ -40,7 +40,7 @@ from typing import Iterator, Optional
 import torch.nn as nn
 
 from . import versions
-from ._binary import CkptplanUsageError
+from ._binary import CkptplanError, CkptplanUsageError
 from ._runtime import LayerPlan, LayerRun, Planned, check_modes, set_forward
 from ._sac import sac_available  # noqa: F401 (ckptplan.sac_available)
 from .layers import decoder_layers
@@ -72,6 +72,12 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     layers = decoder_layers(model) if layers is None else layers
     if not plan.feasible:
         raise ValueError(f"the plan does not fit its budget of {plan.budget_bytes} bytes: nothing to apply")
+    need = plan.runtime_peak_bytes + plan.reserve_bytes
+    if plan.runtime_peak_bytes and need > plan.budget_bytes:
+        raise CkptplanError(
+            f"ckptplan.apply: run layer by layer, as apply runs it, the plan peaks at {plan.runtime_peak_bytes} "
+            f"bytes, past its budget of {plan.budget_bytes} (a plan for a nested runtime): plan again with "
+            f"ckptplan.plan, or with a budget of at least {need}", 1, kind="infeasible", min_budget_bytes=need)
     if len(layers) != len(plan.layers):
         raise ValueError(
             f"the plan has {len(plan.layers)} layers but the model has {len(layers)}: "

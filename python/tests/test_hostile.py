@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import ckptplan  # noqa: E402
 from ckptplan import _binary  # noqa: E402
+from ckptplan.plan import SCHEMA  # noqa: E402
 
 
 def tiny() -> "torch.nn.Module":
@@ -126,3 +127,20 @@ def test_every_public_name_resolves():
     need torch are imported on first use, all of a module's at once."""
     for name in [*ckptplan.__all__, "sac_available", "Measurement", "LayerMeasurement"]:
         assert getattr(ckptplan, name) is not None, name
+
+
+def test_apply_refuses_a_plan_that_runs_past_its_budget_layer_by_layer(ckptplan_binary):
+    """A plan whose layer-by-layer peak passes its budget (one made for a
+    runtime that nests recomputation) is refused with the budget it
+    needs; the plan itself applies once the figure fits."""
+    model = tiny()
+    plan = ckptplan.Plan.every_layer(model, "checkpoint")
+    raw = dict(schema=SCHEMA, model="m", solver="optimal", feasible=True, budget_bytes=1000, reserve_bytes=0,
+               peak_bytes=900, overhead=0.1, recompute_flops=1, runtime="nested", runtime_peak_bytes=1200,
+               layers=[{"name": l.name, "mode": l.mode, "kept_bytes": 0} for l in plan.layers])
+    with pytest.raises(ckptplan.CkptplanError) as info:
+        ckptplan.apply(model, ckptplan.Plan.from_json(raw))
+    assert info.value.kind == "infeasible" and info.value.min_budget_bytes == 1200
+    assert "peaks at 1200 bytes, past its budget of 1000" in str(info.value)
+    raw["runtime_peak_bytes"] = 900
+    assert ckptplan.apply(model, ckptplan.Plan.from_json(raw))["checkpoint"] == 2
