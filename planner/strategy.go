@@ -28,7 +28,7 @@ var (
 	StoreAll = Strategy{"none", "store every tape: no recomputation, the most memory",
 		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.StoreAll(p.Chain) })}
 	EveryK = Strategy{"every-k", "checkpoint groups of k layers from each group's input (k = 1: Hugging Face's gradient checkpointing; Megatron-LM's uniform method)",
-		fixed(func(p *Problem, o *Options) solver.Schedule { return everyK(p, o.K) })}
+		fixed(func(p *Problem, o *Options) solver.Schedule { return everyK(p, o.K, o.Runtime) })}
 	Sqrt = Strategy{"sqrt", "Chen et al.'s √N segments",
 		fixed(func(p *Problem, _ *Options) solver.Schedule { return solver.Sqrt(p.Chain) })}
 	ChenGreedy = Strategy{"chen-greedy", "Chen et al.'s greedy segments, the cheapest threshold that fits", solveChenGreedy}
@@ -72,13 +72,22 @@ func ParseStrategy(name string) (Strategy, error) {
 // Megatron-LM's uniform method does (and Hugging Face's per-layer
 // checkpointing, k = 1): a group starts at every k-th layer, counted from
 // the first, and a stage that is not a layer (the embedding, the head) is
-// a group of its own. Stages not named as layers (a graph cut at its
-// dominators, a profiled chain) are grouped k at a time from the first.
-func everyK(p *Problem, k int) solver.Schedule {
+// a group of its own. For a per-layer runtime, k = 1 is what it runs:
+// every layer checkpointed, the other stages stored. Stages not named as
+// layers (a graph cut at its dominators, a profiled chain) are grouped k
+// at a time from the first.
+func everyK(p *Problem, k int, rt Runtime) solver.Schedule {
 	k = max(k, 1)
 	names := p.names
 	if !slices.ContainsFunc(names, isLayer) {
 		return solver.EveryK(p.Chain, k)
+	}
+	if k == 1 && rt != Nested {
+		checkpointed := make([]bool, len(names))
+		for i, name := range names {
+			checkpointed[i] = isLayer(name)
+		}
+		return solver.PerStage(checkpointed, nil)
 	}
 	var starts []int
 	j := 0 // layers since the last group started

@@ -13,7 +13,8 @@ import (
 
 // TestEveryKGroupsLayers checks that every-k groups decoder layers k at a
 // time from the first, as Megatron-LM's uniform method does, with the
-// embedding and the head groups of their own: tiny-llama's stages are
+// embedding and the head groups of their own, but for k = 1 under a
+// per-layer runtime, which runs them plainly: tiny-llama's stages are
 // embed, layers.0–3 and head.
 func TestEveryKGroupsLayers(t *testing.T) {
 	src, err := graphio.Load("tiny-llama")
@@ -26,22 +27,24 @@ func TestEveryKGroupsLayers(t *testing.T) {
 	}
 	for _, tt := range []struct {
 		k    int
+		rt   Runtime
 		want []int // the stages checkpointed at their input
 	}{
-		{1, []int{0, 1, 2, 3, 4}},
-		{2, []int{0, 1, 3}},
-		{3, []int{0, 1, 4}},
-		{4, []int{0, 1}},
-		{9, []int{0, 1}},
+		{1, Nested, []int{0, 1, 2, 3, 4}},
+		{1, PerLayer, []int{1, 2, 3, 4}}, // the embedding and head run plainly
+		{2, PerLayer, []int{0, 1, 3}},
+		{3, Nested, []int{0, 1, 4}},
+		{4, Nested, []int{0, 1}},
+		{9, Nested, []int{0, 1}},
 	} {
 		var got []int
-		for _, op := range everyK(p, tt.k) {
+		for _, op := range everyK(p, tt.k, tt.rt) {
 			if op.Kind == solver.FCk {
 				got = append(got, op.Stage)
 			}
 		}
 		if !slices.Equal(got, tt.want) {
-			t.Errorf("k = %d: checkpoints at stages %v, want %v", tt.k, got, tt.want)
+			t.Errorf("k = %d, %s: checkpoints at stages %v, want %v", tt.k, tt.rt, got, tt.want)
 		}
 	}
 }
