@@ -252,9 +252,13 @@ func (e *Export) LayerByLayer(rt *planner.Plan) error {
 		if e.ReserveBytes > 0 {
 			reserve = fmt.Sprintf(" less its %v reserve", e.ReserveBytes)
 		}
+		why := "its schedule reruns layers from an earlier checkpoint, which they cannot; plan with --solver selective or optimal, which plan layer by layer"
+		if e.Runtime == planner.Nested {
+			why = "it was planned for a runtime that reruns layers from an earlier checkpoint, which they cannot; plan without --runtime nested"
+		}
 		return &planner.RuntimeOverBudget{MinBudget: rt.PeakBytes + e.ReserveBytes, Msg: fmt.Sprintf(
-			"%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: it reruns layers from an earlier checkpoint, which they cannot; plan with --solver selective or optimal (per-layer), or export with a budget of at least %v",
-			comment(e.Model), e.Solver, rt.PeakBytes, rt.PeakBytes, e.BudgetBytes, reserve, rt.PeakBytes+e.ReserveBytes)}
+			"%s: run layer by layer, as trainers and ckptplan.apply run it, the %s plan peaks at %v (%d bytes), more than the %v budget%s: %s, or export with a budget of at least %v",
+			comment(e.Model), e.Solver, rt.PeakBytes, rt.PeakBytes, e.BudgetBytes, reserve, why, rt.PeakBytes+e.ReserveBytes)}
 	}
 	e.runtimeNote = fmt.Sprintf("run layer by layer, as trainers run it, the plan peaks at %v, above its own %v", rt.PeakBytes, e.PeakBytes)
 	e.Notes = append(e.Notes, e.runtimeNote)

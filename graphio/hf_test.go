@@ -396,6 +396,7 @@ func TestCheckJSONKeys(t *testing.T) {
 		{"{\"feasible\": false,\n \"feasible\": true}", `p.json:2:2: duplicate key "feasible"`},
 		{`{"s": [{"k": 1, "k": 2}]}`, `p.json:1:17: duplicate key "k"`},
 		{`{"o": {"x": {}, "y": [], "x": 1}}`, `p.json:1:26: duplicate key "x"`},
+		{`{"budget_bytes": 5, "Budget_Bytes": 4}`, `p.json:1:21: duplicate key "Budget_Bytes"`},
 	} {
 		err := CheckJSONKeys("p.json", []byte(tt.doc))
 		if got := fmt.Sprint(err); tt.want == "" && err != nil || tt.want != "" && got != tt.want {

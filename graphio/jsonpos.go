@@ -191,16 +191,16 @@ func (p *textPos) at(off int) (line, col int) {
 }
 
 // CheckJSONKeys reports the first key that an object of the JSON document
-// data gives twice, at its line and column, as a *PosError: encoding/json
-// keeps the last of them silently, and a document whose fields say two
+// data gives twice (in any case), at its line and column, as a
+// *PosError: encoding/json keeps the last of them silently, and a document whose fields say two
 // things ("feasible": false, "feasible": true) is not to be read as
-// either. data must be valid JSON (json.Valid). O(len(data)).
+// either. data must be valid JSON (json.Valid). O(len(data) · keys an object).
 func CheckJSONKeys(file string, data []byte) error {
 	t := &jsonTokens{dec: json.NewDecoder(bytes.NewReader(data)), pos: textPos{data: data, line: 1, col: 1}}
 	t.dec.UseNumber()
 	type frame struct {
 		object bool
-		keys   map[string]bool
+		keys   []string
 		key    bool // an object's next token is a key
 	}
 	var stack []frame
@@ -215,10 +215,14 @@ func CheckJSONKeys(file string, data []byte) error {
 		if len(stack) > 0 {
 			top := &stack[len(stack)-1]
 			if top.object && top.key && delim == 0 {
-				if top.keys[n.Value] {
-					return &PosError{File: file, Line: n.Line, Col: n.Column, Msg: fmt.Sprintf("duplicate key %q", n.Value)}
+				// encoding/json matches a field's name without regard
+				// to case: two spellings are the same key to it.
+				for _, k := range top.keys {
+					if strings.EqualFold(k, n.Value) {
+						return &PosError{File: file, Line: n.Line, Col: n.Column, Msg: fmt.Sprintf("duplicate key %q", n.Value)}
+					}
 				}
-				top.keys[n.Value] = true
+				top.keys = append(top.keys, n.Value)
 				top.key = false
 				continue
 			}
@@ -226,7 +230,7 @@ func CheckJSONKeys(file string, data []byte) error {
 		}
 		switch delim {
 		case '{':
-			stack = append(stack, frame{object: true, keys: map[string]bool{}, key: true})
+			stack = append(stack, frame{object: true, key: true})
 		case '[':
 			stack = append(stack, frame{})
 		case '}', ']':

@@ -154,9 +154,6 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 	if pp.Layers == nil && layers < chunks {
 		return pp, fmt.Errorf("%d decoder layers cannot fill %d pipeline chunks (%d stages × %d virtual)", layers, chunks, pp.Stages, pp.Virtual)
 	}
-	if pp.Microbatches > MaxMicrobatches {
-		return pp, fmt.Errorf("%d microbatches a step: ckptplan plans at most %d", pp.Microbatches, MaxMicrobatches)
-	}
 	if pp.Layers == nil {
 		pp.Layers = make([]int, chunks)
 		for c := range pp.Layers {
@@ -165,7 +162,7 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 				pp.Layers[c]++
 			}
 		}
-		return pp, nil
+		return pp, pp.checkMicrobatches()
 	}
 	if len(pp.Layers) != chunks {
 		return pp, fmt.Errorf("%d layer counts given for %d pipeline chunks (%d stages × %d virtual)", len(pp.Layers), chunks, pp.Stages, pp.Virtual)
@@ -183,7 +180,16 @@ func (pp Pipeline) withDefaults(layers int) (Pipeline, error) {
 	if sum != layers {
 		return pp, fmt.Errorf("the layer counts add up to %d, but the model has %d decoder layers", sum, layers)
 	}
-	return pp, nil
+	return pp, pp.checkMicrobatches()
+}
+
+// checkMicrobatches refuses more microbatches than MaxMicrobatches, once
+// the stages and chunks are known to fit the model.
+func (pp Pipeline) checkMicrobatches() error {
+	if pp.Microbatches > MaxMicrobatches {
+		return fmt.Errorf("%d microbatches a step: ckptplan plans at most %d", pp.Microbatches, MaxMicrobatches)
+	}
+	return nil
 }
 
 // PipeOp is one forward or backward of a device's model chunk for one

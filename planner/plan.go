@@ -522,7 +522,7 @@ func (p *Problem) LayerRuntime(plan *Plan) (*Plan, error) {
 	ck := make([]bool, len(plan.Stages))
 	opts := make([]int, len(plan.Stages))
 	for i, st := range plan.Stages {
-		if !strings.HasPrefix(st.Name, "layers.") {
+		if !isLayer(st.Name) {
 			continue
 		}
 		switch st.Decision {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -45,7 +47,7 @@ func (plan *Plan) Check() error {
 		return fmt.Errorf("budget_bytes is %d: a budget is positive", plan.BudgetBytes)
 	case !plan.Feasible:
 		return fmt.Errorf("the plan does not fit its budget of %v (feasible is false)", plan.BudgetBytes)
-	case plan.PeakBytes+plan.ReserveBytes > plan.BudgetBytes:
+	case plan.ReserveBytes > plan.BudgetBytes || plan.PeakBytes > plan.BudgetBytes-plan.ReserveBytes:
 		return fmt.Errorf("the plan says it fits, but its peak %v and reserve %v pass its budget %v", plan.PeakBytes, plan.ReserveBytes, plan.BudgetBytes)
 	case plan.StaticBytes > plan.PeakBytes:
 		return fmt.Errorf("static_bytes %v is above peak_bytes %v", plan.StaticBytes, plan.PeakBytes)
@@ -103,6 +105,9 @@ func (p *Problem) Verify(plan *Plan) error {
 	if !again.Feasible {
 		return fmt.Errorf("%w %s: its schedule needs %v, more than its budget %v", ErrPlanMismatch, p.Name, again.MinBudgetBytes, plan.BudgetBytes)
 	}
+	if err := sameStages(plan, again); err != nil {
+		return fmt.Errorf("%w %s: %v", ErrPlanMismatch, p.Name, err)
+	}
 	for _, f := range []struct {
 		name       string
 		got, model mem.Bytes
@@ -138,4 +143,55 @@ func (p *Problem) sameSetup(plan *Plan) error {
 		return fmt.Errorf("%w %s: its setup is %s, the model's %s", ErrPlanMismatch, p.Name, got, want)
 	}
 	return nil
+}
+
+// sameStages reports the first field of a stage of plan (its decision,
+// keep set, sizes, costs) that is not the one the model's replay of the
+// same schedule, again, records: what an export reads of each stage.
+func sameStages(plan, again *Plan) error {
+	for i := range plan.Stages {
+		var got, want map[string]any
+		if err := roundTrip(plan.Stages[i], &got); err != nil {
+			return err
+		}
+		if err := roundTrip(again.Stages[i], &want); err != nil {
+			return err
+		}
+		keys := make([]string, 0, len(got)+len(want))
+		for k := range got {
+			keys = append(keys, k)
+		}
+		for k := range want {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range slices.Compact(keys) {
+			if !reflect.DeepEqual(got[k], want[k]) {
+				g, _ := json.Marshal(got[k])
+				w, _ := json.Marshal(want[k])
+				return fmt.Errorf("its stage %s has %s %s, the model's %s", plan.Stages[i].Name, k, clip(g), clip(w))
+			}
+		}
+	}
+	return nil
+}
+
+// roundTrip decodes v's JSON into dst.
+func roundTrip(v any, dst any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, dst)
+}
+
+// clip shortens a JSON value for a message.
+func clip(b []byte) string {
+	if len(b) > 80 {
+		return string(b[:77]) + "..."
+	}
+	if len(b) == 0 {
+		return "none"
+	}
+	return string(b)
 }

@@ -19,7 +19,10 @@ package solver
 //
 // each under the memory conditions of the table (leafNeed, chainNeed,
 // checkpointNeed, spanNeed), on the same grid of slots, so that a
-// schedule found fits when replayed, as the table's do. A checkpointed
+// schedule found fits when replayed, as the table's do. Like the table,
+// it counts an output no op saves (Chain.UnsavedActs) as held with the
+// tape after it, so that on such chains a per-layer schedule it passes
+// over may cost a little less; what it finds still fits. A checkpointed
 // stage's rerun keeps its whole tape (option 0), as torch.utils.checkpoint
 // does; a pinned stage has only the chain choice, under that tape. One pass
 // gives C(0, m) for every budget: O(L·slots·V) time and (L+1)·(slots+1)
@@ -70,8 +73,10 @@ func NewLayerTable(c *Chain, maxBudget mem.Bytes, slots int, pinned []bool) (*La
 		slots = DefaultSlots
 	}
 	slots = int(min(mem.Bytes(slots), maxBudget))
-	if need := mem.Bytes(c.Len()+1) * mem.Bytes(slots+1) * 12; need > MaxTableBytes {
-		return nil, fmt.Errorf("the per-layer table of %d stages at %d slots would take %v, more than the %v ckptplan allows: use fewer slots", c.Len(), slots, need, MaxTableBytes)
+	// 12 bytes an entry (a cost and a choice), compared by division: the
+	// product of a huge slot count would wrap.
+	if mem.Bytes(slots) >= MaxTableBytes/(12*mem.Bytes(c.Len()+1)) {
+		return nil, fmt.Errorf("the per-layer table of %d stages at %d slots would take more than the %v ckptplan allows: use fewer slots", c.Len(), slots, MaxTableBytes)
 	}
 	t := &Table{c: c, l: c.Len(), slots: slots, maxBud: maxBudget}
 	t.unit = (maxBudget + mem.Bytes(slots) - 1) / mem.Bytes(slots)

@@ -157,7 +157,7 @@ func newTable(c *Chain, maxBudget mem.Bytes, slots int, upTo mem.Bytes) (*Table,
 	t.blocks = t.lastCol/blockCols + 1
 	// The layout's own index, two words a block of each first stage,
 	// comes before the table it measures.
-	if index := mem.Bytes(t.blocks) * mem.Bytes(t.l+1) * 12; index > MaxTableBytes {
+	if mem.Bytes(t.blocks) > MaxTableBytes/(12*mem.Bytes(t.l+1)) {
 		return nil, fmt.Errorf("the optimal table of %d stages at %d slots would take more than the %v ckptplan allows: use fewer slots", c.Len(), slots, MaxTableBytes)
 	}
 	t.bounds()

@@ -12,6 +12,7 @@ import (
 	"github.com/ckptplan/ckptplan/export"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/models"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -60,7 +61,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		}
 		return writeFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	}
-	plan, p, opt, err := exportPlan(fs, pf, arg, to.value, stderr)
+	plan, p, opt, unverified, err := exportPlan(fs, pf, arg, to.value, stderr)
 	if err != nil {
 		return err
 	}
@@ -84,6 +85,9 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	}
 	write := func(w io.Writer) error {
 		notes, err := t.Write(w, e, setting, "ckptplan export "+strings.Join(args, " "))
+		if err == nil && unverified != "" {
+			notes = append(notes, unverified)
+		}
 		for _, n := range notes {
 			fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 		}
@@ -127,22 +131,28 @@ func checkSharder(p ir.Parallel, profile ir.Profile, target string) error {
 // returns the problem too when it planned one. Under ZeRO, the plan is
 // for the engine the target configures: a model's unset sharding is
 // that engine, and another is refused.
-func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (*planner.Plan, *planner.Problem, *planner.Options, error) {
+func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (plan *planner.Plan, p *planner.Problem, opt *planner.Options, unverified string, err error) {
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, "", err
 		}
 		var probe map[string]json.RawMessage
 		if err := json.Unmarshal(data, &probe); err != nil {
 			_, err := graphio.Parse(arg, data) // names the line and column
-			return nil, nil, nil, err
+			return nil, nil, nil, "", err
 		}
 		if probe["schedule"] != nil && probe["schema"] != nil {
-			plan, p, err := readPlanFile(fs, arg, data, target)
-			return plan, p, nil, err
+			plan, p, unverified, err := readPlanFile(fs, arg, data, target)
+			return plan, p, nil, unverified, err
 		}
 	}
+	plan, p, opt, err = planModelFlags(fs, pf, arg, target, stderr)
+	return plan, p, opt, "", err
+}
+
+// planModelFlags plans MODEL with the flags for the target.
+func planModelFlags(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (*planner.Plan, *planner.Problem, *planner.Options, error) {
 	src, opt, err := pf.load(fs, arg)
 	if err != nil {
 		return nil, nil, nil, err
@@ -175,13 +185,14 @@ func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.W
 
 // readPlanFile reads a saved plan and verifies it: the flags that would
 // change it are refused (they are the plan's), its fields must not
-// repeat or contradict one another (planner.Plan.Check), and where its
-// model loads here (a bundled model, a model or config file by its
-// path), its schedule is planned again on the model under the plan's
-// setup and every figure must be the model's (planner.Problem.Verify);
-// the problem is returned then. Under ZeRO, the plan must be for the
-// engine the target configures.
-func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (*planner.Plan, *planner.Problem, error) {
+// repeat or contradict one another (planner.Plan.Check), and for a
+// bundled model, its schedule is planned again on the model under the
+// plan's setup and every figure must be the model's
+// (planner.Problem.Verify); the problem is returned then. A plan of a
+// model file, which may have changed or moved since, is checked against
+// itself only, which unverified says, for a note. Under ZeRO, the plan
+// must be for the engine the target configures.
+func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (plan *planner.Plan, p *planner.Problem, unverified string, err error) {
 	var given []string
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name != "to" && f.Name != "o" {
@@ -189,47 +200,44 @@ func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (*pl
 		}
 	})
 	if len(given) > 0 {
-		return nil, nil, usagef("export %s: %s set what a saved plan already says: export from the model with them, or give only --to and -o", arg, strings.Join(given, ", "))
+		return nil, nil, "", usagef("export %s: %s set what a saved plan already says: export from the model with them, or give only --to and -o", arg, strings.Join(given, ", "))
 	}
 	if err := graphio.CheckJSONKeys(arg, data); err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	plan, err := planner.ReadPlan(bytes.NewReader(data))
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", arg, err)
+	if plan, err = planner.ReadPlan(bytes.NewReader(data)); err != nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
 	}
 	if err := plan.Check(); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", arg, err)
+		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
 	}
 	if s := plan.Setup; s != nil {
 		if err := checkSharder(s.Parallel, s.Profile, target); err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 	}
-	p, err := planModel(plan)
+	if _, ok := models.Read(plan.Model); !ok {
+		return plan, nil, fmt.Sprintf("%s: its model %q is not a bundled one, so its figures were checked against one another, not against the model", arg, plan.Model), nil
+	}
+	if p, err = planModel(plan); err == nil {
+		err = p.Verify(plan)
+	}
 	if err != nil {
-		// A model ckptplan cannot load (a trace, a file elsewhere): the
-		// figures are checked against one another only.
-		return plan, nil, nil
+		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
 	}
-	if err := p.Verify(plan); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", arg, err)
-	}
-	return plan, p, nil
+	return plan, p, "", nil
 }
 
-// planModel rebuilds the problem a plan was made from: its model, under
-// the setup it records.
+// planModel rebuilds the problem of a plan of a bundled model, under the
+// setup the plan records.
 func planModel(plan *planner.Plan) (*planner.Problem, error) {
 	src, err := graphio.Load(plan.Model)
 	if err != nil {
 		return nil, err
 	}
-	if src.Kind == graphio.KindModel {
-		if plan.Setup == nil {
-			return nil, fmt.Errorf("the plan records no setup")
-		}
-		src.Model.Training = *plan.Setup
+	if plan.Setup == nil {
+		return nil, fmt.Errorf("the plan of %s records no setup", plan.Model)
 	}
+	src.Model.Training = *plan.Setup
 	return planner.New(src)
 }

@@ -38,6 +38,7 @@ ENV = "CKPTPLAN_BINARY"
 #: binary may take (default 600: a plan takes seconds).
 TIMEOUT_ENV = "CKPTPLAN_TIMEOUT"
 _TIMEOUT = 600.0
+_MAX_TIMEOUT = 1e6  # about 11 days; the OS's timers take no more than about 24 days
 # Set for the binary, which then follows an error with a JSON report of it.
 _ERRORS = "CKPTPLAN_ERRORS"
 
@@ -182,8 +183,8 @@ def timeout() -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise CkptplanUsageError(f"{TIMEOUT_ENV}={text!r}: want a positive number of seconds")
+    if not 0 < value <= _MAX_TIMEOUT:
+        raise CkptplanUsageError(f"{TIMEOUT_ENV}={text!r}: want a positive number of seconds, at most {_MAX_TIMEOUT:g}")
     return value
 
 
