@@ -189,7 +189,7 @@ func ParseHFConfig(file string, data []byte) (*Model, error) {
 	}
 	family, ok := hfModelTypes[*c.ModelType]
 	if !ok {
-		return nil, needsTrace(r.d.errField("model_type", "no builder for model_type %q (ckptplan builds %s); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ckptplan' then 'ckptplan trace %s -o model.yaml' and 'ckptplan plan model.yaml' (docs/formats.md)", *c.ModelType, supported, file))
+		return nil, needsTrace(r.d.errField("model_type", "no builder for model_type %q (ckptplan builds %s); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ./python' from a clone of ckptplan (or its wheel) then 'ckptplan trace %s -o model.yaml' and 'ckptplan plan model.yaml' (docs/formats.md)", *c.ModelType, supported, file))
 	}
 	m := &Model{Name: hfName(file, c.NameOrPath), Family: family, Training: ir.DefaultSetup()}
 	// What transformers does by default on PyTorch 2: sdpa attention and

@@ -248,7 +248,7 @@ func TestParseHFConfigErrors(t *testing.T) {
 		{"garbage after", `{"model_type": "gpt2"} x`, "x.json:1:24: invalid character 'x' after top-level value"},
 		{"unterminated string", "{\"model_type\": \"gpt", "x.json:1:20: unexpected end of JSON input"},
 		{"columns count runes", `{"é": 1, "model_type": 7}`, `x.json:1:24: no builder for model_type "7"`},
-		{"how to trace", `{"model_type": "olmo"}`, `x.json:1:16: no builder for model_type "olmo" (ckptplan builds gemma, gemma2, gpt2, granite, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, starcoder2); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ckptplan' then 'ckptplan trace x.json -o model.yaml'`},
+		{"how to trace", `{"model_type": "olmo"}`, `x.json:1:16: no builder for model_type "olmo" (ckptplan builds gemma, gemma2, gpt2, granite, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, starcoder2); trace it with the Python package, which builds the model on no memory and writes a graph to plan: 'pip install ./python' from a clone of ckptplan (or its wheel) then 'ckptplan trace x.json -o model.yaml'`},
 		{"duplicate key", "{\"model_type\": \"gpt2\",\n \"model_type\": \"gpt2\"}", `x.json:2:2: duplicate key "model_type"`},
 		{"negative rope_theta", `{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100, "rope_theta": -1}`,
 			"x.json:1:153: rope_theta: must be positive, got -1"},

@@ -77,7 +77,7 @@ func commands() []command {
 // which only the Python package has.
 func runTrace(stdout, stderr io.Writer, args []string) error {
 	return fmt.Errorf("trace runs in the Python package, which builds the model with transformers: " +
-		"'pip install ckptplan', then 'ckptplan trace CONFIG -o graph.yaml' (or 'python -m ckptplan trace ...'), then 'ckptplan plan graph.yaml'")
+		"'pip install ./python' from a clone of ckptplan (or its wheel), then 'ckptplan trace CONFIG -o graph.yaml' (or 'python -m ckptplan trace ...'), then 'ckptplan plan graph.yaml'")
 }
 
 func usage(w io.Writer) {

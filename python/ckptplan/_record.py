@@ -17,11 +17,16 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ._binary import CkptplanError
 from .layers import decoder_layers, unwrap
 
 
-class TraceError(ValueError):
-    """The model or config cannot be traced; the message says why."""
+class TraceError(CkptplanError, ValueError):
+    """The model or config cannot be traced; the message says why
+    (``code`` 1, ``kind`` "input"; a ValueError too)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 1, kind="input")
 
 
 @dataclass

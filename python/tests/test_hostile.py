@@ -144,3 +144,15 @@ def test_apply_refuses_a_plan_that_runs_past_its_budget_layer_by_layer(ckptplan_
     assert "peaks at 1200 bytes, past its budget of 1000" in str(info.value)
     raw["runtime_peak_bytes"] = 900
     assert ckptplan.apply(model, ckptplan.Plan.from_json(raw))["checkpoint"] == 2
+
+
+def test_a_trace_error_is_a_ckptplan_error(tmp_path):
+    """What trace refuses is a CkptplanError (kind input) and a ValueError."""
+    for config, says in ((tmp_path / "missing.json", "no such file"), ("{", None)):
+        if says is None:
+            config = tmp_path / "bad.json"
+            config.write_text("{")
+            says = "bad.json:1:2"
+        with pytest.raises(ckptplan.CkptplanError) as info:
+            ckptplan.trace(str(config), batch=2, seq=16)
+        assert isinstance(info.value, ValueError) and info.value.kind == "input" and says in str(info.value)
