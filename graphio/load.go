@@ -1,6 +1,8 @@
 package graphio
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +38,11 @@ type Source struct {
 	Model *Model
 	Graph *GraphSpec
 	Chain *Chain
+	// Bundled: Name is a bundled model's. SHA256 is the hex SHA-256 of
+	// the bytes the source was read from (Load), which a plan records to
+	// find its model again.
+	Bundled bool
+	SHA256  string
 }
 
 // maxFileSize bounds the inputs read; no real description comes near it.
@@ -50,7 +57,7 @@ func Load(arg string) (*Source, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Source{Name: arg, Kind: KindModel, Model: m}, nil
+		return &Source{Name: arg, Kind: KindModel, Model: m, Bundled: true, SHA256: digest(data)}, nil
 	}
 	data, err := ReadInput(arg)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -62,7 +69,18 @@ func Load(arg string) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Parse(arg, data)
+	src, err := Parse(arg, data)
+	if err != nil {
+		return nil, err
+	}
+	src.SHA256 = digest(data)
+	return src, nil
+}
+
+// digest is the hex SHA-256 of data.
+func digest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // ReadInput reads at most maxFileSize bytes of a file, whatever size it

@@ -114,6 +114,11 @@ type Plan struct {
 	// Runtime is what the plan was made for (Options.Runtime); empty in
 	// plans made before it was recorded.
 	Runtime Runtime `json:"runtime,omitempty" yaml:"runtime,omitempty"`
+	// SourceFile and SourceSHA256 are the file the model was read from
+	// (none for a bundled model) and the SHA-256 of its bytes
+	// (Problem.SourceFile).
+	SourceFile   string `json:"source_file,omitempty" yaml:"source_file,omitempty"`
+	SourceSHA256 string `json:"source_sha256,omitempty" yaml:"source_sha256,omitempty"`
 	// Setup is the training setup a model's plan assumes: batch,
 	// sequence, dtype, attention, profile.
 	Setup       *ir.Setup `json:"setup,omitempty" yaml:"setup,omitempty"`
@@ -386,7 +391,7 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 }
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
-	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit,
+	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit, SourceFile: p.SourceFile, SourceSHA256: p.SourceSHA256,
 		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup

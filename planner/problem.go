@@ -14,9 +14,14 @@ import (
 
 // Problem is a model, graph or chain reduced to a solver chain.
 type Problem struct {
-	Name   string
-	Unit   string    // of the costs: FLOPs for models and graphs
-	Static mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
+	Name string
+	// SourceFile is the file the problem was read from (empty for a
+	// bundled model), and SourceSHA256 the SHA-256 of what was read, as
+	// Load gives them: a plan records both, so that a saved plan finds
+	// its model again (Verify).
+	SourceFile, SourceSHA256 string
+	Unit                     string    // of the costs: FLOPs for models and graphs
+	Static                   mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
 	// StepPeak is what the optimizer step holds: Static less what the
 	// backward's end frees (costmodel.Static.StepFreedBytes), the
 	// parameter gradients and δ_0 the backward ends with, and the step's
@@ -73,6 +78,10 @@ func New(src *graphio.Source) (*Problem, error) {
 	}
 	if err := p.Chain.Validate(); err != nil {
 		return nil, graphio.InFile(src.Name, err)
+	}
+	p.SourceSHA256 = src.SHA256
+	if !src.Bundled {
+		p.SourceFile = src.Name
 	}
 	return p, nil
 }

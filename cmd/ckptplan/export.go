@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -185,12 +187,12 @@ func planModelFlags(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr 
 
 // readPlanFile reads a saved plan and verifies it: the flags that would
 // change it are refused (they are the plan's), its fields must not
-// repeat or contradict one another (planner.Plan.Check), and for a
-// bundled model, its schedule is planned again on the model under the
-// plan's setup and every figure must be the model's
-// (planner.Problem.Verify); the problem is returned then. A plan of a
-// model file, which may have changed or moved since, is checked against
-// itself only, which unverified says, for a note. Under ZeRO, the plan
+// repeat or contradict one another (planner.Plan.Check), and where its
+// model is found as it was (planSource), its schedule is planned again on
+// the model under the plan's setup and every figure must be the model's
+// (planner.Problem.Verify); the problem is returned then. A plan whose
+// model file is not found unchanged is checked against itself only,
+// which unverified says, for a note. Under ZeRO, the plan
 // must be for the engine the target configures.
 func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (plan *planner.Plan, p *planner.Problem, unverified string, err error) {
 	var given []string
@@ -216,10 +218,14 @@ func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (pla
 			return nil, nil, "", err
 		}
 	}
-	if _, ok := models.Read(plan.Model); !ok {
-		return plan, nil, fmt.Sprintf("%s: its model %q is not a bundled one, so its figures were checked against one another, not against the model", arg, plan.Model), nil
+	src, err := planSource(plan, filepath.Dir(arg))
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
 	}
-	if p, err = planModel(plan); err == nil {
+	if src == nil {
+		return plan, nil, fmt.Sprintf("%s: the model file it was planned from (%q) is not here as it was, so its figures were checked against one another, not against the model", arg, plan.SourceFile), nil
+	}
+	if p, err = planModel(plan, src); err == nil {
 		err = p.Verify(plan)
 	}
 	if err != nil {
@@ -228,16 +234,38 @@ func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (pla
 	return plan, p, "", nil
 }
 
-// planModel rebuilds the problem of a plan of a bundled model, under the
+// planSource finds the model a plan was made from: a bundled model by
+// its name, or the file it records, as a path from the current directory
+// or from the plan's (dir), whose bytes still have the recorded SHA-256.
+// It returns nil for a file that is not found so; an error for a bundled
+// model that does not load.
+func planSource(plan *planner.Plan, dir string) (*graphio.Source, error) {
+	if _, ok := models.Read(plan.Model); ok && plan.SourceFile == "" {
+		return graphio.Load(plan.Model)
+	}
+	if plan.SourceFile == "" || plan.SourceSHA256 == "" {
+		return nil, nil
+	}
+	for _, path := range []string{plan.SourceFile, filepath.Join(dir, plan.SourceFile)} {
+		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		src, err := graphio.Load(path)
+		if err == nil && src.SHA256 == plan.SourceSHA256 {
+			return src, nil
+		}
+	}
+	return nil, nil
+}
+
+// planModel rebuilds the problem of a plan from its source, under the
 // setup the plan records.
-func planModel(plan *planner.Plan) (*planner.Problem, error) {
-	src, err := graphio.Load(plan.Model)
-	if err != nil {
-		return nil, err
+func planModel(plan *planner.Plan, src *graphio.Source) (*planner.Problem, error) {
+	if src.Kind == graphio.KindModel {
+		if plan.Setup == nil {
+			return nil, fmt.Errorf("the plan of %s records no setup", plan.Model)
+		}
+		src.Model.Training = *plan.Setup
 	}
-	if plan.Setup == nil {
-		return nil, fmt.Errorf("the plan of %s records no setup", plan.Model)
-	}
-	src.Model.Training = *plan.Setup
 	return planner.New(src)
 }

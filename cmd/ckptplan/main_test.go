@@ -671,3 +671,42 @@ func TestErrorReports(t *testing.T) {
 		t.Errorf("report %q, want %q", got, want)
 	}
 }
+
+// TestExportSavedPlanOfFile: a plan of a model file finds the file again,
+// by its path or beside the plan, while its bytes are the ones planned:
+// then a tampered figure is refused; once the file changed, the plan is
+// checked against itself only, and the export says so.
+func TestExportSavedPlanOfFile(t *testing.T) {
+	dir := t.TempDir()
+	model, ok := models.Read("tiny-llama")
+	if !ok {
+		t.Fatal("no tiny-llama")
+	}
+	path := filepath.Join(dir, "m.yaml")
+	if err := os.WriteFile(path, model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, e := runCmd("plan", path, "--budget", "5MiB", "--format", "json")
+	if e != nil {
+		t.Fatal(e)
+	}
+	var plan map[string]any
+	if err := json.Unmarshal([]byte(out), &plan); err != nil {
+		t.Fatal(err)
+	}
+	plan["cost"] = plan["cost"].(float64) / 2
+	data, _ := json.Marshal(plan)
+	tampered := filepath.Join(dir, "tampered.json")
+	if err := os.WriteFile(tampered, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, e := runCmd("export", tampered, "--to", "json"); e == nil || !strings.Contains(e.Error(), "the plan does not match its model "+path+": cost is") {
+		t.Errorf("tampered: %v", e)
+	}
+	if err := os.WriteFile(path, append(model, "# edited\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, e := runCmd("export", tampered, "--to", "json"); e != nil || !strings.Contains(stderr, "is not here as it was, so its figures were checked against one another") {
+		t.Errorf("model edited: %v, %q", e, stderr)
+	}
+}
