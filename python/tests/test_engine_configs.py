@@ -219,7 +219,7 @@ MEGATRON_CASES = {
                         ("selective", None, None, ["core_attn", "layernorm", "mlp"]), None),
     "closest-block": ("llama-3-8b", 1, False,
                       ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
-                       "--budget", "82GiB"],
+                       "--budget", "84GiB"],
                       ("full", "block", "1 to 32"), None),
     "pp8": ("gpt3-175b", 8, True,
             ["--tp", "8", "--sp", "--pp", "8", "--microbatches", "64", "--device", "h100-80gb",
