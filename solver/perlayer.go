@@ -204,9 +204,9 @@ func LayerBaselines(c *Chain, pinned []bool) []Schedule {
 // (LayerTable): the cheapest per-layer schedule at budget, pinned[i]
 // (nil: none) keeping stage i's whole tape. Rounding to slots can cost
 // the table a schedule that fits, so it also replays LayerBaselines and
-// the alternatives given (each per-layer), and returns the cheapest that fits, preferring them at
-// equal cost. A budget nothing fits is an *ErrInfeasible whose MinBudget,
-// given back, is planned. O(slots·L·V).
+// the alternatives given (each per-layer), and returns the cheapest that
+// fits, preferring them at equal cost. A budget nothing fits is an
+// *ErrInfeasible whose MinBudget, given back, is planned. O(slots·L·V).
 func PerLayer(c *Chain, budget mem.Bytes, slots int, pinned []bool, alternatives ...Schedule) (*Solution, error) {
 	all, err := Simulate(c, StoreAll(c))
 	if err != nil {
