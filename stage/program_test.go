@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -115,4 +116,59 @@ func replay(t *testing.T, p Program, st *Stage) (live mem.Bytes, runs int) {
 		}
 	}
 	return live, runs
+}
+
+// TestSoftmaxBackwardWorkspace checks the working memory of a softmax's
+// backward: on CUDA under the transformers profile PyTorch's
+// softmax_backward_cuda_out multiplies the gradient by the output into a
+// temporary first (batch × heads × seq² scores, fp32 here), while the
+// CPU's kernel and Megatron's fused softmax write the gradient directly
+// (and the torch-eager profile, the CPU executor's, needs none).
+func TestSoftmaxBackwardWorkspace(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*ir.Setup)
+		temp bool
+	}{
+		{"cuda", func(s *ir.Setup) { s.Profile = ir.ProfileTransformers }, true},
+		{"cpu", func(s *ir.Setup) { s.Profile = ir.ProfileTransformers; s.Numerics.CPUKernels = true }, false},
+		{"torch-eager", func(s *ir.Setup) { s.Profile = ir.ProfileTorchEager }, false},
+		{"megatron", func(s *ir.Setup) { s.Profile = ir.ProfileMegatron }, false},
+	} {
+		var batch, seq int64
+		stages := build(t, "tiny-llama", func(s *ir.Setup) {
+			s.Attention = ir.AttentionEager
+			tc.edit(s)
+			batch, seq = int64(s.Batch), int64(s.Seq)
+		})
+		st := stages[1] // the first decoder layer
+		g := st.Costs().Graph
+		src, err := graphio.Load("tiny-llama")
+		if err != nil {
+			t.Fatal(err)
+		}
+		heads := int64(src.Model.Heads)
+		found := false
+		prog := st.BackwardProgram()
+		for k, e := range prog {
+			if e.Kind != RunBackward || g.Nodes[e.Node].Op != ir.Softmax {
+				continue
+			}
+			found = true
+			var got mem.Bytes
+			if k > 0 && prog[k-1].Kind == Alloc && prog[k-1].Buf == KernelBuf && prog[k-1].Node == e.Node {
+				got = prog[k-1].Bytes
+			}
+			want := mem.Bytes(0)
+			if tc.temp {
+				want = mem.Bytes(batch * heads * seq * seq * 4)
+			}
+			if got != want {
+				t.Errorf("%s: the backward of %s holds %d bytes of working memory, want %d", tc.name, g.Nodes[e.Node].Name, got, want)
+			}
+		}
+		if !found {
+			t.Fatalf("%s: no softmax in %s", tc.name, st.Name)
+		}
+	}
 }

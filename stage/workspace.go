@@ -29,17 +29,26 @@ import (
 // softmax apart, a boolean mask of the -inf scores and a flag a row, and
 // writes its output through torch.where with two 0-dim fp32 scalars:
 // beside its input and output, an output's worth, a byte a score, a byte
-// a row and 8 bytes.
+// a row and 8 bytes. A softmax's backward on CUDA (softmax_backward_cuda_out,
+// under the transformers profile) first multiplies the gradient by the
+// output into a temporary of the output's size; the CPU's kernel and
+// Megatron's fused softmax need none.
 func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	g := c.Graph
 	n := &g.Nodes[id]
 	var floats int
 	switch n.Op {
 	case ir.Softmax:
-		if !n.Attrs.Safe || backward {
+		out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
+		if backward {
+			if c.Profile == costmodel.Transformers && !g.Setup.Numerics.CPUKernels {
+				return mem.Bytes(out) // CUDA's grad · output
+			}
 			return 0
 		}
-		out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
+		if !n.Attrs.Safe {
+			return 0
+		}
 		scores := out / n.DType.Size()
 		return mem.Bytes(out + scores + scores/n.Shape.Last() + 8)
 	case ir.CrossEntropy:
