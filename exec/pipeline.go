@@ -270,7 +270,7 @@ func (r *Runner) pipeBackward(st *pipeState, ch chunkRun, wire map[[2]int][]floa
 		if out := r.outputStorage(ch.to); st.dropped && i == ch.to-1 && r.store[out] == nil {
 			skip = out // freed once sent, and not rerun by a checkpoint
 		}
-		r.backwardStage(i, st.tapeOpt[i], skip)
+		r.backwardStage(i, st.tapeOpt[i], skip, false)
 		if i > ch.from && st.act[i] {
 			r.dropActivation(i)
 			st.act[i] = false

@@ -175,7 +175,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 				skip, read[i] = r.stages[i].Output, false
 			}
 			tape[i] = false
-			r.backwardStage(i, tapeOpt[i], skip)
+			r.backwardStage(i, tapeOpt[i], skip, i == l-1 && ch.HoldsLoss)
 			if act[i] {
 				r.dropActivation(i)
 				act[i] = false
@@ -183,14 +183,20 @@ func (r *Runner) Step(s solver.Schedule) error {
 		}
 		r.tr.End()
 	}
+	if ch.HoldsLoss {
+		r.releaseLoss()
+	}
 	return nil
 }
 
 // backwardStage runs B(i) on the tape of keep set opt: it reruns what the
 // keep set dropped, runs the backward (which frees the storages the
 // stage's ops save as their last reader runs), and frees the rest of the
-// tape (less skip, a storage already freed; -1 for none) and δ_{i+1}.
-func (r *Runner) backwardStage(i, opt, skip int) {
+// tape (less skip, a storage already freed; -1 for none) and δ_{i+1},
+// but for the stage's output and δ_{i+1} when holdLoss (the loss and its
+// gradient, which the loop holds to the end of the backward:
+// solver.Chain.HoldsLoss; freed by releaseLoss).
+func (r *Runner) backwardStage(i, opt, skip int, holdLoss bool) {
 	st := r.stages[i]
 	if ks := &st.KeepSets[opt]; len(ks.Recompute) > 0 {
 		r.fresh = map[int]bool{}
@@ -205,11 +211,26 @@ func (r *Runner) backwardStage(i, opt, skip int) {
 			freed[e.Storage] = true
 		}
 	}
+	if holdLoss {
+		freed[st.Output] = true
+	}
 	for _, s := range st.Tape() {
 		if !freed[s] {
 			r.freeStorage(s)
 		}
 	}
+	if holdLoss {
+		return
+	}
+	last := st.Nodes[len(st.Nodes)-1]
+	r.tr.Free(r.grads[last])
+	delete(r.grads, last)
+}
+
+// releaseLoss frees the loss and its gradient that backwardStage held.
+func (r *Runner) releaseLoss() {
+	st := r.stages[len(r.stages)-1]
+	r.freeStorage(st.Output)
 	last := st.Nodes[len(st.Nodes)-1]
 	r.tr.Free(r.grads[last])
 	delete(r.grads, last)

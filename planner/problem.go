@@ -130,6 +130,10 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
+	// The loop holds the loss and its gradient through the backward, and
+	// drops them before the optimizer step.
+	p.Chain.HoldsLoss = true
+	p.stepFreedDelta += p.Chain.LossHeldBytes()
 	if ga := c.Static.Gather; ga != (costmodel.Gather{}) {
 		p.gather(ga)
 	}

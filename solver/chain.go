@@ -38,6 +38,13 @@ type Chain struct {
 	// allocates when the backward starts (ZeRO's reduce buckets);
 	// LossTempBytes counts them during the loss op.
 	BackwardHeldBytes mem.Bytes
+	// HoldsLoss says that the training loop holds the loss a_L and its
+	// gradient δ_L from the loss op to the end of the backward (the
+	// caller holds the loss it calls backward on, autograd the gradient
+	// it seeds the backward with): every gradient δ_i below δ_L counts
+	// them (LossHeldBytes), as a_L and δ_L are themselves until B(L−1)
+	// has run. False: they are freed then.
+	HoldsLoss bool
 	// UnsavedActs[i] says that no op of stage i-1 or stage i saves a_i
 	// (a 16-bit layer's output, which the next layer's norm reads through
 	// an fp32 copy): once a storing forward of stage i that keeps its
@@ -183,6 +190,7 @@ func (c *Chain) checkTotals() error {
 	}
 	add(c.LossTempBytes)
 	add(c.BackwardHeldBytes)
+	add(c.LossHeldBytes())
 	cost += c.LossBackward
 	if !(bytes < 1<<62) {
 		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly", bytes)
@@ -203,15 +211,27 @@ func (c *Chain) FAllTemp(i int) mem.Bytes {
 
 // DeltaBytes returns the bytes of the gradient δ_i while it is live:
 // |a_i|, and with it the parameter gradients B(i) … B(L−1) have made
-// (GradBytes), which are live whenever δ_i is, and BackwardHeldBytes. δ_L,
-// the loss's, is |a_L| and BackwardHeldBytes. O(L).
+// (GradBytes), which are live whenever δ_i is, BackwardHeldBytes and
+// LossHeldBytes. δ_L, the loss's, is |a_L| and BackwardHeldBytes. O(L).
 func (c *Chain) DeltaBytes(i int) mem.Bytes { return c.deltas()[i] }
+
+// LossHeldBytes returns what a δ_i below δ_L carries of the loss: a_L and
+// δ_L's own |a_L| where the loop holds them (HoldsLoss), else 0.
+func (c *Chain) LossHeldBytes() mem.Bytes {
+	if !c.HoldsLoss {
+		return 0
+	}
+	return 2 * c.ActBytes[c.Len()]
+}
 
 // deltas returns DeltaBytes(i) for i = 0 … L. O(L).
 func (c *Chain) deltas() []mem.Bytes {
 	d := slices.Clone(c.ActBytes)
 	for k := range d {
 		d[k] += c.BackwardHeldBytes
+		if k < c.Len() {
+			d[k] += c.LossHeldBytes()
+		}
 	}
 	var g mem.Bytes
 	for k := c.Len() - 1; k >= 0 && c.GradBytes != nil; k-- {

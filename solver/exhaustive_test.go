@@ -167,8 +167,10 @@ func randomChain(r *rand.Rand, l int) *Chain {
 }
 
 // withGrads gives every stage of c parameter gradients of up to 3 bytes,
-// counted in its backward's transients as the chain requires, and the
-// backward up to 2 bytes held from the loss op on, counted in the loss's.
+// counted in its backward's transients as the chain requires, the
+// backward up to 2 bytes held from the loss op on, counted in the loss's,
+// and, half the time, the loss and its gradient held to the backward's
+// end.
 func withGrads(r *rand.Rand, c *Chain) {
 	c.GradBytes = make([]mem.Bytes, c.Len())
 	for i := range c.GradBytes {
@@ -177,12 +179,17 @@ func withGrads(r *rand.Rand, c *Chain) {
 	}
 	c.BackwardHeldBytes = mem.Bytes(r.Intn(3))
 	c.LossTempBytes += c.BackwardHeldBytes
+	c.HoldsLoss = r.Intn(2) == 0
 }
 
 // gradsFrom returns the parameter gradients B(i) … B(L−1) make and what
-// the backward holds: live with δ_i.
+// the backward holds: live with δ_i, the loss and its gradient with a δ_i
+// below δ_L, which holds them as a_L and itself.
 func gradsFrom(c *Chain, i int) mem.Bytes {
 	g := c.BackwardHeldBytes
+	if i < c.Len() && c.HoldsLoss {
+		g += 2 * c.ActBytes[c.Len()]
+	}
 	for k := i; k < len(c.GradBytes); k++ {
 		g += c.GradBytes[k]
 	}

@@ -21,7 +21,7 @@ type Result struct {
 type Usage struct {
 	Activations mem.Bytes // standalone activations: a_0 and checkpoints
 	Tapes       mem.Bytes // what storing forwards keep
-	Gradients   mem.Bytes // δ, the parameter gradients it carries aside (ParamGrads)
+	Gradients   mem.Bytes // δ and the loss it carries (Chain.HoldsLoss), the parameter gradients aside (ParamGrads)
 	// ParamGrads are the parameter gradients the backwards have made so
 	// far (Chain.GradBytes), and the buffers the backward holds for them
 	// (Chain.BackwardHeldBytes).
@@ -60,7 +60,8 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // transients; B(i) needs a_i, δ_{i+1} and ā_{i+1} and peaks at live + its
 // transients, then frees δ_{i+1} and ā_{i+1}. The gradient δ_i takes over
 // the bytes of a standalone a_i, or is new bytes if a_i lives in a tape;
-// the parameter gradients B(i) makes stay (Chain.DeltaBytes).
+// the parameter gradients B(i) makes stay, and so do the loss and its
+// gradient where the loop holds them (Chain.DeltaBytes).
 // An F_all's option gives its tape and transients, and the cost and
 // transients of the B(i) that consumes that tape.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
@@ -223,8 +224,14 @@ func (s *state) setTape(i int, live bool, opt int) {
 func (s *state) setDelta(i int, live bool) {
 	s.delta[i] = live
 	if i < len(s.c.ActBytes) {
-		s.u.Gradients += sign(live) * s.c.ActBytes[i]
-		s.u.ParamGrads += sign(live) * (s.dlt[i] - s.c.ActBytes[i])
+		// The loss and its gradient a δ_i below δ_L carries
+		// (Chain.HoldsLoss) are no parameter gradients.
+		own := s.c.ActBytes[i]
+		if i < s.c.Len() {
+			own += s.c.LossHeldBytes()
+		}
+		s.u.Gradients += sign(live) * own
+		s.u.ParamGrads += sign(live) * (s.dlt[i] - own)
 	}
 }
 
