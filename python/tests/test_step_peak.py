@@ -21,14 +21,15 @@ import ckptplan  # noqa: E402
 BATCH, SEQ, VOCAB = 2, 256, 1000
 
 
-def build(lora: int = 0, dtype: str = "fp32") -> "torch.nn.Module":
-    """The Llama the tests train, in dtype; with LoRA adapters of that
-    rank on q and v (PEFT) when lora is not 0."""
+def build(lora: int = 0, dtype: str = "fp32", attention: str = "sdpa", vocab: int = VOCAB) -> "torch.nn.Module":
+    """The Llama the tests train, in dtype, with that attention and
+    vocabulary; with LoRA adapters of that rank on q and v (PEFT) when
+    lora is not 0."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                                    max_position_embeddings=512, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention
     model = transformers.LlamaForCausalLM(cfg)
     model.config.use_cache = False
     if dtype == "bf16":
@@ -217,6 +218,36 @@ def test_whole_step_planned(ckptplan_binary, name, lora, micro, dtype, share):
     assert any(layer.host_bytes >= 5056 for layer in plan.layers), "no layer checkpointed or selective"
     assert part == _part(plan.peak_at), (part, plan.peak_at)
     assert _slack(plan, measured, part) == 0
+
+
+@pytest.mark.parametrize("share", [80, 60])
+def test_whole_step_peak_in_a_layer(ckptplan_binary, share):
+    """With a vocabulary of 64 the loss is small and a planned step peaks
+    in the backward of the last decoder layer, where the loop still holds
+    the loss and its gradient (8 bytes, which the plan counts to the
+    backward's end). There the plan holds two hidden states (batch × seq
+    × hidden fp32 each) more than PyTorch: the layer's output, which the
+    plan keeps in the layer's tape until the layer's backward ends and
+    PyTorch frees once the head's backward has run (no op of the layer
+    saves it), and the gradient handed to the layer, which the plan holds
+    to the layer's end and PyTorch frees once the residual branches'
+    gradients are summed. So the plan is above the measure by exactly
+    that, with what the CPU allocator counts of the host bytes (_slack;
+    nll_loss's count of targets is gone in both by then) — on the safe
+    side."""
+    model = build(vocab=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, 64, (BATCH, SEQ))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    store = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    budget = store.static_bytes + (store.peak_bytes - store.static_bytes) * share // 100
+    plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
+    ckptplan.apply(model, plan)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == "backward" and plan.peak_at == "backward of layers.3", (part, plan.peak_at)
+    hidden = BATCH * SEQ * model.config.hidden_size * 4
+    host = sum(layer.host_bytes for layer in plan.layers)  # on the CPU allocator too (_slack)
+    assert plan.peak_bytes + host - measured == 2 * hidden
 
 
 @pytest.mark.parametrize("name,lora,micro,dtype", SETUPS)
