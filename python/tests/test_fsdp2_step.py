@@ -26,12 +26,15 @@ bytes).
 
 And what FSDP2 holds on the CPU that the plan does not count: the step
 counters' increments (12 bytes, test_optimizer_step; 20 under 2.7's
-for-loop over DTensors). On one rank that is all, to the byte. On two,
-gloo's work objects at times keep the buffers of a reduce-scatter — its
-input and gloo's copy of it, a layer's or the root's — past the backward,
-some runs into the next step's backward (NCCL reduce-scatters in place):
-seen run to run, none, one layer's copy, three, or the root's two and a
-layer's. The ranks meet at barriers after each backward, which makes that
+for-loop over DTensors). On one rank that is all, to the byte, but
+that on a loaded machine gloo's work objects may keep reduce-scatter
+inputs into the optimizer step (a layer's trained gradients, 14,336 bytes
+under LoRA; two layers', 1,476,608 bytes, checkpointing every layer), as
+on two ranks. On two, gloo's work objects at times keep the
+buffers of a reduce-scatter — its input and gloo's copy of it, a layer's
+or the root's — past the backward, some runs into the next step's
+backward (NCCL reduce-scatters in place): seen run to run, none, one
+layer's copy, three, or the root's two and a layer's. The ranks meet at barriers after each backward, which makes that
 rarer (and holds a byte); the two-rank test allows what was seen at most.
 """
 from __future__ import annotations
@@ -135,10 +138,14 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     everything on one rank leaves out (test_step_peak._slack), and the
     optimizer step is the plan's but for the counters; checkpointing
     every layer, the peak is in the backward, as the plan says, and within
-    it, which bounds what a layer gathers there."""
+    it, which bounds what a layer gathers there. (On a loaded machine
+    gloo may keep reduce-scatter inputs into the step: the module's
+    docstring.)"""
     measured, plan = measure(tmp_path, 1, impl, checkpointing, lora)
-    grads, layer, _ = _sizes(1, lora)
-    assert measured["step"] - plan.step_peak_bytes in ((12, 20) if impl == "forloop" else (12,))
+    grads, layer, root = _sizes(1, lora)
+    counters = (12, 20) if impl == "forloop" else (12,)
+    gloo = 2 * root + 3 * layer + 1  # as on two ranks (test_fsdp2_step_two_ranks)
+    assert any(0 <= measured["step"] - plan.step_peak_bytes - c <= gloo for c in counters), measured
     part = max(measured, key=measured.get)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
     if checkpointing:
