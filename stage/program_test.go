@@ -123,7 +123,8 @@ func replay(t *testing.T, p Program, st *Stage) (live mem.Bytes, runs int) {
 // softmax_backward_cuda_out multiplies the gradient by the output into a
 // temporary first (batch × heads × seq² scores, fp32 here), while the
 // CPU's kernel and Megatron's fused softmax write the gradient directly
-// (and the torch-eager profile, the CPU executor's, needs none).
+// (and the torch-eager profile, whose rules no device changes, counts
+// none).
 func TestSoftmaxBackwardWorkspace(t *testing.T) {
 	for _, tc := range []struct {
 		name string
