@@ -154,6 +154,14 @@ func (c *Costs) ExtraBytes(id int) int64 {
 	return b
 }
 
+// CUDAKernels reports whether the step's kernels are PyTorch's CUDA
+// ones under the transformers profile, whose rules (statistics in fp32,
+// sdpa's fused kernels, the softmax backward's temporary) differ from the
+// CPU's; the other profiles' rules do not depend on the device.
+func (c *Costs) CUDAKernels() bool { return cudaKernels(c.Profile, &c.Graph.Setup) }
+
+func cudaKernels(p Profile, s *ir.Setup) bool { return p == Transformers && !s.Numerics.CPUKernels }
+
 type analyzer struct {
 	g       *ir.Graph
 	profile Profile

@@ -80,7 +80,7 @@ func (a *analyzer) keeps(n *ir.Node) {
 		// accumulation type) under the transformers profile.
 		stat := append(x().Shape[:len(x().Shape)-1].Clone(), 1)
 		dt := x().DType
-		if a.profile == Transformers && !a.g.Setup.Numerics.CPUKernels {
+		if cudaKernels(a.profile, &a.g.Setup) {
 			dt = ir.FP32
 		}
 		mean := a.extra(n, Mean, stat, dt, a.shard[n.Inputs[0]])
@@ -368,7 +368,7 @@ func (a *analyzer) keepAttention(n *ir.Node) {
 		a.keep(n, operand(n, 2))
 		out := a.lay.out[n.ID]
 		lseShape := q.Shape[:3].Clone()
-		cudaSDPA := a.profile == Transformers && a.g.Setup.Attention == ir.AttentionSDPA && !a.g.Setup.Numerics.CPUKernels
+		cudaSDPA := cudaKernels(a.profile, &a.g.Setup) && a.g.Setup.Attention == ir.AttentionSDPA
 		efficient := cudaSDPA && q.DType == ir.FP32
 		if efficient {
 			// CUDA runs fp32 sdpa on its memory-efficient kernel, whose

@@ -219,18 +219,20 @@ func (r *Runner) backwardStage(i, opt, skip int, holdLoss bool) {
 			r.freeStorage(s)
 		}
 	}
-	if holdLoss {
-		return
+	if !holdLoss {
+		r.freeOutputGrad(st)
 	}
-	last := st.Nodes[len(st.Nodes)-1]
-	r.tr.Free(r.grads[last])
-	delete(r.grads, last)
 }
 
 // releaseLoss frees the loss and its gradient that backwardStage held.
 func (r *Runner) releaseLoss() {
 	st := r.stages[len(r.stages)-1]
 	r.freeStorage(st.Output)
+	r.freeOutputGrad(st)
+}
+
+// freeOutputGrad frees the gradient of stage st's output, δ_{i+1}.
+func (r *Runner) freeOutputGrad(st *stage.Stage) {
 	last := st.Nodes[len(st.Nodes)-1]
 	r.tr.Free(r.grads[last])
 	delete(r.grads, last)

@@ -41,7 +41,7 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	case ir.Softmax:
 		out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
 		if backward {
-			if c.Profile == costmodel.Transformers && !g.Setup.Numerics.CPUKernels {
+			if c.CUDAKernels() {
 				return mem.Bytes(out) // CUDA's grad · output
 			}
 			return 0

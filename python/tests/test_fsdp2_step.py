@@ -26,16 +26,17 @@ bytes).
 
 And what FSDP2 holds on the CPU that the plan does not count: the step
 counters' increments (12 bytes, test_optimizer_step; 20 under 2.7's
-for-loop over DTensors). On one rank that is all, to the byte, but
-that on a loaded machine gloo's work objects may keep reduce-scatter
-inputs into the optimizer step (a layer's trained gradients, 14,336 bytes
-under LoRA; two layers', 1,476,608 bytes, checkpointing every layer), as
-on two ranks. On two, gloo's work objects at times keep the
-buffers of a reduce-scatter — its input and gloo's copy of it, a layer's
-or the root's — past the backward, some runs into the next step's
-backward (NCCL reduce-scatters in place): seen run to run, none, one
-layer's copy, three, or the root's two and a layer's. The ranks meet at barriers after each backward, which makes that
-rarer (and holds a byte); the two-rank test allows what was seen at most.
+for-loop over DTensors). On one rank that is all, to the byte, but that
+on a loaded machine gloo's work objects may keep reduce-scatter inputs
+into the optimizer step (a layer's trained gradients, 14,336 bytes under
+LoRA; two layers', 1,476,608 bytes, checkpointing every layer), as on two
+ranks. On two, gloo's work objects at times keep the buffers of a
+reduce-scatter — its input and gloo's copy of it, a layer's or the
+root's — past the backward, some runs into the next step's backward
+(NCCL reduce-scatters in place): seen run to run, none, one layer's copy,
+three, or the root's two and a layer's. The ranks meet at barriers after
+each backward, which makes that rarer (and holds a byte); the two-rank
+test allows what was seen at most.
 """
 from __future__ import annotations
 
