@@ -431,7 +431,7 @@ def under_solvers(cases: list) -> list:
     """Each setup of cases under each solver; with CKPTPLAN_SUBSET=1 (set
     by .ci/run on every stack but the newest, which runs them all), each
     setup under one solver, taken in turn, so that every solver still
-    meets every family, attention, dtype and adapter."""
+    meets every family under each attention and each dtype."""
     out = []
     for i, case in enumerate(cases):
         values, marks = (case.values, case.marks) if hasattr(case, "values") else (case, ())
