@@ -215,7 +215,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	if err != nil {
 		return nil, err
 	}
-	st.BuffersBytes += a.heldInputs()
+	st.add(Buffers, a.heldInputs())
 	a.c.Static = st
 	switch {
 	case st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)):

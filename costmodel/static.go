@@ -7,62 +7,24 @@ import (
 )
 
 // Static is the memory of one rank that does not depend on the schedule:
-// weights, their gradients and the optimizer state.
+// weights, their gradients, the optimizer state and the Terms beside
+// them.
 type Static struct {
 	Parameters          int64 // of the whole model
 	TrainableParameters int64 // of the whole model
 	WeightsBytes        int64 // on one rank
 	GradientsBytes      int64 // on one rank
 	OptimizerBytes      int64 // on one rank, fp32 master weights included
-	// CountersBytes are PyTorch AdamW's step counters where the step
-	// keeps them on the device: a 0-dim fp32 tensor a trained tensor
-	// (none for a traced graph, whose nodes give their parameters'
-	// count, not their tensors).
-	CountersBytes int64
-	// BuffersBytes are the model's non-trained tensors that live for the
-	// whole step: the rotary embedding's cos and sin tables and its
-	// registered buffers (ropeTables), or the buffers measured on the
-	// live model (ir.Setup.BuffersBytes).
-	BuffersBytes int64
-	// DequantBytes is the largest quantized weight dequantized to the
-	// training dtype, which a layer makes for each product in forward and
-	// backward and frees after it: counted for the whole step, it bounds
-	// that transient.
-	DequantBytes int64
-	// GatheredBytes is what ZeRO stage 3 (FSDP) holds gathered through
-	// the forward and the backward (fsdpGathers), and the step no longer
-	// does (StepFreedBytes): the root's unsharded weights and the last
-	// all-gather's output; what a layer gathers beside it, and the root's
-	// gradients, come at their moments (Gather).
-	GatheredBytes int64
-	// Gather is what ZeRO stage 3 holds at its moments beyond
-	// GatheredBytes: a decoder layer's unsharded weights while it runs,
+	// Terms are what each registered Term (Terms) holds on the rank, in
+	// Terms' order, those that hold nothing left out.
+	Terms []Held
+	// Gather is what ZeRO stage 3 holds at its moments beyond what
+	// Gathered counts: a decoder layer's unsharded weights while it runs,
 	// forward and backward, the next layer's all-gather, a layer's
 	// unsharded gradients until they are reduce-scattered, and the root's
 	// gradients from the head's backward to the backward's end. Zero
 	// without stage 3.
 	Gather Gather
-	// ReduceBytes is what ZeRO stages 1 and 2 hold while they reduce the
-	// gradients (zeroReduceSet): the gradient bucket and the copy it is
-	// reduced through, and under stage 2 the gradients waiting for it, or
-	// under stage 1 the gradients' shard the reduction fills while the
-	// whole gradients still live. Not under the megatron profile.
-	// DeepSpeed allocates its bucket when the backward starts, before the
-	// loss's, and frees the buffers when it ends (StepFreedBytes): a plan
-	// holds them from the loss's backward to the backward's end, which
-	// bounds the reduction (solver.Chain.BackwardHeldBytes).
-	ReduceBytes int64
-	// BucketBytes are the gradient buckets of PyTorch's
-	// DistributedDataParallel, which data parallelism without ZeRO is
-	// (dp > 1; not under the megatron profile, whose gradient buffer is
-	// its own): flat buffers the size of every trained gradient, in the
-	// gradients' dtype, made when it wraps the model and made again once
-	// it has seen the gradients' order, that each backward's gradients
-	// are copied into, all-reduced in and copied back from (its default,
-	// gradient_as_bucket_view=False); and under DeepSpeed's ZeRO stage 3,
-	// its one bucket of reduce_bucket_size gradients, allocated with the
-	// optimizer (the largest layer's, as its export sets it).
-	BucketBytes int64
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
 	// counted under ZeRO: the sizes the engines' gathering and gradient
@@ -77,18 +39,23 @@ type Static struct {
 	// (stepWorkspace, or deepSpeedStep under DeepSpeed's ZeRO): live
 	// only while the step runs, so not in Total.
 	StepBytes int64
-	// StepFreedBytes are the bytes of Total the step no longer holds: the
-	// rotary tables and positions a forward makes, freed with the
-	// backward's graph; under ZeRO stage 3, what it gathered; under ZeRO
-	// stages 1 and 2, the reduce buffers, freed when the backward ends,
-	// and, with an optimizer, the 16-bit gradients, which DeepSpeed turns
-	// into an fp32 partition (counted in StepBytes) before it updates.
+	// StepFreedBytes are the bytes of Total the step no longer holds:
+	// those each Term says (the rotary tables and positions a forward
+	// makes, freed with the backward's graph; under ZeRO stage 3, what it
+	// gathered; under ZeRO stages 1 and 2, the reduce buffers, freed when
+	// the backward ends) and, under DeepSpeed's ZeRO with an optimizer,
+	// the 16-bit gradients, which it turns into an fp32 partition
+	// (counted in StepBytes) before it updates.
 	StepFreedBytes int64
 }
 
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
-	return s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes + s.CountersBytes + s.BuffersBytes + s.DequantBytes + s.GatheredBytes + s.ReduceBytes + s.BucketBytes
+	total := s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes
+	for _, h := range s.Terms {
+		total += h.Bytes
+	}
+	return total
 }
 
 // GradientsInBackward reports whether the parameter gradients appear as
@@ -318,7 +285,6 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		WeightsBytes:   weights,
 		GradientsBytes: grads,
 		OptimizerBytes: moments,
-		DequantBytes:   dequant,
 		Paged:          opt.paged,
 	}
 	if opt.master {
@@ -326,9 +292,6 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
-	}
-	if opt.counter && (opt.impl == fused || s.Numerics.CPUKernels) && !traced(g) {
-		st.CountersBytes = tensors * counterBytes
 	}
 	if eightBitState {
 		// The optimizer's two quantization maps, 256 fp32 values each,
@@ -348,40 +311,11 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 			st.LayerParams, st.LayerTrainable = max(st.LayerParams, layerP[k]), max(st.LayerTrainable, layerT[k])
 		}
 	}
-	switch {
-	case s.Parallel.Zero >= 3:
+	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
-		st.GatheredBytes = fsdpGathers(st.Gather)
-		if s.Parallel.Sharder() == ir.ShardingDeepSpeed {
-			// DeepSpeed's stage 3 copies the gradients into one bucket of
-			// reduce_bucket_size elements, allocated with the optimizer and
-			// held all step: the largest layer's, as its export sets it.
-			st.BucketBytes = lg
-		}
-	case s.Parallel.Zero >= 1 && s.Profile != Megatron:
-		st.ReduceBytes = zeroReduceSet(s.Parallel.Zero, st.GradientsBytes, rootG, lg, dp)
 	}
-	if s.Parallel.DP > 1 && s.Parallel.Zero == 0 && s.Profile != Megatron {
-		st.BucketBytes = grads
-	}
-	made, registered := ropeTables(g, held)
-	if s.BuffersBytes > 0 {
-		registered = s.BuffersBytes // measured on the live model
-	}
-	st.BuffersBytes = made + registered
-	if s.Profile != Megatron {
-		st.StepFreedBytes = made // the forward's tables, freed with the backward's graph
-	}
-	if made+registered > 0 && s.Profile == Transformers {
-		// The positions (cache_position, and position_ids a view of it)
-		// the model makes each forward, int64: a checkpointed layer's
-		// call holds them to its backward. Counted through the forward
-		// and backward, they bound that (storing everything, they are
-		// freed with the forward); the step holds none.
-		st.BuffersBytes += 8 * s.Seq
-		st.StepFreedBytes += 8 * s.Seq
-	}
+	countTerms(&rankTally{g: g, held: held, opt: opt, tensors: tensors, dequant: dequant, grads: grads, rootG: rootG, layerG: lg, static: &st})
 	st.StepBytes = stepWorkspace(g, held, opt)
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)
@@ -399,11 +333,6 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		}
 		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt, kept)
 	}
-	st.StepFreedBytes += st.ReduceBytes // freed when the backward ends
-	// Stage 3 reshards the root's weights, held from the forward's start,
-	// once the backward ends, and frees the forward's last all-gather
-	// output with the forward (Gather).
-	st.StepFreedBytes += st.GatheredBytes
 	return st, nil
 }
 
@@ -527,55 +456,25 @@ type Gather struct {
 }
 
 // ForwardBytes is the most a decoder layer's forward holds gathered
-// beside GatheredBytes: its weights, two more output buffers (or one and
+// beside what Gathered holds: its weights, two more output buffers (or one and
 // gloo's temporary) and, in a recomputation, the last reduce-scatter's
 // input.
 func (g Gather) ForwardBytes() int64 { return 3*g.LayerWeights + g.LayerGrads }
 
 // BackwardBytes is the most a decoder layer's backward holds gathered
-// beside GatheredBytes and its gradients' shard: what its forward does,
+// beside what Gathered holds and its gradients' shard: what its forward does,
 // and its unsharded gradients or gloo's copy of them.
 func (g Gather) BackwardBytes() int64 { return 3*g.LayerWeights + 2*g.LayerGrads }
 
-// LayerBytes is the most a decoder layer gathers beside GatheredBytes,
+// LayerBytes is the most a decoder layer gathers beside what Gathered holds,
 // forward or backward.
 func (g Gather) LayerBytes() int64 { return max(g.ForwardBytes(), g.BackwardBytes()) }
 
-// StartBytes is what the root's gather holds beside GatheredBytes when
+// StartBytes is what the root's gather holds beside what Gathered holds when
 // the forward starts, before the first layer's: its output buffer and
 // gloo's temporary beside the root's weights, where no layer's buffer is
 // held yet.
 func (g Gather) StartBytes() int64 { return max(2*g.RootWeights-g.LayerWeights, 0) }
-
-// fsdpGathers returns what ZeRO stage 3 holds gathered through the
-// forward and backward (Gather): the root's unsharded weights and one
-// all-gather output, a layer's.
-func fsdpGathers(g Gather) int64 { return g.RootWeights + g.LayerWeights }
-
-// zeroReduceSet is what ZeRO stage 1 or 2 holds beside the gradients it
-// keeps (grads: the shard under stage 2, the whole under stage 1) while it
-// reduces them, as DeepSpeed runs it with a layer's gradients a bucket
-// (the DeepSpeed export's reduce_bucket_size, contiguous gradients, no
-// overlap) and FSDP with SHARD_GRAD_OP (FSDP2's reshard_after_forward
-// False) over decoder layers and the root. layerG is the largest layer's
-// gradient bytes, rootG the root's.
-//
-// Both stages fill a bucket of a layer's gradients (DeepSpeed's ipg
-// buffer, FSDP's unsharded gradients) and reduce it through a copy
-// (DeepSpeed flattens the bucket's slices for each rank they go to, FSDP
-// copies the gradients into its reduce-scatter input): 2·layerG. Stage 2
-// also holds the gradients produced since and not yet in the bucket: a
-// tensor at most a layer's, or the root's, which DeepSpeed reduces apart
-// when it outgrows the bucket and FSDP holds until the backward ends.
-// Stage 1 keeps the whole gradients until the backward ends, then reduces
-// them bucket by bucket into the rank's shard, and frees them only once
-// the shard is full: grads/dp.
-func zeroReduceSet(stage, grads, rootG, layerG, dp int64) int64 {
-	if stage == 1 {
-		return 2*layerG + ceilDiv(grads, dp)
-	}
-	return 2*layerG + max(rootG, layerG)
-}
 
 // An optimizer is what an optimizer keeps for the weights it trains.
 type optimizer struct {
@@ -589,19 +488,6 @@ type optimizer struct {
 	// runs on), on the host otherwise; bitsandbytes' in a Python int.
 	counter bool
 }
-
-// traced reports whether g is a trace (its ops ATen's).
-func traced(g *ir.Graph) bool {
-	for i := range g.Nodes {
-		if g.Nodes[i].Op == ir.Aten {
-			return true
-		}
-	}
-	return false
-}
-
-// counterBytes is one step counter of PyTorch's AdamW.
-const counterBytes = 4
 
 // stepImpl is how PyTorch's AdamW runs its step (stepWorkspace).
 type stepImpl uint8
@@ -755,46 +641,4 @@ func trainableTensors(g *ir.Graph, i int) []int64 {
 		return []int64{n.Shape.Last(), n.Shape.Last()}
 	}
 	return []int64{g.TrainableParams(i)}
-}
-
-// ropeTables returns the bytes of the rotary embedding's tensors the model
-// holds through the step: made, the cos and sin tables it makes in the
-// forward, one pair per distinct (sequence, head size) among the graph's
-// RoPE nodes when the model makes them once (none when its layers make
-// their own: their copies are the layers' activations); and registered,
-// its buffers: each rotary module's inverse frequencies (head size / 2
-// fp32 values), the model's one or each layer's, and a pair of tables of
-// every position in each layer whose RoPE indexes a cache of its own.
-func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
-	seen := map[[2]int64]bool{}
-	layers := map[string]bool{}
-	inLayer := false
-	var invFreq int64
-	for i := range g.Nodes {
-		n := &g.Nodes[i]
-		if n.Op != ir.RoPE || !held(i) {
-			continue
-		}
-		inLayer = inLayer || n.Attrs.Tables
-		if (n.Attrs.Tables || n.Attrs.CacheLen > 0) && !layers[n.Block] {
-			layers[n.Block] = true
-			registered += n.Shape.Last() / 2 * 4
-			if c := n.Attrs.CacheLen; c > 0 {
-				registered += 2 * c * n.Shape.Last() * g.DType.Size()
-			}
-		}
-		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
-		if !seen[k] {
-			seen[k] = true
-			made += 2 * k[0] * k[1] * g.DType.Size()
-			invFreq += k[1] / 2 * 4
-		}
-	}
-	if len(layers) == 0 {
-		registered += invFreq
-	}
-	if inLayer {
-		made = 0
-	}
-	return made, registered
 }

@@ -1,11 +1,13 @@
 package costmodel
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -24,11 +26,11 @@ func TestStaticZeRO(t *testing.T) {
 		c := analyzeModel(t, m)
 		// The rotary tables: cos and sin, seq × head size each; and the
 		// rotary module's inverse frequencies, head size / 2 in fp32.
-		if want := 2*m.Training.Seq*16*c.Graph.DType.Size() + 16/2*4; c.Static.BuffersBytes != want {
-			t.Errorf("buffers = %d, want %d", c.Static.BuffersBytes, want)
+		if want := 2*m.Training.Seq*16*c.Graph.DType.Size() + 16/2*4; c.Static.Of(Buffers) != want {
+			t.Errorf("buffers = %d, want %d", c.Static.Of(Buffers), want)
 		}
 		st := c.Static
-		st.BuffersBytes = 0
+		st.add(Buffers, -st.Of(Buffers))
 		// The step no longer holds the tables the forward made.
 		st.StepFreedBytes -= 2 * m.Training.Seq * 16 * c.Graph.DType.Size()
 		return st
@@ -62,7 +64,7 @@ func TestStaticZeRO(t *testing.T) {
 		// the device, a 0-dim fp32 tensor for each of the 21 trained
 		// tensors (embedding, head, final norm, 9 a layer); the others on
 		// the host.
-		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, CountersBytes: 4 * 21}},
+		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, Terms: []Held{{"counters", 4 * 21}}}},
 		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 3 * 4 * 64 * 128}},
 		// Stages 1 and 2 reduce through a bucket of a layer's gradients
 		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
@@ -78,16 +80,16 @@ func TestStaticZeRO(t *testing.T) {
 		// root of the fp32 partition (4Ψ/4): the larger of 2·2Ψ/4 + 4Ψ/4
 		// and 4Ψ/4 + 4Ψ/4.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*psi/4, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
+			Terms: []Held{{"reduce", 2*2*layer + 2*psi/4}}, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
 			StepFreedBytes: 2*psi + 2*2*layer + 2*psi/4}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			ReduceBytes: 2*2*layer + 2*layer, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
+			Terms: []Held{{"reduce", 2*2*layer + 2*layer}}, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
 			StepFreedBytes: 2*psi/4 + 2*2*layer + 2*layer}},
 		// Stage 3 gathers too (TestFSDPGathers): the forward and backward
 		// hold the root (embedding, head, final norm) unsharded and a
 		// layer's all-gather output; the step none of it.
 		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			GatheredBytes: 2*root + 2*layer, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer},
+			Terms: []Held{{"gathered", 2*root + 2*layer}}, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer},
 			LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4, StepFreedBytes: 2*root + 2*layer}},
 	}
 	for _, tt := range tests {
@@ -125,7 +127,7 @@ func TestFSDPGathers(t *testing.T) {
 	if diff := cmp.Diff(want, st.Gather); diff != "" {
 		t.Errorf("llama-3-8b, ZeRO 3 over 8 (-want +got)\n%s", diff)
 	}
-	if got, want := st.GatheredBytes, int64(root+layer); got != want {
+	if got, want := st.Of(Gathered), int64(root+layer); got != want {
 		t.Errorf("gathered %d, want %d", got, want)
 	}
 	if got, want := st.Gather.ForwardBytes(), int64(4*layer); got != want {
@@ -177,7 +179,7 @@ func TestZeROReduceSet(t *testing.T) {
 		m := *src.Model
 		m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: tt.zero}
 		m.Training.Profile = tt.profile
-		if got := analyzeModel(t, &m).Static.ReduceBytes; got != tt.want {
+		if got := analyzeModel(t, &m).Static.Of(Reduce); got != tt.want {
 			t.Errorf("ZeRO %d, profile %q: reduce %d, want %d", tt.zero, tt.profile, got, tt.want)
 		}
 	}
@@ -212,7 +214,7 @@ func TestStaticNoSync(t *testing.T) {
 		// The reduce buffers are freed when the backward ends, all the
 		// same.
 		if zero == 1 || zero == 2 {
-			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.BuffersBytes-64*4+st.ReduceBytes // all but the registered inverse frequencies
+			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.Of(Buffers)-64*4+st.Of(Reduce) // all but the registered inverse frequencies
 		}
 		if diff := cmp.Diff(want, st); diff != "" {
 			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)
@@ -229,7 +231,7 @@ func TestStaticLoRA(t *testing.T) {
 	if c.Static.TrainableParameters != adapters {
 		t.Errorf("trainable = %d, want %d", c.Static.TrainableParameters, adapters)
 	}
-	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, BuffersBytes: 2*2048*16*2 + 16/2*4, StepBytes: 4 * adapters, StepFreedBytes: 2 * 2048 * 16 * 2}
+	want := Static{Parameters: c.Static.Parameters, TrainableParameters: adapters, WeightsBytes: 2 * c.Static.Parameters, GradientsBytes: 2 * adapters, OptimizerBytes: 12 * adapters, Terms: []Held{{"buffers", 2*2048*16*2 + 16/2*4}}, StepBytes: 4 * adapters, StepFreedBytes: 2 * 2048 * 16 * 2}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
@@ -277,8 +279,7 @@ func TestStaticQLoRA(t *testing.T) {
 		WeightsBytes:   l*base + 2*(2*v*h+2*h*l+h) + 4*l*adapters,
 		GradientsBytes: 4 * l * adapters,
 		OptimizerBytes: l*moments + 2*4*256,
-		BuffersBytes:   c.Static.BuffersBytes,
-		DequantBytes:   2 * h * f,
+		Terms:          []Held{{"dequant", 2 * h * f}, {"buffers", c.Static.Of(Buffers)}},
 		Paged:          true,
 		// The rotary tables the forward makes, cos and sin of 8192 × 128,
 		// and its int64 positions.
@@ -417,13 +418,13 @@ func TestStaticZeRO3Engines(t *testing.T) {
 	psi := ds.Parameters
 	layer := int64(4096*4096*2 + 4096*1024*2 + 3*4096*14336 + 2*4096)
 	want := fsdp
-	want.BucketBytes = 2 * layer
+	want.add(Bucket, 2*layer)
 	want.StepBytes = (2 + 4) * psi / 8
 	if diff := cmp.Diff(want, ds); diff != "" {
 		t.Errorf("deepspeed against fsdp2 (-want +got)\n%s", diff)
 	}
-	if fsdp.BucketBytes != 0 || fsdp.StepBytes != 0 {
-		t.Errorf("fsdp2: bucket %d, step %d; want none (fused AdamW over the shards)", fsdp.BucketBytes, fsdp.StepBytes)
+	if fsdp.Of(Bucket) != 0 || fsdp.StepBytes != 0 {
+		t.Errorf("fsdp2: bucket %d, step %d; want none (fused AdamW over the shards)", fsdp.Of(Bucket), fsdp.StepBytes)
 	}
 }
 
@@ -433,7 +434,7 @@ func TestStaticZeRO3Engines(t *testing.T) {
 // of 994,432 fp32 parameters over two gloo ranks,
 // python/tests/test_step_peak.py): 2Ψ for Llama 3 8B in bf16, the
 // adapters' gradients under LoRA; none on one rank, under ZeRO (its
-// engines reduce through buckets of their own, ReduceBytes) or under the
+// engines reduce through buckets of their own, Reduce) or under the
 // megatron profile (Megatron-LM's gradient buffer).
 func TestStaticDDP(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
@@ -461,8 +462,42 @@ func TestStaticDDP(t *testing.T) {
 			m.Training.LoRA = ir.LoRA{Rank: tt.lora, Targets: []ir.LoRATarget{"q", "v"}}
 		}
 		st := analyzeModel(t, &m).Static
-		if want := tt.want(st); st.BucketBytes != want {
-			t.Errorf("%s: buckets %d, want %d", tt.name, st.BucketBytes, want)
+		if want := tt.want(st); st.Of(Bucket) != want {
+			t.Errorf("%s: buckets %d, want %d", tt.name, st.Of(Bucket), want)
 		}
+	}
+}
+
+// TestTermsRegistered: a term listed in Terms is counted in Total and
+// StepFreedBytes, reported by Of, and placed in Terms' order, with no
+// other change: what "adding a memory term" (README) promises.
+func TestTermsRegistered(t *testing.T) {
+	seen := map[string]bool{}
+	for _, term := range Terms {
+		if term.Name == "" || seen[term.Name] || term.count == nil || term.Describe == nil {
+			t.Errorf("term %q: a name of its own, a count and a description are each required", term.Name)
+		}
+		seen[term.Name] = true
+	}
+	m := &graphio.Model{Name: "s", Family: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Vocab: 100, Training: ir.DefaultSetup()}
+	m.Training.Optimizer = "adamw-fused"
+	before := analyzeModel(t, m).Static
+	probe := &Term{Name: "probe", count: func(r *rankTally) (int64, int64) { return r.static.WeightsBytes / 2, 100 },
+		Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("probe %v", b) }}
+	saved := Terms
+	Terms = append([]*Term{probe}, saved...)
+	defer func() { Terms = saved }()
+	after := analyzeModel(t, m).Static
+	half := before.WeightsBytes / 2
+	if after.Of(probe) != half || after.Total() != before.Total()+half || after.StepFreedBytes != before.StepFreedBytes+100 {
+		t.Errorf("with a probe of %d bytes (100 freed): %d of it, total %d from %d, step frees %d from %d",
+			half, after.Of(probe), after.Total(), before.Total(), after.StepFreedBytes, before.StepFreedBytes)
+	}
+	want := append([]Held{{"probe", half}}, before.Terms...)
+	if diff := cmp.Diff(want, after.Terms); diff != "" {
+		t.Errorf("terms (-want +got)\n%s", diff)
+	}
+	if len(before.Terms) < 2 {
+		t.Errorf("terms %v: want the step counters and the buffers at least", before.Terms)
 	}
 }

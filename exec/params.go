@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/exec/kernel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
@@ -99,7 +100,7 @@ func (r *Runner) static(seed int64) {
 			r.params[i].w, r.params[i].dw = r.params[src].w, r.params[src].dw
 		}
 	}
-	if b := c.Static.OptimizerBytes + c.Static.CountersBytes; b > 0 {
+	if b := c.Static.OptimizerBytes + c.Static.Of(costmodel.Counters); b > 0 {
 		r.tr.Alloc(0, mem.Bytes(b), "optimizer state")
 	}
 	r.rope = map[[2]int64][2][]float32{}

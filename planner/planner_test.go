@@ -515,10 +515,10 @@ func TestZeRO3Gathers(t *testing.T) {
 	}
 	// Stage 2's reduce buffers are held from the loss's backward on, with
 	// every gradient, not the whole step.
-	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.ReduceBytes); got != want {
+	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.Of(costmodel.Reduce)); got != want {
 		t.Errorf("stage 2: static %d, want all but the reduce buffers, %d", got, want)
 	}
-	r := mem.Bytes(st2.ReduceBytes)
+	r := mem.Bytes(st2.Of(costmodel.Reduce))
 	if got := c2.BackwardHeldBytes; got != r || c2.LossTempBytes-c3.LossTempBytes != r || c2.DeltaBytes(l)-c2.ActBytes[l] != r {
 		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the reduce buffers, %d",
 			got, c2.LossTempBytes-c3.LossTempBytes, c2.DeltaBytes(l)-c2.ActBytes[l], r)

@@ -137,7 +137,7 @@ func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
 	if ga := c.Static.Gather; ga != (costmodel.Gather{}) {
 		p.gather(ga)
 	}
-	if r := mem.Bytes(c.Static.ReduceBytes); r > 0 {
+	if r := mem.Bytes(c.Static.Of(costmodel.Reduce)); r > 0 {
 		p.reduceInBackward(r)
 	}
 	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - p.stepFreedStatic - p.stepFreedDelta + mem.Bytes(c.Static.StepBytes)
@@ -274,7 +274,7 @@ func (p *Problem) gather(ga costmodel.Gather) {
 }
 
 // reduceInBackward holds ZeRO stages 1 and 2's reduce buffers
-// (costmodel.Static.ReduceBytes) from the loss's backward to the
+// (costmodel.Reduce) from the loss's backward to the
 // backward's end, as DeepSpeed allocates its bucket when the backward
 // starts and frees the buffers when it ends, instead of the whole step:
 // with every gradient δ_i (solver.Chain.BackwardHeldBytes) and during

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -33,23 +35,61 @@ type costReport struct {
 	static costmodel.Static // likewise
 }
 
+// staticReport is the cost report's static memory. Its JSON gives the
+// bytes of each static memory term (costmodel.Terms) that holds any, in
+// the terms' order, between the optimizer's bytes and the layer's
+// gathered bytes.
 type staticReport struct {
-	Parameters          int64 `json:"parameters"`
-	TrainableParameters int64 `json:"trainable_parameters"`
-	WeightsBytes        int64 `json:"weights_bytes"`
-	GradientsBytes      int64 `json:"gradients_bytes"`
-	OptimizerBytes      int64 `json:"optimizer_bytes"`
-	BuffersBytes        int64 `json:"buffers_bytes,omitempty"`
-	DequantBytes        int64 `json:"dequant_bytes,omitempty"`
-	GatheredBytes       int64 `json:"gathered_bytes,omitempty"`
+	Parameters          int64            `json:"parameters"`
+	TrainableParameters int64            `json:"trainable_parameters"`
+	WeightsBytes        int64            `json:"weights_bytes"`
+	GradientsBytes      int64            `json:"gradients_bytes"`
+	OptimizerBytes      int64            `json:"optimizer_bytes"`
+	Terms               []costmodel.Held `json:"-"`
 	// LayerGatheredBytes is the most a decoder layer gathers beside
-	// GatheredBytes while it runs, forward or backward (ZeRO 3).
+	// what costmodel.Gathered holds while it runs, forward or backward
+	// (ZeRO 3).
 	LayerGatheredBytes int64 `json:"layer_gathered_bytes,omitempty"`
-	CountersBytes      int64 `json:"counters_bytes,omitempty"`
-	ReduceBytes        int64 `json:"reduce_bytes,omitempty"`
-	BucketBytes        int64 `json:"bucket_bytes,omitempty"`
 	Paged              bool  `json:"paged,omitempty"`
 	TotalBytes         int64 `json:"total_bytes"`
+}
+
+// MarshalJSON writes r's fields in their order, each term's bytes after
+// the optimizer's.
+func (r staticReport) MarshalJSON() ([]byte, error) {
+	type field struct {
+		key   string
+		value any
+	}
+	fields := []field{{"parameters", r.Parameters}, {"trainable_parameters", r.TrainableParameters},
+		{"weights_bytes", r.WeightsBytes}, {"gradients_bytes", r.GradientsBytes}, {"optimizer_bytes", r.OptimizerBytes}}
+	for _, h := range r.Terms {
+		fields = append(fields, field{h.Term + "_bytes", h.Bytes})
+	}
+	if r.LayerGatheredBytes != 0 {
+		fields = append(fields, field{"layer_gathered_bytes", r.LayerGatheredBytes})
+	}
+	if r.Paged {
+		fields = append(fields, field{"paged", true})
+	}
+	fields = append(fields, field{"total_bytes", r.TotalBytes})
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, f := range fields {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, _ := json.Marshal(f.key)
+		v, err := json.Marshal(f.value)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
 }
 
 type blockReport struct {
@@ -117,7 +157,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
 			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
 			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
-			BuffersBytes: c.Static.BuffersBytes, DequantBytes: c.Static.DequantBytes, GatheredBytes: c.Static.GatheredBytes, LayerGatheredBytes: c.Static.Gather.LayerBytes(), CountersBytes: c.Static.CountersBytes, ReduceBytes: c.Static.ReduceBytes, BucketBytes: c.Static.BucketBytes, Paged: c.Static.Paged,
+			Terms: c.Static.Terms, LayerGatheredBytes: c.Static.Gather.LayerBytes(), Paged: c.Static.Paged,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
 		setup:  &g.Setup, static: c.Static,

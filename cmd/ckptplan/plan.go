@@ -368,25 +368,10 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	}
 	out := fmt.Sprintf("weights %v%s, gradients %v%s, optimizer %v%s", mem.Bytes(st.WeightsBytes), weights,
 		mem.Bytes(st.GradientsBytes), grads, mem.Bytes(st.OptimizerBytes), opt)
-	if st.CountersBytes > 0 {
-		out += fmt.Sprintf(", step counters %v", mem.Bytes(st.CountersBytes))
-	}
-	if st.DequantBytes > 0 {
-		out += fmt.Sprintf(", dequantized weight %v", mem.Bytes(st.DequantBytes))
-	}
-	if st.BuffersBytes > 0 {
-		out += fmt.Sprintf(", buffers %v", mem.Bytes(st.BuffersBytes))
-	}
-	if st.GatheredBytes > 0 {
-		out += fmt.Sprintf(", gathered by ZeRO 3 %v (and up to %v while a layer runs)", mem.Bytes(st.GatheredBytes), mem.Bytes(st.Gather.LayerBytes()))
-	}
-	if st.ReduceBytes > 0 {
-		out += fmt.Sprintf(", ZeRO %d's reduce buffers %v", s.Parallel.Zero, mem.Bytes(st.ReduceBytes))
-	}
-	if st.BucketBytes > 0 && s.Parallel.Zero >= 3 {
-		out += fmt.Sprintf(", DeepSpeed's gradient bucket %v", mem.Bytes(st.BucketBytes))
-	} else if st.BucketBytes > 0 {
-		out += fmt.Sprintf(", DDP's gradient buckets %v", mem.Bytes(st.BucketBytes))
+	for _, t := range costmodel.Terms {
+		if b := st.Of(t); b > 0 {
+			out += ", " + t.Describe(s, *st, mem.Bytes(b))
+		}
 	}
 	return out
 }

@@ -1,0 +1,86 @@
+package costmodel
+
+// A model holds tensors through the step that are neither weights nor
+// activations: the rotary embedding's cos and sin tables, which the model
+// makes in each forward and the backward's graph frees (ropeTables), and
+// its registered buffers (the tables' inverse frequencies, a layer's own
+// cached tables), or the buffers measured on the live model
+// (ir.Setup.BuffersBytes). Under the transformers profile the model also
+// makes the positions (cache_position, and position_ids a view of it),
+// seq int64s each forward: a checkpointed layer's call holds them to its
+// backward, so they are counted through the forward and the backward,
+// which bounds that (storing everything, PyTorch frees them with the
+// forward); the step holds none.
+
+import (
+	"fmt"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// Buffers are the model's non-trained tensors that live for the whole
+// forward and backward: the rotary tables, the registered buffers and the
+// positions.
+var Buffers = &Term{
+	Name: "buffers",
+	count: func(r *rankTally) (held, freed int64) {
+		s := &r.g.Setup
+		made, registered := ropeTables(r.g, r.held)
+		if s.BuffersBytes > 0 {
+			registered = s.BuffersBytes // measured on the live model
+		}
+		held = made + registered
+		if s.Profile != Megatron {
+			freed = made // the forward's tables, freed with the backward's graph
+		}
+		if held > 0 && s.Profile == Transformers {
+			held += 8 * s.Seq
+			freed += 8 * s.Seq
+		}
+		return held, freed
+	},
+	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("buffers %v", b) },
+}
+
+// ropeTables returns the bytes of the rotary embedding's tensors the model
+// holds through the step: made, the cos and sin tables it makes in the
+// forward, one pair per distinct (sequence, head size) among the graph's
+// RoPE nodes when the model makes them once (none when its layers make
+// their own: their copies are the layers' activations); and registered,
+// its buffers: each rotary module's inverse frequencies (head size / 2
+// fp32 values), the model's one or each layer's, and a pair of tables of
+// every position in each layer whose RoPE indexes a cache of its own.
+func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
+	seen := map[[2]int64]bool{}
+	layers := map[string]bool{}
+	inLayer := false
+	var invFreq int64
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.Op != ir.RoPE || !held(i) {
+			continue
+		}
+		inLayer = inLayer || n.Attrs.Tables
+		if (n.Attrs.Tables || n.Attrs.CacheLen > 0) && !layers[n.Block] {
+			layers[n.Block] = true
+			registered += n.Shape.Last() / 2 * 4
+			if c := n.Attrs.CacheLen; c > 0 {
+				registered += 2 * c * n.Shape.Last() * g.DType.Size()
+			}
+		}
+		k := [2]int64{n.Shape[len(n.Shape)-2], n.Shape.Last()}
+		if !seen[k] {
+			seen[k] = true
+			made += 2 * k[0] * k[1] * g.DType.Size()
+			invFreq += k[1] / 2 * 4
+		}
+	}
+	if len(layers) == 0 {
+		registered += invFreq
+	}
+	if inLayer {
+		made = 0
+	}
+	return made, registered
+}
