@@ -10,7 +10,8 @@ package costmodel
 // seq int64s each forward: a checkpointed layer's call holds them to its
 // backward, so they are counted through the forward and the backward,
 // which bounds that (storing everything, PyTorch frees them with the
-// forward); the step holds none.
+// forward); the step holds none. So is, under eager attention, the mask
+// the model makes and hands every layer (modelMasks).
 
 import (
 	"fmt"
@@ -20,8 +21,8 @@ import (
 )
 
 // Buffers are the model's non-trained tensors that live for the whole
-// forward and backward: the rotary tables, the registered buffers and the
-// positions.
+// forward and backward: the rotary tables, the registered buffers, the
+// positions and eager attention's masks.
 var Buffers = &Term{
 	Name: "buffers",
 	count: func(r *rankTally) (held, freed int64) {
@@ -38,7 +39,8 @@ var Buffers = &Term{
 			held += 8 * s.Seq
 			freed += 8 * s.Seq
 		}
-		return held, freed
+		masks := modelMasks(r.g, r.held)
+		return held + masks, freed + masks
 	},
 	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("buffers %v", b) },
 }
@@ -83,4 +85,27 @@ func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 		made = 0
 	}
 	return made, registered
+}
+
+// modelMasks returns the bytes of the masks the model makes each forward
+// and hands its eager layers (ir.Attrs.ModelMask), each [b, 1, s, s] in
+// the model's dtype: transformers makes one of each kind its layers take
+// (a causal mask; from 4.53 a sliding-window one for sliding layers
+// beside it), materialized for eager attention whether or not the batch
+// has padding. Before 4.53 a batch without an attention mask gets a view
+// of one [s, s] mask, expanded over the batch, and one with an attention
+// mask a copy per sequence: counted as the copy, which a training batch
+// has.
+func modelMasks(g *ir.Graph, held func(int) bool) int64 {
+	kinds := map[string]bool{}
+	var bytes int64
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.Op != ir.CausalMask || n.Attrs.ModelMask == "" || !held(i) || kinds[n.Attrs.ModelMask] || len(n.Shape) < 4 {
+			continue
+		}
+		kinds[n.Attrs.ModelMask] = true
+		bytes += n.Shape[0] * n.Shape[len(n.Shape)-2] * n.Shape.Last() * g.DType.Size()
+	}
+	return bytes
 }

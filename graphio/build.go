@@ -277,7 +277,14 @@ func (b *builder) core(q, k, v int) int {
 	// fp32. GPT-2's torch.where fills in the scores' own dtype; from 4.53
 	// it adds the model's mask after it, and from 5.2 only that.
 	additive := !gpt2 || t.Numerics.GPT2AdditiveMask || t.Numerics.ModelMasks
-	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && additive}, s)
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{Upcast: b.half != ir.Invalid && additive, ModelMask: b.modelMask(additive)}, s)
+	if dt := b.g.Nodes[s].DType; t.Profile == ir.ProfileTransformers && t.Numerics.SoftmaxFP32 && dt != ir.FP32 && (dt != ir.FP16 || t.Numerics.CPUKernels) {
+		// F.softmax(x, dtype=torch.float32) copies 16-bit scores to
+		// fp32 before it runs (only CUDA's fp16 softmax reads 16 bits
+		// and writes 32): the copy's gradient is fp32 until its
+		// backward casts it back.
+		s = b.cast("attn.softmax_in", ir.FP32, s)
+	}
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Upcast: t.Numerics.SoftmaxFP32}, s)
 	s = b.cast("attn.softmax_cast", qdt, s)
 	s = b.dropout("attn.attn_dropout", s)
@@ -304,6 +311,21 @@ func (b *builder) sdpaMasked() bool {
 		return m.Sliding(b.layer) && t.Seq >= m.SlidingWindow
 	}
 	return m.Family == "gemma2"
+}
+
+// modelMask names the model's mask an eager layer adds to its scores
+// (ir.Attrs.ModelMask): under the transformers profile, the model's
+// causal mask, or from 4.53 its sliding-window mask in a sliding layer;
+// none where GPT-2 masks its scores with its own buffer (before 4.53).
+func (b *builder) modelMask(additive bool) string {
+	t := &b.m.Training
+	switch {
+	case t.Profile != ir.ProfileTransformers || !additive:
+		return ""
+	case t.Numerics.ModelMasks && b.m.Sliding(b.layer):
+		return "sliding"
+	}
+	return "full"
 }
 
 // scoreScale is the factor of the attention scores: 1/√head_dim,

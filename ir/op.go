@@ -166,8 +166,14 @@ type Attrs struct {
 	// (aten.mul.Scalar, as PyTorch's kernels call it), which autograd
 	// keeps inside its node; otherwise a Python number, which PyTorch
 	// wraps in a host tensor that the backward keeps.
-	ScalarArg  bool
-	Causal     bool    // Attention: causal masking
+	ScalarArg bool
+	Causal    bool // Attention: causal masking
+	// ModelMask: CausalMask adds a mask the model makes once a forward
+	// and hands every layer, [b, 1, s, s] in its dtype: transformers'
+	// eager attention's, "full" or "sliding" (a sliding-window layer's,
+	// from 4.53 a mask of its own); "" where the layer masks its scores
+	// itself.
+	ModelMask  string
 	MaskKept   bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
 	TransposeB bool    // MatMul: use the transpose of the last two axes of b
 	Axis       int     // Transpose: first axis
