@@ -73,7 +73,12 @@ func (e *Export) HF(w io.Writer) error {
 			"except ImportError:\n    raise ImportError(\"this plan checkpoints some layers and stores others, which needs \"\n" +
 			"                      \"transformers >= 4.52: use ckptplan.apply(model, plan), or ckptplan export --to pytorch\") from None\n")
 	}
-	fmt.Fprintf(&b, "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n")
+	// transformers 5.23 renamed gradient_checkpointing_enable, which
+	// stays a deprecated alias until 6.
+	b.WriteString("if hasattr(model, \"activation_checkpointing_enable\"):  # transformers 5.23 and later\n" +
+		"    model.activation_checkpointing_enable(activation_checkpointing_kwargs={\"use_reentrant\": False})\n" +
+		"else:\n" +
+		"    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False})\n")
 	if len(ckpt) < len(e.Layers) {
 		fmt.Fprintf(&b, "CHECKPOINTED = {%s}\n", ints(ckpt))
 		b.WriteString("base = model.get_base_model() if hasattr(model, \"get_base_model\") else model  # PEFT\n")

@@ -65,10 +65,14 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
         raise CkptplanUsageError(f"ckptplan.apply: model is a torch.nn.Module, not {type(model).__name__}")
     versions.check()
     if _hf_checkpointing(model):
+        # transformers 5.23 renamed gradient_checkpointing_disable and
+        # TrainingArguments' gradient_checkpointing, deprecated aliases
+        # until 6.
+        term = "activation" if hasattr(model, "activation_checkpointing_disable") else "gradient"
         raise CkptplanUsageError(
             "ckptplan.apply: transformers' gradient checkpointing is on for this model, and would checkpoint "
-            "every layer around the plan: call model.gradient_checkpointing_disable() first, and leave "
-            "gradient_checkpointing=False in TrainingArguments")
+            f"every layer around the plan: call model.{term}_checkpointing_disable() first, and leave "
+            f"{term}_checkpointing=False in TrainingArguments")
     layers = decoder_layers(model) if layers is None else layers
     if not plan.feasible:
         raise ValueError(f"the plan does not fit its budget of {plan.budget_bytes} bytes: nothing to apply")

@@ -36,7 +36,7 @@ def test_every_layer_checkpointed_recomputes_what_the_plan_says(ckptplan_binary,
     promise = json.loads(export(ref, tmp_path, "--solver", "every-k", "--budget", "1GiB", "--to", "json"))
     model = copy.deepcopy(ref)
     exec(code, {"model": model})
-    assert model.is_gradient_checkpointing
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing  # named so from 5.23
     got = measure(model, batch())
     base_model = copy.deepcopy(ref)
     base = measure(base_model, batch())

@@ -86,12 +86,14 @@ def test_apply_refuses_transformers_gradient_checkpointing(ckptplan_binary):
     plan: apply says to turn it off, and applies once it is."""
     model = tiny()
     plan = ckptplan.Plan.every_layer(model, "checkpoint")
-    model.gradient_checkpointing_enable()
-    with pytest.raises(ckptplan.CkptplanUsageError, match="gradient_checkpointing_disable") as info:
+    # transformers 5.23 renamed the methods, the old names deprecated.
+    term = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    getattr(model, f"{term}_checkpointing_enable")()
+    with pytest.raises(ckptplan.CkptplanUsageError, match=f"model.{term}_checkpointing_disable") as info:
         ckptplan.apply(model, plan)
     one_line_usage(info.value)
     assert ckptplan.applied(model) is None
-    model.gradient_checkpointing_disable()
+    getattr(model, f"{term}_checkpointing_disable")()
     assert ckptplan.apply(model, plan) == {"store": 0, "checkpoint": 2, "selective": 0}
 
 
