@@ -285,6 +285,11 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "12 parsecs"}, true, ""},
 		{[]string{"plan", "tiny-llama", "--budget", "1MiB"}, false, "tiny-llama does not fit in 1 MiB with the selective solver: it needs at least 4.30 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB"}, false, "tiny-llama does not fit in 4.20 MiB with the selective solver: it needs at least"},
+		// What does not fit is named, with what holds less of it: the
+		// static memory (the cost report's 4.01 MiB), or the activations
+		// beyond it.
+		{[]string{"plan", "tiny-llama", "--budget", "3.5MiB"}, false, "static memory 4.01 MiB (weights 1.00 MiB, gradients 1.00 MiB, optimizer 2.00 MiB, step counters 156 B, buffers 4.03 KiB) passes the budget alone; LoRA (--lora-rank)"},
+		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB", "--batch", "2"}, false, "of activations and working memory at the peak; a smaller --batch or --seq holds less"},
 		// AdamW's foreach step holds a moment-sized copy beside the gradients.
 		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB", "--optimizer", "adamw"}, false, "tiny-llama does not fit in 4.50 MiB with the selective solver: it needs at least 5.01 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, true, `unknown strategy "magic"`},

@@ -234,9 +234,28 @@ func infeasible(p *planner.Plan) error {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
 	if p.MinBudgetBytes > 0 {
-		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes), minBudgetBytes: int64(p.MinBudgetBytes)}
+		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes, whyNotFit(p)), minBudgetBytes: int64(p.MinBudgetBytes)}
 	}
-	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: static memory alone is %v", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes)}
+	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: static memory alone is %v%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes, whyNotFit(p))}
+}
+
+// whyNotFit says, for a plan that does not fit, which part of its least
+// peak passes the budget: the static memory (and what it is), or the
+// activations and working memory beyond it, and which settings hold less
+// of that part.
+func whyNotFit(p *planner.Plan) string {
+	if p.Static == nil || p.Setup == nil {
+		return ""
+	}
+	static := mem.Bytes(p.Static.Total())
+	why := fmt.Sprintf(": static memory %v (%s)", static, staticParts(p.Setup, p.Static))
+	if static+p.ReserveBytes >= p.BudgetBytes {
+		return why + " passes the budget alone; LoRA (--lora-rank), 4-bit weights under it (--quant nf4), an 8-bit optimizer (--optimizer adamw8bit) or sharding over GPUs (--zero, --dp) hold less"
+	}
+	if more := p.MinBudgetBytes - static - p.ReserveBytes; p.MinBudgetBytes > 0 && more > 0 {
+		why += fmt.Sprintf(", and at least %v of activations and working memory at the peak; a smaller --batch or --seq holds less", more)
+	}
+	return why
 }
 
 func writePlanText(w io.Writer, p *planner.Plan) error {
