@@ -118,7 +118,6 @@ SETUPS = [("full", 0, 1, "fp32", "sdpa"), ("lora", 8, 1, "fp32", "sdpa"), ("accu
           ("eager", 0, 1, "fp32", "eager"), ("eager-bf16", 0, 1, "bf16", "eager")]
 
 
-
 @pytest.mark.parametrize("impl,kwargs", [("adamw-foreach", {"foreach": True}),
                                           ("adamw-fused", {"fused": True}),
                                           ("adamw-forloop", {"foreach": False})])
