@@ -233,10 +233,14 @@ func infeasible(p *planner.Plan) error {
 	if p.ReserveBytes > 0 {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
+	why := whyNotFit(p)
 	if p.MinBudgetBytes > 0 {
-		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes, whyNotFit(p)), minBudgetBytes: int64(p.MinBudgetBytes)}
+		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes, why), minBudgetBytes: int64(p.MinBudgetBytes)}
 	}
-	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: static memory alone is %v%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.StaticBytes, whyNotFit(p))}
+	if why == "" {
+		why = fmt.Sprintf(": static memory alone is %v", p.StaticBytes)
+	}
+	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver%s", p.Model, p.BudgetBytes, reserve, p.Solver, why)}
 }
 
 // whyNotFit says, for a plan that does not fit, which part of its least
