@@ -80,27 +80,17 @@ func (s Static) Of(t *Term) int64 {
 // add adds b bytes to what Term t holds, keeping Terms' order and
 // leaving out a term that holds nothing.
 func (s *Static) add(t *Term, b int64) {
-	if b == 0 {
-		return
-	}
-	for i := range s.Terms {
-		if s.Terms[i].Term == t.Name {
-			if s.Terms[i].Bytes += b; s.Terms[i].Bytes == 0 {
-				if s.Terms = append(s.Terms[:i], s.Terms[i+1:]...); len(s.Terms) == 0 {
-					s.Terms = nil
-				}
-			}
-			return
+	var held []Held
+	for _, r := range Terms {
+		n := s.Of(r)
+		if r == t {
+			n += b
+		}
+		if n != 0 {
+			held = append(held, Held{r.Name, n})
 		}
 	}
-	s.Terms = append(s.Terms, Held{t.Name, b})
-	order := map[string]int{}
-	for i, t := range Terms {
-		order[t.Name] = i
-	}
-	for i := len(s.Terms) - 1; i > 0 && order[s.Terms[i].Term] < order[s.Terms[i-1].Term]; i-- {
-		s.Terms[i], s.Terms[i-1] = s.Terms[i-1], s.Terms[i]
-	}
+	s.Terms = held
 }
 
 // countTerms counts every registered Term on the rank r describes.
