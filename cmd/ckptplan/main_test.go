@@ -290,6 +290,8 @@ func TestErrors(t *testing.T) {
 		// beyond it.
 		{[]string{"plan", "tiny-llama", "--budget", "3.5MiB"}, false, "static memory 4.01 MiB (weights 1.00 MiB, gradients 1.00 MiB, optimizer 2.00 MiB, step counters 156 B, buffers 4.03 KiB) passes the budget alone; LoRA (--lora-rank)"},
 		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB", "--batch", "2"}, false, "of activations and working memory at the peak; a smaller --batch or --seq holds less"},
+		// Settings the setup already uses are not offered again.
+		{[]string{"plan", "tiny-llama", "--budget", "100KiB", "--lora-rank", "4", "--quant", "nf4"}, false, "passes the budget alone; an 8-bit optimizer (--optimizer adamw8bit) or sharding over GPUs (--zero, --dp) hold less"},
 		// AdamW's foreach step holds a moment-sized copy beside the gradients.
 		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB", "--optimizer", "adamw"}, false, "tiny-llama does not fit in 4.50 MiB with the selective solver: it needs at least 5.01 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, true, `unknown strategy "magic"`},

@@ -254,12 +254,39 @@ func whyNotFit(p *planner.Plan) string {
 	static := mem.Bytes(p.Static.Total())
 	why := fmt.Sprintf(": static memory %v (%s)", static, staticParts(p.Setup, p.Static))
 	if static+p.ReserveBytes >= p.BudgetBytes {
-		return why + " passes the budget alone; LoRA (--lora-rank), 4-bit weights under it (--quant nf4), an 8-bit optimizer (--optimizer adamw8bit) or sharding over GPUs (--zero, --dp) hold less"
+		return why + " passes the budget alone" + staticHints(p.Setup)
 	}
 	if more := p.MinBudgetBytes - static - p.ReserveBytes; p.MinBudgetBytes > 0 && more > 0 {
 		why += fmt.Sprintf(", and at least %v of activations and working memory at the peak; a smaller --batch or --seq holds less", more)
 	}
 	return why
+}
+
+// staticHints names the settings s does not use yet that hold less
+// static memory: LoRA, 4-bit weights under it, an 8-bit optimizer,
+// sharding over GPUs.
+func staticHints(s *ir.Setup) string {
+	var hints []string
+	if s.LoRA.Rank == 0 {
+		hints = append(hints, "LoRA (--lora-rank)")
+	}
+	if s.Quant == "" {
+		hints = append(hints, "4-bit weights under LoRA (--quant nf4)")
+	}
+	if !costmodel.Bitsandbytes(s.Optimizer) {
+		hints = append(hints, "an 8-bit optimizer (--optimizer adamw8bit)")
+	}
+	if s.Parallel.Zero < 3 {
+		hints = append(hints, "sharding over GPUs (--zero, --dp)")
+	}
+	if len(hints) == 0 {
+		return ""
+	}
+	last := len(hints) - 1
+	if last == 0 {
+		return "; " + hints[0] + " holds less"
+	}
+	return "; " + strings.Join(hints[:last], ", ") + " or " + hints[last] + " hold less"
 }
 
 func writePlanText(w io.Writer, p *planner.Plan) error {
