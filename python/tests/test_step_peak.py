@@ -324,14 +324,22 @@ def test_memtracker_agrees(ckptplan_binary, name, lora, micro, dtype):
 
 def _worker(rank: int, port: int, out: str) -> None:
     """One of two ranks of a gloo group training the Llama under PyTorch's
-    DistributedDataParallel (AdamW fused) for five steps, under the
-    profiler from before the model is made; rank 0 writes the most its
-    CPU allocator held in the forward, the backward and the optimizer
-    step, each the least over the last three steps (the first rebuilds
-    DDP's buckets in the gradients' order; on a loaded machine gloo's
-    thread may free the buffer of a step's last all-reduce, a bucket's
-    size, only in the next step's forward, while a term the plan lacked
-    would show in every step)."""
+    DistributedDataParallel (AdamW fused) for five steps under the
+    profiler; rank 0 writes the most its CPU allocator held in the
+    forward, the backward and the optimizer step, each the least over the
+    last three steps (the first rebuilds DDP's buckets in the gradients'
+    order; on a loaded machine gloo's thread may free the buffer of a
+    step's last all-reduce, a bucket's size, only in the next step's
+    forward, while a term the plan lacked would show in every step).
+
+    The model and its DDP wrapper are made before the profiler starts and
+    their weights' bytes added to what it counts. DDP's constructor
+    broadcasts the weights through one flat buffer; whichever of the
+    calling thread and gloo's worker drops it last frees it, and the
+    profiler's running total drops only for frees on a profiled thread,
+    so when gloo's thread wins the race the buffer would stay in every
+    later total. The buckets DDP rebuilds in the first step's forward are
+    made under the profiler."""
     import json
     import os
 
@@ -341,15 +349,18 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(build())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in [*model.parameters(), *model.buffers()]}
+    weights = sum(storages.values())
 
     def setup():
-        model = torch.nn.parallel.DistributedDataParallel(build())
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
         ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
         return model, optimizer, {"input_ids": ids, "labels": ids.clone()}
 
     try:
-        prof, (model, optimizer, _) = profiled_steps(setup, steps=5)
+        prof, (_, optimizer, _) = profiled_steps(setup, steps=5)
         # ckptplan.plan over the wrapped model: its ranks are the plan's --dp.
         planned = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer).peak_bytes
     finally:
@@ -358,7 +369,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         return
     steady = [part_peaks(prof, k) for k in (2, 3, 4)]
     with open(out, "w") as f:
-        json.dump({"planned": planned, **{part: min(p[part] for p in steady) for part in steady[0]}}, f)
+        json.dump({"planned": planned, **{part: weights + min(p[part] for p in steady) for part in steady[0]}}, f)
+
 
 def test_ddp_buckets(ckptplan_binary, tmp_path):
     """Data parallelism without ZeRO (--dp 2) is PyTorch's
