@@ -19,8 +19,17 @@ layer runs in one of three modes:
               saved-tensor hooks and reruns its whole forward once in
               backward to get the others back; elsewhere it is refused.
 
-A plan is for one batch and sequence length: a call with other shapes
-fails with a message saying so. Gradients are those without the plan.
+A plan is for a batch and sequence length and runs any call up to them:
+the last short batch of an epoch, a batch a data collator padded to its
+longest sequence. Such a call runs the same ops, each making a tensor no
+larger than at the planned shape, and a layer keeps what the plan keeps of
+them, so it holds no more than the plan says. A selective layer's policy
+is found again for each new shape of its arguments (a padded batch may
+bring a mask the planned one had not), checking that the layer saves as
+many activations as planned, none larger (else it runs checkpointed
+whole, holding its input alone). A call beyond the planned batch or
+sequence fails with a message saying so. Gradients are those without
+the plan.
 """
 import contextlib
 import functools
@@ -31,7 +40,7 @@ import torch.utils.checkpoint
 
 if "SacPolicy" not in globals():  # in the package; an exported module carries sac.py above
     try:
-        from ._sac import SacPolicy, layer_input_shape, sac_available
+        from ._sac import SacPolicy, layer_input_shape, sac_available, tree_leaves
     except ImportError:  # this file loaded alone (its activation helpers only)
         pass
 
@@ -80,55 +89,94 @@ def check_modes(entries, rerun=False, hint=""):
 class LayerRun:
     """How a layer runs in training as its plan entry says: called with the
     layer's forward (inner), the layer and a call's arguments. shape is the
-    planned (batch, sequence); retry says what to do for another, with
-    {batch} and {seq} the call's; rerun allows the whole-forward rerun where
-    PyTorch has no selective checkpointing. Holds the selective policy,
-    found on the first call in training."""
+    planned (batch, sequence), the most a call may have; retry says what
+    to do beyond it, with {batch} and {seq} the call's; rerun allows the
+    whole-forward rerun where PyTorch has no selective checkpointing;
+    others, when given, is the layer's entry of a plan for a smaller
+    (batch, sequence), which a call of that shape then runs. Holds the
+    selective policies, found on the first call in training of each shape
+    of the layer's arguments."""
 
-    def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes"):
+    def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes", others=None):
         self.entry, self.shape, self.rerun, self.retry = entry, tuple(shape), rerun, retry
-        self.policy = None
+        self.others = others
+        self.policies = {}  # call_key of the arguments -> SacPolicy
 
     def __call__(self, inner, layer, args, kwargs):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
-        self._check_shape(args, kwargs)
+        entry, exact = self._entry(args, kwargs)
+        if entry.mode == "store":
+            return inner(*args, **kwargs)
         if not _autocasting(args, kwargs):
-            return self._run(inner, layer, args, kwargs)
+            return self._run(entry, inner, layer, args, kwargs, exact)
         # torch.autocast caches its casts of the weights until it exits.
         # Cleared around the layer, its weights are cast inside it every
         # time (the forward, the policy's probe and the recomputation then
         # run the same ops) and the copies it does not save go with it.
         torch.clear_autocast_cache()
         try:
-            return self._run(inner, layer, args, kwargs)
+            return self._run(entry, inner, layer, args, kwargs, exact)
         finally:
             torch.clear_autocast_cache()
 
-    def _run(self, inner, layer, args, kwargs):
+    def _run(self, e, inner, layer, args, kwargs, exact):
         # Keyword arguments are bound: checkpoint takes some of its own.
         fn = functools.partial(inner, **kwargs) if kwargs else inner
-        if self.entry.mode == "checkpoint":
+        if e.mode == "checkpoint":
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         if not sac_available() and self.rerun:
-            return _selective(self.entry, inner, layer, args, kwargs)
-        if self.policy is None:
-            e = self.entry
-            self.policy = SacPolicy.for_layer(inner, layer, args, kwargs, e.name, e.policy, e.saved)
+            return _selective(e, inner, layer, args, kwargs, exact)
+        key = call_key(args, kwargs)
+        if key not in self.policies:
+            try:
+                self.policies[key] = SacPolicy.for_layer(inner, layer, args, kwargs, e.name, e.policy, e.saved, exact)
+            except ValueError:
+                if exact:
+                    raise
+                # Below the planned shape the layer saves other tensors
+                # than planned (a copy that is a view for one sequence):
+                # checkpointed whole it holds its input alone, no more
+                # than the plan's selective layer.
+                self.policies[key] = None
             if _autocasting(args, kwargs):
                 torch.clear_autocast_cache()  # the probe's casts
+        policy = self.policies[key]
+        if policy is None:
+            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
-                                                 context_fn=self.policy.contexts)
+                                                 context_fn=policy.contexts)
 
-    def _check_shape(self, args, kwargs):
+    def _entry(self, args, kwargs):
+        """The plan entry a call runs and whether it was planned for the
+        call's shape: the planned one at the planned shape (or where either
+        is unknown); below it, the plan's for that shape where others
+        gives one, else the planned one (not exact); raises ValueError for
+        a call beyond it."""
         got = layer_input_shape(args, kwargs)
         want = self.shape
         if got is None or None in want or got == want:
-            return
+            return self.entry, True
+        if got[0] <= want[0] and got[1] <= want[1]:
+            other = self.others(got) if self.others is not None else None
+            return (self.entry, False) if other is None else (other, True)
         raise ValueError(
             f"ckptplan: {self.entry.name} was planned for batch {want[0]} and sequence {want[1]} "
-            f"but is called with batch {got[0]} and sequence {got[1]}: what it keeps and recomputes "
-            f"differs with the shape; {self.retry.format(batch=got[0], seq=got[1])}")
+            f"but is called with batch {got[0]} and sequence {got[1]}: the plan holds what it says for "
+            f"batches and sequences up to the planned ones, not beyond; "
+            f"{self.retry.format(batch=max(got[0], want[0]), seq=max(got[1], want[1]))}")
+
+
+def call_key(args, kwargs):
+    """What a layer call's policy depends on: the shape, dtype and device of
+    each tensor it is called with, and the kind of every other argument."""
+    def leaf(x):
+        if isinstance(x, torch.Tensor):
+            return (tuple(x.shape), x.dtype, x.device)
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        return type(x).__name__
+    return tuple(leaf(x) for x in tree_leaves((args, kwargs)))
 
 
 class Planned:
@@ -290,13 +338,14 @@ def _unpack(x):
     return x.call.recomputed.pop(x)
 
 
-def _selective(entry, inner, layer, args, kwargs):
+def _selective(entry, inner, layer, args, kwargs, exact=True):
     """Run inner, the forward of layer, keeping only the saved activations
     that entry (a selective LayerPlan) keeps: where PyTorch has no
     selective checkpointing.
 
     The k-th distinct activation storage the forward saves is saved entry
-    k, of its size. The dropped ones are replaced by stand-ins and all
+    k, of its size (no larger, when the call is not exact: smaller than
+    the planned shape). The dropped ones are replaced by stand-ins and all
     recomputed when backward first needs one of them; autograd gets each
     recomputed tensor once and frees it with the node that used it (a
     stand-in never used is freed with the graph).
@@ -324,10 +373,10 @@ def _selective(entry, inner, layer, args, kwargs):
                 f"{name}: the layer saves more activation storages than the {len(sizes)} "
                 f"the plan lists (activation {k} has {st.nbytes()} bytes): "
                 "the model does not match the plan")
-        if st.nbytes() != sizes[k]:
+        if st.nbytes() > sizes[k] or (exact and st.nbytes() != sizes[k]):
             raise RuntimeError(
                 f"{name}: saved activation {k} has {st.nbytes()} bytes but the plan says "
-                f"{sizes[k]}: the model does not match the plan")
+                f"{'' if exact else 'at most '}{sizes[k]}: the model does not match the plan")
         if keep[k]:
             return t
         held.append(t)

@@ -107,13 +107,13 @@ class SacPolicy:
 
     @classmethod
     def for_layer(cls, forward, layer, args, kwargs, name: str, policy: str,
-                  saved: Sequence[Tuple[str, int, bool]]) -> "SacPolicy":
+                  saved: Sequence[Tuple[str, int, bool]], exact: bool = True) -> "SacPolicy":
         """The policy of a selective layer whose keep set is policy: a
         runtime's own (torchtitan-op), or else the one that keeps the plan's
-        saved entries (find)."""
+        saved entries (find; exact as find takes it)."""
         if policy == TORCHTITAN_OP:
             return cls.torchtitan_op(forward, args, kwargs, name)
-        return cls.find(forward, layer, args, kwargs, name, saved)
+        return cls.find(forward, layer, args, kwargs, name, saved, exact)
 
     @classmethod
     def torchtitan_op(cls, forward, args, kwargs, name: str) -> "SacPolicy":
@@ -142,11 +142,13 @@ class SacPolicy:
 
     @classmethod
     def find(cls, forward, layer, args, kwargs, name: str,
-             saved: Sequence[Tuple[str, int, bool]]) -> "SacPolicy":
+             saved: Sequence[Tuple[str, int, bool]], exact: bool = True) -> "SacPolicy":
         """Run forward(*args, **kwargs) once, recording which op makes each
         activation storage it saves, and match them to saved: the plan's
         (tensor name, bytes, keep) entries of layer name, in first-saved
-        order. Raises ValueError when they do not match."""
+        order, each of its size; or, not exact (a call smaller than the
+        planned shape), as many, none larger. Raises ValueError when they
+        do not match."""
         fixed = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers())}
         fixed |= {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor)}
@@ -184,9 +186,8 @@ class SacPolicy:
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), rec:
             out = forward(*args, **kwargs)
         del out, held
-        sizes = [o[0] for o in order]
-        if sizes != [b for _, b, _ in saved]:
-            raise ValueError(_mismatch(name, order, saved, rec.funcs))
+        if not _matches([o[0] for o in order], [b for _, b, _ in saved], exact):
+            raise ValueError(_mismatch(name, order, saved, rec.funcs, exact))
         save = set()
         for (_, op, p, _, _), (tensor, _, keep) in zip(order, saved):
             if not keep or op is None:
@@ -217,22 +218,33 @@ class SacPolicy:
         return cp.create_selective_checkpoint_contexts(policy)
 
 
-def _mismatch(name: str, order: list, saved: Sequence[Tuple[str, int, bool]], funcs: list) -> str:
+def _matches(sizes: Sequence[int], planned: Sequence[int], exact: bool) -> bool:
+    """Whether a layer call's saved activation sizes are the plan's: equal,
+    or, not exact, as many and none larger."""
+    if exact:
+        return list(sizes) == list(planned)
+    return len(sizes) == len(planned) and all(s <= p for s, p in zip(sizes, planned))
+
+
+def _mismatch(name: str, order: list, saved: Sequence[Tuple[str, int, bool]], funcs: list,
+              exact: bool = True) -> str:
     """Why layer name's saved activations are not the plan's: the first
-    that differs, what made it, and the versions the plan was made for."""
+    that differs (is larger, not exact), what made it, and the versions the
+    plan was made for."""
     try:
         import transformers
         stack = f"transformers {transformers.__version__} and torch {torch.__version__}"
     except ImportError:
         stack = f"torch {torch.__version__}"
-    i = next((i for i, (o, s) in enumerate(zip(order, saved)) if o[0] != s[1]), min(len(order), len(saved)))
+    i = next((i for i, (o, s) in enumerate(zip(order, saved)) if not _matches([o[0]], [s[1]], exact)),
+             min(len(order), len(saved)))
     if i < len(order):
         nbytes, op, _, shape, dtype = order[i]
         made = funcs[op] if op is not None and op < len(funcs) else "the layer's input"
         live = f"{nbytes} B made by {made} ({str(dtype).replace('torch.', '')} {list(shape)})"
     else:
         live = "nothing"
-    planned = f"{saved[i][0]}, {saved[i][1]} B" if i < len(saved) else "nothing"
+    planned = f"{saved[i][0]}, {'' if exact else 'at most '}{saved[i][1]} B" if i < len(saved) else "nothing"
     return (f"ckptplan: {name} does not save what its plan says: its saved activation {i + 1} is {live}, "
             f"where the plan has {planned} (the layer saves {len(order)}, the plan {len(saved)}). This runs "
             f"{stack}: if the model is the one "

@@ -20,8 +20,17 @@ selective
     plan's k-th ``saved`` entry, sizes checked. Older PyTorch has no such
     policy: ``apply`` refuses a selective layer there.
 
-A plan is for one batch and sequence length: a call with other shapes
-fails with a message saying so (plan again for those shapes).
+A plan is for a batch and sequence length, and runs any call up to them:
+an epoch's short last batch, the batches a data collator pads to their
+longest sequence. Below the planned shape, a plan of ckptplan.plan's is
+planned again for the call's shape, with the same settings and the
+planned peak as its budget, once per shape (the binary plans in a fraction
+of a second): the call holds no more than the plan says. Where no plan
+for that shape fits (or the plan was read from JSON), the call runs with
+the planned decisions, each selective layer checked to save as many
+activations as planned, none larger: the same ops, each on a smaller
+tensor. A call beyond the
+planned shape fails with a message saying so (plan again for it).
 
 Example:
     >>> import torch, transformers, ckptplan
@@ -37,11 +46,13 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Optional
 
+import torch
 import torch.nn as nn
 
 from . import versions
 from ._binary import CkptplanError, CkptplanUsageError
 from ._runtime import LayerPlan, LayerRun, Planned, check_modes, set_forward
+from ._sac import _probe
 from ._sac import sac_available  # noqa: F401 (ckptplan.sac_available)
 from .layers import decoder_layers
 from .plan import Plan
@@ -86,13 +97,16 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
         raise ValueError(
             f"the plan has {len(plan.layers)} layers but the model has {len(layers)}: "
             "it was made for another model")
-    entries = [LayerPlan(e.name, e.mode, [(s.name, s.bytes, s.keep) for s in e.saved], e.policy)
-               for e in plan.layers]
+    entries = _entries(plan)
     counts = check_modes(entries, hint=": plan with --solver optimal, which checkpoints whole layers")
     shape = (plan.batch, plan.seq)
     retry = "plan again for these shapes (ckptplan.plan(..., batch={batch}, seq={seq}))"
-    for layer, e in zip(layers, entries):
-        set_forward(layer, None if e.mode == "store" else LayerRun(e, shape, retry=retry))
+    others = _Smaller(plan, len(layers)) if plan.replan is not None else None
+    for i, (layer, e) in enumerate(zip(layers, entries)):
+        if e.mode == "store" and others is None:
+            set_forward(layer, None)
+        else:
+            set_forward(layer, LayerRun(e, shape, retry=retry, others=None if others is None else others.layer(i)))
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "use_cache", False):
         # Training needs no key/value cache; it would hold every layer's
@@ -100,6 +114,42 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
         config.use_cache = False
     setattr(model, _ATTR, plan)
     return counts
+
+
+class _Smaller:
+    """The plans of one request (Plan.replan) for the shapes below the
+    planned one that the model is called with, each made once, within the
+    planned peak; None for a shape none fits (the call then runs the
+    planned decisions)."""
+
+    def __init__(self, plan: Plan, layers: int) -> None:
+        self.plan, self.layers = plan, layers
+        self.entries: dict[tuple[int, int], Optional[list[LayerPlan]]] = {}
+
+    def layer(self, i: int):
+        """Layer i's entry of the plan for a (batch, seq), or None."""
+        def entry(shape):
+            entries = self.of(shape)
+            return None if entries is None else entries[i]
+        return entry
+
+    def of(self, shape: tuple[int, int]) -> Optional[list[LayerPlan]]:
+        if shape not in self.entries:
+            # Made inside the first layer's call, where describing the
+            # model (which asks PyTorch's sdpa which kernel it runs, on a
+            # few kilobytes) must be no part of the step: outside the
+            # dispatch modes and saved-tensor hooks around the call (a
+            # FLOP counter, a memory tracker).
+            with _probe(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                p = self.plan.replan(*shape, budget=self.plan.peak_bytes + self.plan.reserve_bytes)
+            ok = p.feasible and len(p.layers) == self.layers and p.peak_bytes <= self.plan.peak_bytes
+            self.entries[shape] = _entries(p) if ok else None
+        return self.entries[shape]
+
+
+def _entries(plan: Plan) -> list[LayerPlan]:
+    """The runtime's entries of plan's layers."""
+    return [LayerPlan(e.name, e.mode, [(s.name, s.bytes, s.keep) for s in e.saved], e.policy) for e in plan.layers]
 
 
 def _hf_checkpointing(model: nn.Module) -> bool:

@@ -176,6 +176,35 @@ def measure(model: nn.Module, batch: Mapping[str, Any], *,
         peak_bytes=peak, loss=float(loss.detach()))
 
 
+@contextlib.contextmanager
+def forward_kept(model: nn.Module, layers: Optional[nn.ModuleList] = None) -> Iterator[Callable[[], list[int]]]:
+    """Around a forward of model (a trainer's compute_loss, say): yields a
+    function that, called after the forward and before its backward, gives
+    the bytes each decoder layer's forward made and still holds, as
+    ``measure`` counts a layer's kept_bytes (host memory apart on a GPU).
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+        ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+        >>> model = transformers.LlamaForCausalLM(config)
+        >>> ids = torch.zeros(2, 16, dtype=torch.long)
+        >>> with forward_kept(model) as kept:
+        ...     loss = model(input_ids=ids, labels=ids).loss
+        >>> kept() == [l.kept_bytes for l in measure(model, {"input_ids": ids}).layers]
+        True
+    """
+    layers = decoder_layers(model) if layers is None else layers
+    alloc = _Allocations(len(layers))
+    cuda = any(p.is_cuda for p in model.parameters())
+    with contextlib.ExitStack() as stack:
+        for i, layer in enumerate(layers):
+            stack.enter_context(_in_layer(layer, i, (alloc,)))
+        stack.enter_context(alloc.rng_stashes())
+        with alloc:
+            yield lambda: alloc.alive(host_apart=cuda)[0]
+
+
 def _loss(output: Any) -> torch.Tensor:
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, (tuple, list)) and output:

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from . import _binary
 
@@ -115,6 +115,10 @@ class Plan:
     runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
     runtime: str = "per-layer"  # what it was planned for: per-layer (apply, the exports) or nested
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # The same request for another batch and seq (and budget, in bytes,
+    # when given), where the plan is ckptplan.plan's of a model's config:
+    # what apply runs a smaller call with. Not part of the plan's JSON.
+    replan: Optional[Callable[..., "Plan"]] = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: Union[str, bytes, dict]) -> "Plan":
@@ -278,7 +282,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
             traced = True
         else:
             try:
-                return ask()
+                return _replannable(ask, model, args, extra_args, logits_dtype, autocast)
             except _binary.CkptplanError as err:
                 if err.kind != "needs_trace":
                     raise
@@ -287,7 +291,28 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         if logits_dtype is not None:
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
         return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
-    return _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)()
+    ask = _config_plan(model, args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype, autocast=autocast)
+    return _replannable(ask, model, args, extra_args, logits_dtype, autocast)
+
+
+def _replannable(ask, model, args: list, extra_args: Sequence[str], logits_dtype: Optional[str],
+                 autocast: Optional[str]) -> Plan:
+    """ask()'s plan of model's config, able to plan the same for another
+    batch and sequence (Plan.replan). The model is held weakly: a plan
+    applied to it does not keep it alive."""
+    import weakref
+
+    ref = weakref.ref(model)
+
+    def replan(batch: int, seq: int, budget: Optional[int] = None) -> Plan:
+        live = ref()
+        if live is None:
+            raise ValueError("ckptplan: the model this plan was made of is gone: plan again")
+        again = args if budget is None else [*args, "--budget", str(budget)]
+        return _config_plan(live, again, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
+                            autocast=autocast)()
+
+    return dataclasses.replace(ask(), replan=replan)
 
 
 def _check_plan_args(model, budget, device, batch, seq) -> None:

@@ -174,8 +174,8 @@ def test_fsdp2_module_refuses_other_shapes_and_models(ckptplan_binary, tmp_path)
     module = export_module(ckptplan_binary, ref, budgets(ref)[0], "every-k", tmp_path)
     model = copy.deepcopy(ref)
     module.apply_plan(model)
-    with pytest.raises(ValueError, match="planned for batch 2 and sequence 16"):
-        model(input_ids=torch.zeros(1, SEQ, dtype=torch.long), labels=torch.zeros(1, SEQ, dtype=torch.long))
+    with pytest.raises(ValueError, match="planned for batch 2 and sequence 16 but is called with batch 3"):
+        model(input_ids=torch.zeros(3, SEQ, dtype=torch.long), labels=torch.zeros(3, SEQ, dtype=torch.long))
     with pytest.raises(ValueError, match="has 3 layers but the model has 2"):
         module.apply_plan(transformers.LlamaForCausalLM(transformers.LlamaConfig(
             num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=64)))

@@ -65,13 +65,16 @@ def test_some_layers_need_per_layer_control(ckptplan_binary, tmp_path):
 
 
 def test_pytorch_module_refuses_other_shapes(ckptplan_binary, tmp_path):
-    """The module ``export --to pytorch`` writes says to export again when
-    a layer is called with another batch or sequence than planned."""
+    """The module ``export --to pytorch`` writes runs a smaller batch, and
+    says to export again when a layer is called with a larger batch or
+    sequence than planned."""
     model = build("llama", "sdpa", "fp32")
     code = export(model, tmp_path, "--solver", "every-k", "--budget", "1GiB", "--to", "pytorch")
     scope: dict = {}
     exec(code, scope)
     scope["apply_plan"](model.model.layers)
     ids = torch.zeros(1, SEQ, dtype=torch.long)
-    with pytest.raises(ValueError, match="export a plan for these shapes"):
+    model(input_ids=ids, labels=ids).loss.backward()
+    ids = torch.zeros(BATCH, SEQ + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"sequence {SEQ + 1}.*export a plan for these shapes"):
         model(input_ids=ids, labels=ids)

@@ -1,0 +1,174 @@
+"""One call in Hugging Face's Trainer: plan from what the trainer knows, apply.
+
+``prepare_trainer(trainer, budget)`` reads what a training step of the
+trainer is — its model (a PEFT model included), the per-device batch, the
+longest sequence its data brings, gradient accumulation, the optimizer its
+arguments make, and mixed precision — plans it, applies the plan to the
+model's decoder layers, and turns off the trainer's own gradient
+checkpointing, which would checkpoint every layer around the plan (saying
+so with a warning). It works for any ``transformers.Trainer`` subclass
+that trains a causal language model the same way (TRL's ``SFTTrainer``).
+
+The plan is for the longest batch the data brings; the applied plan runs
+every shorter one (an epoch's short last batch, the batches a collator pads
+to their longest sequence), each as planned again for its own shape within
+the planned peak (``ckptplan.apply``).
+
+Example:
+    >>> import torch, transformers, ckptplan
+    >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+    ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+    >>> model = transformers.LlamaForCausalLM(config)
+    >>> data = [{"input_ids": list(range(1, 17)), "labels": list(range(1, 17))}] * 8
+    >>> args = transformers.TrainingArguments("out", per_device_train_batch_size=4,
+    ...     report_to=[], use_cpu=True)
+    >>> trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+    >>> plan = ckptplan.prepare_trainer(trainer, "64MiB")
+    >>> plan.batch, plan.seq
+    (4, 16)
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Optional, Union
+
+from ._binary import CkptplanUsageError
+from .plan import Plan, plan as make_plan
+
+# How many examples prepare_trainer reads to find the longest sequence.
+_SCAN = 1_000_000
+
+
+def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: Optional[int] = None,
+                    solver: str = "selective", device: Optional[str] = None,
+                    reserve: Union[str, int, None] = None) -> Plan:
+    """Plan trainer's training step within budget and apply the plan to its
+    model; returns the plan.
+
+    budget is bytes or a string such as "24GiB"; without one (and without
+    device, a GPU name as ``ckptplan.plan`` takes it), the memory of the
+    CUDA device the model is on. seq is the longest sequence a batch
+    brings; by default the longest ``input_ids`` of the training dataset
+    (rounded up to the collator's ``pad_to_multiple_of``, or the
+    collator's ``max_length`` where it pads every batch to it).
+
+    Raises CkptplanUsageError for a trainer it cannot read (no training
+    dataset whose length it can find, and no seq), and what
+    ``ckptplan.plan`` and ``ckptplan.apply`` raise.
+    """
+    from ._apply import apply
+    from .layers import unwrap
+
+    args = getattr(trainer, "args", None)
+    model = getattr(trainer, "model", None)
+    if args is None or model is None:
+        raise CkptplanUsageError(
+            f"ckptplan.prepare_trainer: trainer is a transformers.Trainer (with a model and its arguments), "
+            f"not {type(trainer).__name__}")
+    batch = int(args.per_device_train_batch_size)
+    if seq is None:
+        seq = _longest(trainer)
+    if budget is None and device is None:
+        budget = _cuda_memory(model)
+    extra = []
+    accumulate = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+    if accumulate > 1:
+        extra += ["--grad-accum", str(accumulate)]
+    _turn_off_checkpointing(trainer, unwrap(model))
+    plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
+                     autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra)
+    apply(model, plan)
+    return plan
+
+
+def _longest(trainer: Any) -> int:
+    """The longest sequence a batch of trainer's brings: the longest
+    input_ids of its training dataset, as its collator pads it."""
+    data = getattr(trainer, "train_dataset", None)
+    longest = 0
+    try:
+        n = len(data)
+    except TypeError:
+        n = None
+    if n is None or n > _SCAN:
+        raise CkptplanUsageError(
+            "ckptplan.prepare_trainer: the trainer's training dataset has no length it can read through: "
+            "give seq=, the longest sequence a batch brings")
+    for i in range(n):
+        example = data[i]
+        ids = example.get("input_ids") if isinstance(example, dict) else None
+        if ids is None:
+            raise CkptplanUsageError(
+                "ckptplan.prepare_trainer: the training dataset's examples have no input_ids (a collator "
+                "tokenizes them): give seq=, the longest sequence a batch brings")
+        longest = max(longest, len(ids))
+    if longest == 0:
+        raise CkptplanUsageError("ckptplan.prepare_trainer: the training dataset is empty")
+    collator = getattr(trainer, "data_collator", None)
+    if getattr(collator, "padding", None) == "max_length" and getattr(collator, "max_length", None):
+        return int(collator.max_length)
+    multiple = getattr(collator, "pad_to_multiple_of", None)
+    if multiple:
+        longest = -(-longest // multiple) * multiple
+    return longest
+
+
+def _cuda_memory(model: Any) -> int:
+    """The memory of the CUDA device model's parameters are on."""
+    import torch
+
+    params = [p for p in model.parameters() if p.is_cuda]
+    if not params:
+        raise CkptplanUsageError(
+            'ckptplan.prepare_trainer: the model is not on a GPU: give a budget (bytes, or a string such as '
+            '"24GiB") or a device (a GPU name such as "h100-80gb")')
+    return torch.cuda.get_device_properties(params[0].device).total_memory
+
+
+def _autocast(args: Any, model: Any) -> Optional[str]:
+    """The autocast a step of the trainer runs its fp32 weights under."""
+    import torch
+
+    floats = {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}
+    if torch.float32 not in floats:
+        return None  # 16-bit weights: autocast changes nothing the plan counts
+    if getattr(args, "bf16", False):
+        return "bf16"
+    if getattr(args, "fp16", False):
+        return "fp16"
+    return None
+
+
+def _optimizer(trainer: Any) -> Any:
+    """The optimizer the trainer steps with: its own, or the one its
+    arguments make (made and dropped again, so that the trainer makes it
+    itself when it trains)."""
+    if getattr(trainer, "optimizer", None) is not None:
+        return trainer.optimizer
+    try:
+        made = trainer.create_optimizer()
+    finally:
+        trainer.optimizer = None
+    return made
+
+
+def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
+    """Turn off the trainer's and the model's gradient checkpointing,
+    warning that it did: the plan decides what each layer recomputes."""
+    args = trainer.args
+    names = {f.name for f in dataclasses.fields(args)}
+    # transformers 5.23 renamed gradient_checkpointing (an alias until 6).
+    on = [n for n in ("activation_checkpointing", "gradient_checkpointing") if n in names and getattr(args, n, False)]
+    modules = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    if not on and not modules:
+        return
+    for n in on:
+        object.__setattr__(args, n, False)
+    for method in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
+        if modules and hasattr(model, method):
+            getattr(model, method)()
+            break
+    warnings.warn(
+        "ckptplan.prepare_trainer: turned off the trainer's gradient checkpointing, which would checkpoint every "
+        "layer around the plan: the plan decides what each layer keeps and recomputes", stacklevel=3)

@@ -1,0 +1,138 @@
+"""ckptplan.prepare_trainer in Hugging Face's Trainer, on the CPU.
+
+Two Trainers train copies of one tiny Llama on the same data — sequences
+of varying length padded per batch by a collator, an epoch's short last
+batch, gradient accumulation over two micro-batches, AdamW — one as it
+is, the other after ``ckptplan.prepare_trainer``. The planned run's losses
+and weights are the plain run's, step by step, and each micro-batch's
+decoder layers keep, measured in the Trainer's own forward, what the plan
+for that micro-batch's shape says.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ckptplan  # noqa: E402
+from ckptplan._measure import forward_kept  # noqa: E402
+
+VOCAB, BATCH, LONGEST = 128, 4, 24
+# 42 examples: ten batches of four and a short last one of two.
+LENGTHS = [5 + (7 * i) % (LONGEST - 4) for i in range(41)] + [LONGEST]
+
+
+def dataset() -> list[dict]:
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for n in LENGTHS:
+        ids = torch.randint(3, VOCAB, (n,), generator=g).tolist()
+        out.append({"input_ids": ids, "labels": ids})
+    return out
+
+
+def pad(examples: list[dict]) -> dict:
+    """A collator that pads a batch to its longest sequence (on the right,
+    labels -100, the padding masked), as transformers' DataCollatorForSeq2Seq
+    does."""
+    n = max(len(e["input_ids"]) for e in examples)
+    ids = torch.zeros(len(examples), n, dtype=torch.long)
+    labels = torch.full((len(examples), n), -100)
+    mask = torch.zeros(len(examples), n, dtype=torch.long)
+    for i, e in enumerate(examples):
+        k = len(e["input_ids"])
+        ids[i, :k] = torch.tensor(e["input_ids"])
+        labels[i, :k] = torch.tensor(e["labels"])
+        mask[i, :k] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def build(lora: bool) -> "torch.nn.Module":
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                      max_position_embeddings=64, pad_token_id=0)
+    # Eager attention: under sdpa a padded batch's mask is saved in every
+    # layer from transformers 4.53 on, which plans do not count yet
+    # (test_real_stack.test_padded_batches_under_sdpa_hold_a_mask_per_layer).
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="eager")
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    return model
+
+
+class Measured(transformers.Trainer):
+    """A Trainer that records, for each micro-batch, its shape and what each
+    decoder layer's forward keeps, measured in its own compute_loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kept: list[tuple[tuple[int, int], list[int]]] = []
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        with forward_kept(model) as kept:
+            out = super().compute_loss(model, inputs, *args, **kwargs)
+        self.kept.append((tuple(inputs["input_ids"].shape), kept()))
+        return out
+
+
+def trainer(model, tmp_path, checkpointing: bool = False) -> Measured:
+    args = dict(per_device_train_batch_size=BATCH, gradient_accumulation_steps=2, num_train_epochs=4,
+                learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                dataloader_drop_last=False, seed=0, data_seed=0)
+    names = {f.name for f in __import__("dataclasses").fields(transformers.TrainingArguments)}
+    args["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = checkpointing
+    return Measured(model=model, args=transformers.TrainingArguments(str(tmp_path), **args),
+                    train_dataset=dataset(), data_collator=pad)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora):
+    ref = build(lora)
+    plain = trainer(copy.deepcopy(ref), tmp_path / "plain")
+    plain.train()
+    planned = trainer(copy.deepcopy(ref), tmp_path / "planned", checkpointing=True)
+    store = ckptplan.plan(planned.model, "1GiB", batch=BATCH, seq=LONGEST, solver="none", extra_args=("--grad-accum", "2"))
+    every = ckptplan.plan(planned.model, "1GiB", batch=BATCH, seq=LONGEST, solver="every-k", extra_args=("--grad-accum", "2"))
+    budget = (store.peak_bytes + every.peak_bytes) // 2
+    with pytest.warns(UserWarning, match="turned off the trainer's gradient checkpointing"):
+        plan = ckptplan.prepare_trainer(planned, budget)
+    assert (plan.batch, plan.seq) == (BATCH, LONGEST)
+    assert "selective" in {l.mode for l in plan.layers} or "checkpoint" in {l.mode for l in plan.layers}
+    planned.train()
+
+    losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (plain, planned)]
+    assert len(losses[0]) >= 20 and losses[0] == losses[1]
+    for (name, p), q in zip(plain.model.named_parameters(), planned.model.parameters()):
+        assert torch.equal(p, q), name
+    # Every micro-batch: the short last one, and every padded length.
+    shapes = {shape for shape, _ in planned.kept}
+    print(f"{len(losses[0])} steps, {len(planned.kept)} micro-batches of {len(shapes)} shapes; plan "
+          f"{[l.mode for l in plan.layers]} at {plan.peak_bytes} B")
+    assert any(b < BATCH for b, _ in shapes) and len({s for _, s in shapes}) > 3, shapes
+    plans = {}
+    for shape, kept in planned.kept:
+        if shape not in plans:
+            plans[shape] = plan if shape == (BATCH, LONGEST) else \
+                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes)
+            assert plans[shape].peak_bytes <= plan.peak_bytes
+        assert kept == [l.kept_bytes for l in plans[shape].layers], (shape, kept, plans[shape].layers)
+    print({shape: ([l.mode for l in p.layers], p.peak_bytes) for shape, p in sorted(plans.items())})
+
+
+def test_trainer_without_a_budget_on_the_cpu_is_refused(ckptplan_binary, tmp_path):
+    with pytest.raises(ckptplan.CkptplanUsageError, match="not on a GPU: give a budget"):
+        ckptplan.prepare_trainer(trainer(build(False), tmp_path))
+
+
+def test_trainer_with_data_of_unknown_length_needs_seq(ckptplan_binary, tmp_path):
+    t = trainer(build(False), tmp_path)
+    t.train_dataset = [{"text": "a"}]
+    with pytest.raises(ckptplan.CkptplanUsageError, match="no input_ids.*give seq="):
+        ckptplan.prepare_trainer(t, "1GiB")
+    plan = ckptplan.prepare_trainer(t, "1GiB", seq=32)
+    assert (plan.batch, plan.seq) == (BATCH, 32)
