@@ -88,24 +88,47 @@ func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 }
 
 // modelMasks returns the bytes of the masks the model makes each forward
-// and hands its eager layers (ir.Attrs.ModelMask), each [b, 1, s, s] in
-// the model's dtype: transformers makes one of each kind its layers take
-// (a causal mask; from 4.53 a sliding-window one for sliding layers
-// beside it), materialized for eager attention whether or not the batch
-// has padding. Before 4.53 a batch without an attention mask gets a view
-// of one [s, s] mask, expanded over the batch, and one with an attention
-// mask a copy per sequence: counted as the copy, which a training batch
-// has.
+// and hands its eager layers, or its sdpa layers where they take one (a
+// padded batch, a sliding window: ir.Attrs.ModelMask), each [b, 1, s, s]:
+// transformers makes one of each kind its layers take (a causal mask;
+// from 4.53 a sliding-window one for sliding layers beside it), for eager
+// attention materialized in the model's dtype whether or not the batch
+// has padding, for sdpa from 4.53 boolean. Before 4.53 a batch without
+// an attention mask gets a view of one [s, s] mask, expanded over the
+// batch, and one with an attention mask a copy per sequence: counted as
+// the copy, which a training batch has.
 func modelMasks(g *ir.Graph, held func(int) bool) int64 {
 	kinds := map[string]bool{}
 	var bytes int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
-		if n.Op != ir.CausalMask || n.Attrs.ModelMask == "" || !held(i) || kinds[n.Attrs.ModelMask] || len(n.Shape) < 4 {
+		if n.Attrs.ModelMask == "" || !held(i) {
 			continue
 		}
-		kinds[n.Attrs.ModelMask] = true
-		bytes += n.Shape[0] * n.Shape[len(n.Shape)-2] * n.Shape.Last() * g.DType.Size()
+		var b, s, size int64
+		switch {
+		case n.Op == ir.CausalMask && len(n.Shape) >= 4:
+			b, s, size = n.Shape[0], n.Shape.Last(), g.DType.Size()
+		case n.Op == ir.Attention:
+			// q [b, heads, s, d]; boolean from 4.53.
+			q := g.Nodes[n.Inputs[0]].Shape
+			b, s, size = q[0], q[2], g.DType.Size()
+			if g.Setup.Numerics.ModelMasks {
+				size = 1
+			}
+		default:
+			continue
+		}
+		// One of each kind for eager layers, one for sdpa layers.
+		kind := n.Attrs.ModelMask
+		if n.Op == ir.Attention {
+			kind = "sdpa " + kind
+		}
+		if kinds[kind] {
+			continue
+		}
+		kinds[kind] = true
+		bytes += b * s * s * size
 	}
 	return bytes
 }

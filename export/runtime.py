@@ -100,7 +100,7 @@ class LayerRun:
     def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes", others=None):
         self.entry, self.shape, self.rerun, self.retry = entry, tuple(shape), rerun, retry
         self.others = others
-        self.policies = {}  # call_key of the arguments -> SacPolicy
+        self.policies = {}  # (id of the entry, call_key of the arguments) -> SacPolicy, or None: whole
 
     def __call__(self, inner, layer, args, kwargs):
         if not torch.is_grad_enabled():
@@ -127,7 +127,9 @@ class LayerRun:
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         if not sac_available() and self.rerun:
             return _selective(e, inner, layer, args, kwargs, exact)
-        key = call_key(args, kwargs)
+        # A policy is the entry's for the call's arguments; another shape
+        # or padding may run another plan's entry with the same arguments.
+        key = (id(e), call_key(args, kwargs))
         if key not in self.policies:
             try:
                 self.policies[key] = SacPolicy.for_layer(inner, layer, args, kwargs, e.name, e.policy, e.saved, exact)
@@ -149,17 +151,19 @@ class LayerRun:
 
     def _entry(self, args, kwargs):
         """The plan entry a call runs and whether it was planned for the
-        call's shape: the planned one at the planned shape (or where either
-        is unknown); below it, the plan's for that shape where others
-        gives one, else the planned one (not exact); raises ValueError for
-        a call beyond it."""
+        call: where others gives one for the call's shape, that; else the
+        planned one, exact at the planned shape (or where either is
+        unknown), not exact below it; raises ValueError for a call beyond
+        it."""
         got = layer_input_shape(args, kwargs)
         want = self.shape
-        if got is None or None in want or got == want:
+        if got is None or None in want:
             return self.entry, True
         if got[0] <= want[0] and got[1] <= want[1]:
             other = self.others(got) if self.others is not None else None
-            return (self.entry, False) if other is None else (other, True)
+            if other is not None:
+                return other, True
+            return self.entry, got == want and self.others is None
         raise ValueError(
             f"ckptplan: {self.entry.name} was planned for batch {want[0]} and sequence {want[1]} "
             f"but is called with batch {got[0]} and sequence {got[1]}: the plan holds what it says for "

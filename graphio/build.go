@@ -250,8 +250,12 @@ func (b *builder) core(q, k, v int) int {
 		// the projection's transposed (rotary embeddings keep its
 		// strides), unless q was copied contiguous.
 		bshd := !t.Numerics.SDPAContiguous && !(m.Family == "phi3" && t.Numerics.Phi3RopeCat)
+		mask := ""
+		if masked && t.Profile == ir.ProfileTransformers {
+			mask = b.modelMask(true)
+		}
 		return b.op("attn.sdpa", ir.Attention, ir.Attrs{Heads: m.Heads, KVHeads: kv, Flash: true, BSHD: bshd, Causal: true, P: t.Dropout,
-			MaskKept: maskKept}, q, k, v)
+			MaskKept: maskKept, ModelMask: mask}, q, k, v)
 	}
 	grouped := m.KVHeads < m.Heads && t.Numerics.GQA == ir.GQAGrouped
 	if m.KVHeads < m.Heads && !grouped {
@@ -300,13 +304,16 @@ func (b *builder) core(q, k, v int) int {
 	return o
 }
 
-// sdpaMasked reports whether transformers hands this layer's sdpa a mask
-// (a batch without padding): where the model makes the masks, only a
-// sliding layer whose window is no longer than the sequence gets one,
-// causal attention being sdpa's is_causal; before, Gemma 2's layers
-// always got one and the others none.
+// sdpaMasked reports whether transformers hands this layer's sdpa a mask:
+// every layer where the batch is padded; in a batch without padding,
+// where the model makes the masks, only a sliding layer whose window is
+// no longer than the sequence gets one, causal attention being sdpa's
+// is_causal; before, Gemma 2's layers always got one and the others none.
 func (b *builder) sdpaMasked() bool {
 	m, t := b.m, &b.m.Training
+	if t.Padded {
+		return true
+	}
 	if t.Numerics.ModelMasks {
 		return m.Sliding(b.layer) && t.Seq >= m.SlidingWindow
 	}

@@ -172,7 +172,9 @@ type Attrs struct {
 	// and hands every layer, [b, 1, s, s] in its dtype: transformers'
 	// eager attention's, "full" or "sliding" (a sliding-window layer's,
 	// from 4.53 a mask of its own); "" where the layer masks its scores
-	// itself.
+	// itself. On Attention (sdpa), the model's mask the kernel is handed:
+	// from 4.53 a boolean one (a byte an element), before it one in the
+	// model's dtype.
 	ModelMask  string
 	MaskKept   bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
 	TransposeB bool    // MatMul: use the transpose of the last two axes of b

@@ -21,7 +21,11 @@ type Setup struct {
 	Transformers string `yaml:"transformers,omitempty" json:"transformers,omitempty"`
 	// Autocast is the 16-bit dtype torch.autocast computes products in
 	// over fp32 weights (DType fp32), "" without autocast.
-	Autocast string   `yaml:"autocast,omitempty" json:"autocast,omitempty"`
+	Autocast string `yaml:"autocast,omitempty" json:"autocast,omitempty"`
+	// Padded: the step's batches carry an attention mask that pads
+	// shorter sequences (a collator pads each batch to its longest), so
+	// that transformers hands every layer's sdpa the model's mask.
+	Padded   bool     `yaml:"padded,omitempty" json:"padded,omitempty"`
 	Numerics Numerics `yaml:"numerics" json:"numerics"`
 	// Optimizer is the optimizer and, for PyTorch's AdamW, how its step
 	// runs: adamw is PyTorch's default on a GPU, adamw-foreach;

@@ -21,6 +21,7 @@ type setupFlags struct {
 	zero               int64
 	sp                 bool
 	noSync             bool
+	padded             bool
 	sharding           string
 	gradAccum          int64
 	buffersBytes       int64
@@ -83,6 +84,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+ir.Join(ir.Optimizers(), " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
+	fs.BoolVar(&s.padded, "padded", false, "batches carry an attention mask that pads shorter sequences (a collator pads each batch to its longest): transformers hands every sdpa layer the model's mask, which from 4.53 each layer keeps a copy of in its dtype")
 	fs.Int64Var(&s.gradAccum, "grad-accum", 0, "micro-batches a step accumulates gradients over: from 2, the gradients are held through every micro-batch (default: the model's)")
 	fs.StringVar(&s.masterWeights, "master-weights", "", "what the optimizer keeps of 16-bit trained weights: fp32 (an fp32 master copy and fp32 moments: DeepSpeed, Megatron-LM) | none (moments in the weights' dtype, no copy: PyTorch's AdamW and SGD over 16-bit parameters) (default: the model's; fp32)")
 	fs.Int64Var(&s.buffersBytes, "buffers-bytes", 0, "bytes of the model's registered buffers (rotary inverse frequencies and cached tables, causal masks), as the live model holds them: the Python package measures them (default: the model's; modeled from the config)")
@@ -184,6 +186,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Optimizer = ir.Optimizer(s.optimizer)
 		case "grad-accum":
 			t.GradAccum = s.gradAccum
+		case "padded":
+			t.Padded = s.padded
 		case "buffers-bytes":
 			t.BuffersBytes = s.buffersBytes
 		case "master-weights":

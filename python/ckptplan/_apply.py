@@ -58,6 +58,7 @@ from .layers import decoder_layers
 from .plan import Plan
 
 _ATTR = "_ckptplan_plan"
+_HOOK = "_ckptplan_hook"  # the forward pre-hook that sees whether a batch is padded
 
 
 def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = None) -> dict[str, int]:
@@ -101,12 +102,17 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     counts = check_modes(entries, hint=": plan with --solver optimal, which checkpoints whole layers")
     shape = (plan.batch, plan.seq)
     retry = "plan again for these shapes (ckptplan.plan(..., batch={batch}, seq={seq}))"
-    others = _Smaller(plan, len(layers)) if plan.replan is not None else None
+    others = _Others(plan, entries) if plan.replan is not None else None
     for i, (layer, e) in enumerate(zip(layers, entries)):
         if e.mode == "store" and others is None:
             set_forward(layer, None)
         else:
             set_forward(layer, LayerRun(e, shape, retry=retry, others=None if others is None else others.layer(i)))
+    hook = getattr(model, _HOOK, None)
+    if hook is not None:
+        hook.remove()
+    if others is not None:
+        setattr(model, _HOOK, model.register_forward_pre_hook(others.see, with_kwargs=True))
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "use_cache", False):
         # Training needs no key/value cache; it would hold every layer's
@@ -116,15 +122,25 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     return counts
 
 
-class _Smaller:
-    """The plans of one request (Plan.replan) for the shapes below the
-    planned one that the model is called with, each made once, within the
-    planned peak; None for a shape none fits (the call then runs the
-    planned decisions)."""
+class _Others:
+    """The plans of one request (Plan.replan) for the batches the model is
+    called with: for each shape up to the planned one, padded or not (the
+    model's forward sees its attention mask: see), the planned plan where
+    it is the planned batch, else one made once, within the planned peak;
+    None for a batch none fits (the call then runs the planned
+    decisions)."""
 
-    def __init__(self, plan: Plan, layers: int) -> None:
-        self.plan, self.layers = plan, layers
-        self.entries: dict[tuple[int, int], Optional[list[LayerPlan]]] = {}
+    def __init__(self, plan: Plan, entries: list[LayerPlan]) -> None:
+        self.plan, self.layers = plan, len(entries)
+        self.padded = plan.padded  # whether the call the layers run in brings padding
+        key = ((plan.batch, plan.seq), plan.padded)
+        self.entries: dict[tuple[tuple[int, int], bool], Optional[list[LayerPlan]]] = {key: entries}
+
+    def see(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The model's forward pre-hook: whether its batch is padded (an
+        attention mask with a zero in it)."""
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        self.padded = isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all())
 
     def layer(self, i: int):
         """Layer i's entry of the plan for a (batch, seq), or None."""
@@ -134,17 +150,19 @@ class _Smaller:
         return entry
 
     def of(self, shape: tuple[int, int]) -> Optional[list[LayerPlan]]:
-        if shape not in self.entries:
+        key = (shape, self.padded)
+        if key not in self.entries:
             # Made inside the first layer's call, where describing the
             # model (which asks PyTorch's sdpa which kernel it runs, on a
             # few kilobytes) must be no part of the step: outside the
             # dispatch modes and saved-tensor hooks around the call (a
             # FLOP counter, a memory tracker).
             with _probe(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-                p = self.plan.replan(*shape, budget=self.plan.peak_bytes + self.plan.reserve_bytes)
+                p = self.plan.replan(*shape, budget=self.plan.peak_bytes + self.plan.reserve_bytes,
+                                     padded=self.padded)
             ok = p.feasible and len(p.layers) == self.layers and p.peak_bytes <= self.plan.peak_bytes
-            self.entries[shape] = _entries(p) if ok else None
-        return self.entries[shape]
+            self.entries[key] = _entries(p) if ok else None
+        return self.entries[key]
 
 
 def _entries(plan: Plan) -> list[LayerPlan]:

@@ -119,6 +119,9 @@ class Plan:
     # when given), where the plan is ckptplan.plan's of a model's config:
     # what apply runs a smaller call with. Not part of the plan's JSON.
     replan: Optional[Callable[..., "Plan"]] = dataclasses.field(default=None, compare=False, repr=False)
+    # Whether the plan is for padded batches (plan's padded). Not part of
+    # the plan's JSON.
+    padded: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: Union[str, bytes, dict]) -> "Plan":
@@ -209,7 +212,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
          solver: str = "selective", device: Optional[str] = None,
          reserve: Union[str, int, None] = None, logits_dtype: Optional[str] = None,
          autocast: Optional[str] = None, optimizer: Optional[str] = None,
-         extra_args: Sequence[str] = (), traced: Optional[bool] = None) -> Plan:
+         extra_args: Sequence[str] = (), traced: Optional[bool] = None, padded: bool = False) -> Plan:
     """Plan model's activations for one training step of batch sequences of
     seq tokens within budget (bytes, or a string such as "24GiB"; default:
     the device's memory).
@@ -228,6 +231,12 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     counts them so (``--master-weights none``).
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
+
+    padded: whether the step's batches carry an attention mask that pads
+    shorter sequences (a collator pads each batch to its longest): under
+    sdpa transformers then hands every layer the model's mask, which from
+    4.53 each layer keeps a copy of (``--padded``). ``apply`` runs a batch
+    without padding as planned for one.
 
     traced: whether to plan a trace of the model (``ckptplan.trace``)
     rather than the graph ckptplan builds from its config. By default a
@@ -258,6 +267,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--reserve", str(reserve)]
     if optimizer is not None:
         args += ["--optimizer", optimizer_name(optimizer)]
+    if padded:
+        args += ["--padded"]
     if _own_dtype_moments(model, optimizer):
         args += ["--master-weights", "none"]
     ranks = _data_parallel_ranks(model)
@@ -288,6 +299,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
                     raise
             traced = True
     if traced:
+        if padded:
+            raise _binary.CkptplanUsageError("ckptplan.plan: padded does not apply to a traced model: its ops are those "
+                                             "of the batch it was traced with")
         if logits_dtype is not None:
             raise ValueError("logits_dtype does not apply to a traced model: its logits are what its loss computes")
         return _plan_traced(model, name, args + list(extra_args), batch=batch, seq=seq, autocast=autocast)
@@ -304,15 +318,19 @@ def _replannable(ask, model, args: list, extra_args: Sequence[str], logits_dtype
 
     ref = weakref.ref(model)
 
-    def replan(batch: int, seq: int, budget: Optional[int] = None) -> Plan:
+    padded = "--padded" in args
+    args = [a for a in args if a != "--padded"]
+
+    def replan(batch: int, seq: int, budget: Optional[int] = None, padded: bool = padded) -> Plan:
         live = ref()
         if live is None:
             raise ValueError("ckptplan: the model this plan was made of is gone: plan again")
-        again = args if budget is None else [*args, "--budget", str(budget)]
-        return _config_plan(live, again, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
-                            autocast=autocast)()
+        again = [*args, *(["--budget", str(budget)] if budget is not None else []), *(["--padded"] if padded else [])]
+        p = _config_plan(live, again, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
+                         autocast=autocast)()
+        return dataclasses.replace(p, padded=padded)
 
-    return dataclasses.replace(ask(), replan=replan)
+    return dataclasses.replace(ask(), replan=replan, padded=padded)
 
 
 def _check_plan_args(model, budget, device, batch, seq) -> None:

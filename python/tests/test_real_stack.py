@@ -568,7 +568,7 @@ def test_shapes_beyond_the_planned_one_are_refused(ckptplan_binary):
             model(input_ids=ids, labels=ids)
 
 
-def padded(n: int, seq: int, lengths: "list[int]") -> dict:
+def padded_batch(n: int, seq: int, lengths: "list[int]") -> dict:
     """A batch as a data collator pads it: n sequences of those lengths,
     padded on the right to seq, the padding masked and its labels -100."""
     g = torch.Generator().manual_seed(3)
@@ -584,33 +584,45 @@ SMALLER = [("one sequence", 1, SEQ, None), ("shorter", BATCH, SEQ - 5, None),
            ("padded", BATCH, SEQ, [SEQ, SEQ - 6]), ("padded and shorter", BATCH, SEQ - 3, [SEQ - 3, 4])]
 
 
+def bool_masks(attention: str) -> bool:
+    """Whether a padded batch gives each layer's sdpa a boolean mask, which
+    PyTorch's sdpa turns into one of the query's dtype and saves in every
+    layer: from transformers 4.53 (its masking_utils), where 4.46 gives
+    every layer one additive mask the model made."""
+    release = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    return attention == "sdpa" and release >= (4, 53)
+
+
 @pytest.mark.parametrize("family,attention,dtype,lora", [("llama", "sdpa", "fp32", ""), ("llama", "eager", "fp32", "attn"),
                                                          ("qwen2", "sdpa", "bf16", ""), ("gpt2", "eager", "fp32", "")])
-@pytest.mark.parametrize("source", ["plan", "json"])
-def test_shapes_up_to_the_planned_one_hold(ckptplan_binary, family, attention, dtype, lora, source):
-    """A selective plan for batch 2 and sequence 16 runs what a training
-    loop brings it: one sequence (an epoch's short last batch), shorter
-    sequences, a batch a collator padded (with its attention mask), in
-    turn on the same applied model; each call's gradients are those of the
-    run without the plan. ckptplan.plan's plan runs each smaller shape as
-    planned again for it within the planned peak: each layer keeps what
-    that plan says, to the byte. A plan read from JSON runs its own
-    decisions: each layer keeps less than the plan says (a padded batch of
-    the planned shape exactly as much: the mask it brings is the model's
-    input, not the layer's activation), and recomputes no more."""
+@pytest.mark.parametrize("source,padded", [("plan", False), ("plan", True), ("json", False)])
+def test_shapes_up_to_the_planned_one_hold(ckptplan_binary, family, attention, dtype, lora, source, padded):
+    """A selective plan for batch 2 and sequence 16 (of padded batches, or
+    not) runs what a training loop brings it: one sequence (an epoch's
+    short last batch), shorter sequences, batches a collator padded (with
+    their attention mask), in turn on the same applied model; each call's
+    gradients are those of the run without the plan. ckptplan.plan's plan
+    runs each batch but the planned one as planned again for its shape and
+    padding within the planned peak: each layer keeps what that plan says,
+    to the byte. A plan read from JSON runs its own decisions: each layer
+    keeps less than the plan says at a smaller shape, and recomputes no
+    more."""
     ref = build(family, attention, dtype, lora=lora)
-    low = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
-    high = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").peak_bytes
-    plan = ckptplan.plan(ref, (low + high) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="selective")
+    kw = dict(optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, padded=padded)
+    low = ckptplan.plan(ref, "1GiB", solver="every-k", **kw).peak_bytes
+    high = ckptplan.plan(ref, "1GiB", solver="none", **kw).peak_bytes
+    plan = ckptplan.plan(ref, (low + high) // 2, solver="selective", **kw)
     assert "selective" in {l.mode for l in plan.layers}
     if source == "json":
         plan = ckptplan.Plan.from_json(plan.raw)
     model = copy.deepcopy(ref)
     apply(model, plan)
+    # A plan read from JSON knows no padding: under sdpa from 4.53 a
+    # padded batch's layers save a mask it does not have.
     shapes = [(name, n, seq, lengths) for name, n, seq, lengths in SMALLER
-              if lengths is None or not bool_masks(attention)]
+              if source == "plan" or lengths is None or not bool_masks(attention)]
     for name, n, seq, lengths in [*shapes, ("planned", BATCH, SEQ, None)]:
-        data = padded(n, seq, lengths or [seq] * n)
+        data = padded_batch(n, seq, lengths or [seq] * n)
         if lengths is None:
             del data["attention_mask"]
         base = copy.deepcopy(ref)
@@ -620,11 +632,12 @@ def test_shapes_up_to_the_planned_one_hold(ckptplan_binary, family, attention, d
         torch.manual_seed(2)
         got = measure(model, data)
         assert grads_equal(model, base), f"{name}: gradients differ"
-        if (n, seq) == (BATCH, SEQ):
+        pads = lengths is not None and min(lengths) < seq
+        if source == "json" or (n, seq, pads) == (BATCH, SEQ, padded):
             expected = plan
         elif source == "plan":
             # The plan ckptplan.apply runs this call with.
-            expected = plan.replan(n, seq, budget=plan.peak_bytes + plan.reserve_bytes)
+            expected = plan.replan(n, seq, budget=plan.peak_bytes + plan.reserve_bytes, padded=pads)
             assert expected.feasible and expected.peak_bytes <= plan.peak_bytes
         for layer, g in zip(plan.layers, got.layers):
             if source == "json" and (n, seq) != (BATCH, SEQ):
@@ -638,29 +651,23 @@ def test_shapes_up_to_the_planned_one_hold(ckptplan_binary, family, attention, d
             assert got.recomputed_flops <= plan.recompute_flops, name
 
 
-def bool_masks(attention: str) -> bool:
-    """Whether a padded batch gives each layer's sdpa a boolean mask, which
-    PyTorch's sdpa turns into one of the query's dtype and saves in every
-    layer: from transformers 4.53 (its masking_utils), where 4.46 gives
-    every layer one additive mask the model made."""
-    release = tuple(int(x) for x in transformers.__version__.split(".")[:2])
-    return attention == "sdpa" and release >= (4, 53)
-
-
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="ckptplan plans unpadded batches: the mask each layer's "
-                   "sdpa saves for a padded one is not in the plan")
-@pytest.mark.skipif(not bool_masks("sdpa"), reason="this transformers gives sdpa the model's additive mask")
-def test_padded_batches_under_sdpa_hold_a_mask_per_layer(ckptplan_binary):
-    """A padded batch under sdpa holds, in each layer, a [batch, 1, seq,
-    seq] mask in the query's dtype that the plan does not count: a
-    selective layer refuses it, naming what it saves."""
-    ref = build("llama", "sdpa", "fp32")
-    low = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k").peak_bytes
-    high = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none").peak_bytes
-    plan = ckptplan.plan(ref, (low + high) // 2, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="selective")
-    model = copy.deepcopy(ref)
-    apply(model, plan)
-    measure(model, padded(BATCH, SEQ, [SEQ, SEQ - 6]))
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_padded_plans_count_the_masks(ckptplan_binary, attention):
+    """Storing everything, a padded batch's layers keep what the plan for
+    padded batches says: under sdpa from transformers 4.53 a copy of the
+    mask in each layer, [batch, 1, seq, seq] in the model's dtype, with K
+    and V repeated, which the plan for unpadded batches does not have;
+    under eager, or sdpa before 4.53, what that plan says."""
+    ref = build("llama", attention, "fp32")
+    flat = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none")
+    plan = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none", padded=True)
+    got = measure(copy.deepcopy(ref), padded_batch(BATCH, SEQ, [SEQ, SEQ - 6]))
+    assert [g.kept_bytes for g in got.layers] == [l.kept_bytes for l in plan.layers]
+    # From 4.53 the unpadded plan is not what a padded batch keeps: each
+    # layer keeps the mask too, and without grouped K and V (sdpa takes
+    # them, enable_gqa, only without a mask) what its kernel saves differs.
+    same = [l.kept_bytes for l in plan.layers] == [f.kept_bytes for f in flat.layers]
+    assert same != bool_masks(attention)
 
 
 def test_a_layer_that_saves_otherwise_is_named(ckptplan_binary):
