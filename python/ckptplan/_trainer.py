@@ -51,7 +51,9 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     CUDA device the model is on. seq is the longest sequence a batch
     brings; by default the longest ``input_ids`` of the training dataset
     (rounded up to the collator's ``pad_to_multiple_of``, or the
-    collator's ``max_length`` where it pads every batch to it).
+    collator's ``max_length`` where it pads every batch to it), planned
+    for padded batches (``plan``'s padded) where the data has sequences
+    shorter than that, or where seq is given.
 
     Raises CkptplanUsageError for a trainer it cannot read (no training
     dataset whose length it can find, and no seq), and what
@@ -67,8 +69,9 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
             f"ckptplan.prepare_trainer: trainer is a transformers.Trainer (with a model and its arguments), "
             f"not {type(trainer).__name__}")
     batch = int(args.per_device_train_batch_size)
+    padded = True  # what a collator of sequences of unknown lengths brings
     if seq is None:
-        seq = _longest(trainer)
+        seq, padded = _longest(trainer)
     if budget is None and device is None:
         budget = _cuda_memory(model)
     extra = []
@@ -77,16 +80,18 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
         extra += ["--grad-accum", str(accumulate)]
     _turn_off_checkpointing(trainer, unwrap(model))
     plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
-                     autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra)
+                     autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra,
+                     padded=padded)
     apply(model, plan)
     return plan
 
 
-def _longest(trainer: Any) -> int:
+def _longest(trainer: Any) -> tuple[int, bool]:
     """The longest sequence a batch of trainer's brings: the longest
-    input_ids of its training dataset, as its collator pads it."""
+    input_ids of its training dataset, as its collator pads it; and
+    whether a batch may be padded (a shorter sequence in the data)."""
     data = getattr(trainer, "train_dataset", None)
-    longest = 0
+    longest, shortest = 0, None
     try:
         n = len(data)
     except TypeError:
@@ -103,15 +108,17 @@ def _longest(trainer: Any) -> int:
                 "ckptplan.prepare_trainer: the training dataset's examples have no input_ids (a collator "
                 "tokenizes them): give seq=, the longest sequence a batch brings")
         longest = max(longest, len(ids))
+        shortest = len(ids) if shortest is None else min(shortest, len(ids))
     if longest == 0:
         raise CkptplanUsageError("ckptplan.prepare_trainer: the training dataset is empty")
     collator = getattr(trainer, "data_collator", None)
+    seq = longest
     if getattr(collator, "padding", None) == "max_length" and getattr(collator, "max_length", None):
-        return int(collator.max_length)
-    multiple = getattr(collator, "pad_to_multiple_of", None)
-    if multiple:
-        longest = -(-longest // multiple) * multiple
-    return longest
+        seq = int(collator.max_length)
+    elif getattr(collator, "pad_to_multiple_of", None):
+        multiple = collator.pad_to_multiple_of
+        seq = -(-longest // multiple) * multiple
+    return seq, shortest < seq
 
 
 def _cuda_memory(model: Any) -> int:

@@ -50,15 +50,12 @@ def pad(examples: list[dict]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def build(lora: bool) -> "torch.nn.Module":
+def build(lora: bool, attention: str = "sdpa") -> "torch.nn.Module":
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=3,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
                                       max_position_embeddings=64, pad_token_id=0)
-    # Eager attention: under sdpa a padded batch's mask is saved in every
-    # layer from transformers 4.53 on, which plans do not count yet
-    # (test_real_stack.test_padded_batches_under_sdpa_hold_a_mask_per_layer).
-    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation=attention)
     if lora:
         peft = pytest.importorskip("peft")
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
@@ -71,12 +68,12 @@ class Measured(transformers.Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.kept: list[tuple[tuple[int, int], list[int]]] = []
+        self.kept: list[tuple[tuple[int, int], bool, list[int]]] = []
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         with forward_kept(model) as kept:
             out = super().compute_loss(model, inputs, *args, **kwargs)
-        self.kept.append((tuple(inputs["input_ids"].shape), kept()))
+        self.kept.append((tuple(inputs["input_ids"].shape), not bool(inputs["attention_mask"].all()), kept()))
         return out
 
 
@@ -90,18 +87,19 @@ def trainer(model, tmp_path, checkpointing: bool = False) -> Measured:
                     train_dataset=dataset(), data_collator=pad)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora):
-    ref = build(lora)
+@pytest.mark.parametrize("lora,attention", [(False, "sdpa"), (True, "eager")], ids=["full-sdpa", "lora-eager"])
+def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora, attention):
+    ref = build(lora, attention)
     plain = trainer(copy.deepcopy(ref), tmp_path / "plain")
     plain.train()
     planned = trainer(copy.deepcopy(ref), tmp_path / "planned", checkpointing=True)
-    store = ckptplan.plan(planned.model, "1GiB", batch=BATCH, seq=LONGEST, solver="none", extra_args=("--grad-accum", "2"))
-    every = ckptplan.plan(planned.model, "1GiB", batch=BATCH, seq=LONGEST, solver="every-k", extra_args=("--grad-accum", "2"))
+    kw = dict(batch=BATCH, seq=LONGEST, padded=True, extra_args=("--grad-accum", "2"))
+    store = ckptplan.plan(planned.model, "1GiB", solver="none", **kw)
+    every = ckptplan.plan(planned.model, "1GiB", solver="every-k", **kw)
     budget = (store.peak_bytes + every.peak_bytes) // 2
     with pytest.warns(UserWarning, match="turned off the trainer's gradient checkpointing"):
         plan = ckptplan.prepare_trainer(planned, budget)
-    assert (plan.batch, plan.seq) == (BATCH, LONGEST)
+    assert (plan.batch, plan.seq, plan.padded) == (BATCH, LONGEST, True)
     assert "selective" in {l.mode for l in plan.layers} or "checkpoint" in {l.mode for l in plan.layers}
     planned.train()
 
@@ -110,18 +108,19 @@ def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora):
     for (name, p), q in zip(plain.model.named_parameters(), planned.model.parameters()):
         assert torch.equal(p, q), name
     # Every micro-batch: the short last one, and every padded length.
-    shapes = {shape for shape, _ in planned.kept}
+    shapes = {shape for shape, _, _ in planned.kept}
     print(f"{len(losses[0])} steps, {len(planned.kept)} micro-batches of {len(shapes)} shapes; plan "
           f"{[l.mode for l in plan.layers]} at {plan.peak_bytes} B")
     assert any(b < BATCH for b, _ in shapes) and len({s for _, s in shapes}) > 3, shapes
     plans = {}
-    for shape, kept in planned.kept:
-        if shape not in plans:
-            plans[shape] = plan if shape == (BATCH, LONGEST) else \
-                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes)
-            assert plans[shape].peak_bytes <= plan.peak_bytes
-        assert kept == [l.kept_bytes for l in plans[shape].layers], (shape, kept, plans[shape].layers)
-    print({shape: ([l.mode for l in p.layers], p.peak_bytes) for shape, p in sorted(plans.items())})
+    for shape, pads, kept in planned.kept:
+        if (shape, pads) not in plans:
+            plans[shape, pads] = plan if (shape, pads) == ((BATCH, LONGEST), True) else \
+                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes, padded=pads)
+            assert plans[shape, pads].peak_bytes <= plan.peak_bytes
+        want = plans[shape, pads]
+        assert kept == [l.kept_bytes for l in want.layers], (shape, pads, kept, want.layers)
+    print({key: ([l.mode for l in p.layers], p.peak_bytes) for key, p in sorted(plans.items())})
 
 
 def test_trainer_without_a_budget_on_the_cpu_is_refused(ckptplan_binary, tmp_path):
