@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator, Optional
 
 import torch
@@ -158,10 +159,20 @@ class _Others:
             # dispatch modes and saved-tensor hooks around the call (a
             # FLOP counter, a memory tracker).
             with _probe(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-                p = self.plan.replan(*shape, budget=self.plan.peak_bytes + self.plan.reserve_bytes,
-                                     padded=self.padded)
-            ok = p.feasible and len(p.layers) == self.layers and p.peak_bytes <= self.plan.peak_bytes
+                try:
+                    p = self.plan.replan(*shape, budget=self.plan.peak_bytes + self.plan.reserve_bytes,
+                                         padded=self.padded)
+                except CkptplanError as err:
+                    if err.kind != "infeasible":
+                        raise
+                    p = None
+            ok = p is not None and p.feasible and len(p.layers) == self.layers and p.peak_bytes <= self.plan.peak_bytes
             self.entries[key] = _entries(p) if ok else None
+            if not ok and self.padded and not self.plan.padded:
+                warnings.warn(
+                    f"ckptplan: a padded batch (batch {shape[0]}, sequence {shape[1]}) holds more than the plan, made "
+                    "for batches without padding, says: plan with padded=True (prepare_trainer does where the data "
+                    "has shorter sequences)", stacklevel=2)
         return self.entries[key]
 
 
