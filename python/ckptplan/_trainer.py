@@ -15,12 +15,12 @@ to their longest sequence), each as planned again for its own shape within
 the planned peak (``ckptplan.apply``).
 
 Example:
-    >>> import torch, transformers, ckptplan
+    >>> import tempfile, transformers, ckptplan
     >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
     ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
     >>> model = transformers.LlamaForCausalLM(config)
     >>> data = [{"input_ids": list(range(1, 17)), "labels": list(range(1, 17))}] * 8
-    >>> args = transformers.TrainingArguments("out", per_device_train_batch_size=4,
+    >>> args = transformers.TrainingArguments(tempfile.mkdtemp(), per_device_train_batch_size=4,
     ...     report_to=[], use_cpu=True)
     >>> trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     >>> plan = ckptplan.prepare_trainer(trainer, "64MiB")

@@ -34,3 +34,16 @@ def test_the_docs_python_runs(ckptplan_binary):
         scope = {"model": transformers.LlamaForCausalLM(config),
                  "batch": {"input_ids": torch.zeros(n, seq, dtype=torch.long)}}
         exec(compile(code, "docs", "exec"), scope)
+
+
+def test_readme_trainer_example_runs(ckptplan_binary, tmp_path, monkeypatch):
+    """The README's Trainer example is python/examples/trainer_example.py,
+    and it trains."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    example = (ROOT / "python" / "examples" / "trainer_example.py").read_text(encoding="utf-8")
+    assert example in blocks
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(example, "trainer_example.py", "exec"), scope)
+    assert scope["trainer"].state.global_step == 4
