@@ -283,6 +283,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"inspect", "../../graphio/testdata/bad/model-typo.yaml"}, false, `model-typo.yaml:5:1: unknown key "heds"`},
 		{[]string{"plan", "tiny-llama"}, true, "need --budget or --device"},
 		{[]string{"plan", "tiny-llama", "--budget", "12 parsecs"}, true, ""},
+		{[]string{"plan", "tiny-llama", "--budget", "4096B"}, false, "tiny-llama does not fit in 4 KiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "1MiB"}, false, "tiny-llama does not fit in 1 MiB with the selective solver: it needs at least 4.30 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB"}, false, "tiny-llama does not fit in 4.20 MiB with the selective solver: it needs at least"},
 		// What does not fit is named, with what holds less of it: the
@@ -715,5 +716,21 @@ func TestExportSavedPlanOfFile(t *testing.T) {
 	}
 	if _, stderr, e := runCmd("export", tampered, "--to", "json"); e != nil || !strings.Contains(stderr, "is not here as it was, so its figures were checked against one another") {
 		t.Errorf("model edited: %v, %q", e, stderr)
+	}
+}
+
+// TestBudgetWithoutUnit checks that a bare number under a mebibyte is
+// refused as a size that lost its unit, and one from a mebibyte on taken
+// as bytes.
+func TestBudgetWithoutUnit(t *testing.T) {
+	_, stderr, err := runCmd("plan", "tiny-llama", "--budget", "24")
+	if !errors.Is(err, errUsageShown) {
+		t.Fatalf("err = %v, want a usage error", err)
+	}
+	if want := "24 is 24 bytes, which no model fits in: give the unit (24GiB), or write 24B for bytes"; !strings.Contains(stderr, want) {
+		t.Errorf("stderr = %q, want it to contain %q", stderr, want)
+	}
+	if _, _, err := runCmd("plan", "tiny-llama", "--budget", "16777216"); err != nil {
+		t.Errorf("--budget 16777216: %v", err)
 	}
 }

@@ -32,6 +32,31 @@ type planFlags struct {
 	runtime planner.Runtime
 }
 
+// budgetFlag is --budget: a size, where a bare number under a mebibyte
+// is refused as a size that lost its unit (24 for 24GiB), not taken as
+// bytes no model fits in.
+type budgetFlag struct{ b *mem.Bytes }
+
+func (f budgetFlag) String() string {
+	if f.b == nil || *f.b == 0 {
+		return ""
+	}
+	return f.b.String()
+}
+
+func (f budgetFlag) Set(s string) error {
+	v, err := mem.ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	t := strings.TrimSpace(s)
+	if v < mem.MiB && t != "" && strings.Trim(t, "0123456789") == "" {
+		return fmt.Errorf("%s is %s bytes, which no model fits in: give the unit (%sGiB), or write %sB for bytes", t, t, t, t)
+	}
+	*f.b = v
+	return nil
+}
+
 // reserveFlag is --reserve: unset, the device's default reserve.
 type reserveFlag struct {
 	set   bool
@@ -88,7 +113,7 @@ func parseModules(s string) (costmodel.Module, error) {
 func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	p := &planFlags{setup: addSetupFlags(fs)}
 	p.setup.addTrainingFlags(fs)
-	fs.Var(&p.budget, "budget", "memory of one GPU, static memory included: bytes, or with a unit (24GiB is 24·2³⁰ bytes, 80GB 80·10⁹); default: the --device's memory")
+	fs.Var(budgetFlag{&p.budget}, "budget", "memory of one GPU, static memory included: a size with its unit (24GiB is 24·2³⁰ bytes, 80GB 80·10⁹, 4096B 4096 bytes), or bytes from 1MiB; default: the --device's memory")
 	if withSolver {
 		var names []string
 		for _, s := range planner.Strategies {

@@ -185,19 +185,66 @@ class Plan:
                    layers=tuple(Layer(f"layers.{i}", mode, 0) for i in range(n)))
 
     def summary(self) -> str:
-        """The plan in a few lines, as the command line prints it."""
+        """The plan in a few lines: what it is for, whether it fits (with
+        the memory to spare, or what passes the budget), its extra compute,
+        and each run of consecutive layers that run alike.
+
+        >>> p = Plan(model="m", solver="selective", feasible=True, budget_bytes=8 << 30, reserve_bytes=1 << 30,
+        ...          peak_bytes=5 << 30, overhead=0.125, recompute_flops=0, batch=4, seq=2048, dtype="bf16",
+        ...          attention="sdpa", peak_at="backward of layers.0",
+        ...          layers=(Layer("layers.0", "checkpoint", 16 << 20), Layer("layers.1", "checkpoint", 16 << 20),
+        ...                  Layer("layers.2", "selective", 48 << 20, "matmuls-only"), Layer("layers.3", "store", 96 << 20)))
+        >>> print(p.summary())
+        m: batch 4, sequence 2048, bf16, sdpa attention; solver selective
+        fits: peak 5.00 GiB (in the backward of layers.0) + reserve 1.00 GiB within 8.00 GiB, 2.00 GiB to spare
+        +12.5% compute
+          layers.0-1  checkpoint: keeps 16.00 MiB each
+          layers.2    selective (matmuls-only): keeps 48.00 MiB
+          layers.3    store: keeps 96.00 MiB
+        """
+        need = self.peak_bytes + self.reserve_bytes
+        at = f" (in the {self.peak_at})" if self.peak_at else ""
+        peak = (f"peak {_size(self.peak_bytes)}{at}"
+                + (f" (layer by layer: {_size(self.runtime_peak_bytes)})"
+                   if self.runtime_peak_bytes not in (0, self.peak_bytes) else "")
+                + f" + reserve {_size(self.reserve_bytes)} within {_size(self.budget_bytes)}")
+        if self.feasible and need <= self.budget_bytes:
+            verdict = f"fits: {peak}, {_size(self.budget_bytes - need)} to spare"
+        else:
+            verdict = f"does not fit: {peak}, {_size(need - self.budget_bytes)} past it"
         lines = [f"{self.model}: batch {self.batch}, sequence {self.seq}, {self.dtype}, "
                  f"{self.attention} attention; solver {self.solver}",
-                 f"peak {_size(self.peak_bytes)}"
-                 + (f" (layer by layer: {_size(self.runtime_peak_bytes)})"
-                    if self.runtime_peak_bytes not in (0, self.peak_bytes) else "")
-                 + f" + reserve {_size(self.reserve_bytes)} "
-                 f"within {_size(self.budget_bytes)}, {100 * self.overhead:+.1f}% compute"]
-        for l in self.layers:
+                 verdict, f"{100 * self.overhead:+.1f}% compute"]
+        for run in _runs(self.layers):
+            l = run[0]
             how = f"selective ({l.policy})" if l.mode == "selective" else l.mode
-            lines.append(f"  {l.name:10s} {how}: keeps {l.kept_bytes} bytes")
+            each = " each" if len(run) > 1 else ""
+            lines.append(f"  {_span(run):10s}  {how}: keeps {_size(l.kept_bytes)}{each}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _runs(layers: Sequence[Layer]) -> list[list[Layer]]:
+    """layers in runs of consecutive ones that run alike and keep as much."""
+    runs: list[list[Layer]] = []
+    for l in layers:
+        if runs and (runs[-1][-1].mode, runs[-1][-1].policy, runs[-1][-1].kept_bytes) == (l.mode, l.policy, l.kept_bytes):
+            runs[-1].append(l)
+        else:
+            runs.append([l])
+    return runs
+
+
+def _span(run: list[Layer]) -> str:
+    """The names of a run of layers: "layers.0-3" where they are numbered
+    in turn, else the first and last."""
+    first, last = run[0].name, run[-1].name
+    if len(run) == 1:
+        return first
+    head, _, i = first.rpartition(".")
+    if last.startswith(head + ".") and i.isdigit() and last[len(head) + 1:].isdigit():
+        return f"{first}-{last[len(head) + 1:]}"
+    return f"{first}..{last}"
 
 
 def _size(n: int) -> str:
@@ -260,7 +307,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     versions.check()
     args = ["export", "--to", "json", "--solver", solver]
     if budget is not None:
-        args += ["--budget", str(budget)]
+        # An int is bytes: said so, for the binary refuses a bare number
+        # under a mebibyte as a size without its unit.
+        args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
     if device is not None:
         args += ["--device", device]
     if reserve is not None:
@@ -325,7 +374,7 @@ def _replannable(ask, model, args: list, extra_args: Sequence[str], logits_dtype
         live = ref()
         if live is None:
             raise ValueError("ckptplan: the model this plan was made of is gone: plan again")
-        again = [*args, *(["--budget", str(budget)] if budget is not None else []), *(["--padded"] if padded else [])]
+        again = [*args, *(["--budget", f"{budget}B"] if budget is not None else []), *(["--padded"] if padded else [])]
         p = _config_plan(live, again, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
                          autocast=autocast)()
         return dataclasses.replace(p, padded=padded)
