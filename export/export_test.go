@@ -167,7 +167,7 @@ func TestHF(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := exportOf(t, p, tt.d).HF(&b); err != nil {
+			if err := exportOf(t, p, tt.d).HF(&b, nil); err != nil {
 				t.Fatal(err)
 			}
 			for _, w := range tt.want {

@@ -5,23 +5,79 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/ckptplan/ckptplan/planner"
 )
 
-var hfTarget = &Target{Name: "hf", Help: "transformers calls",
-	Write: func(w io.Writer, e *Export, _ *Setting, _ string) ([]string, error) { return nil, e.HF(w) }}
+var hfTarget = &Target{Name: "hf", Help: "transformers calls", Closest: hfWhole,
+	Write: func(w io.Writer, e *Export, s *Setting, _ string) ([]string, error) { return nil, e.HF(w, s) }}
+
+// hfWhole is the hf target's Closest: transformers' checkpointing runs
+// whole layers, so where the plan keeps part of a layer, the best plan of
+// whole layers (the optimal solver's, layer by layer), if one fits.
+func hfWhole(e *Export, p *planner.Problem, opt *planner.Options) (*Setting, error) {
+	if len(e.indexes(ModeSelective)) == 0 {
+		return nil, nil
+	}
+	o := *opt
+	o.Strategy = planner.Optimal
+	plan, err := p.Plan(&o)
+	if err != nil || !plan.Feasible {
+		return nil, nil // the plan's layers, checkpointed whole
+	}
+	return &Setting{Plan: plan, At: -1}, nil
+}
 
 // HF writes the calls that make a Hugging Face model checkpoint the plan's
 // layers. gradient_checkpointing_enable turns checkpointing on for every
 // decoder layer; layers derived from GradientCheckpointingLayer then read
 // their own gradient_checkpointing flag, which the loop sets per layer.
-// Gradient checkpointing has no partial keep: a selective layer is
-// checkpointed, and the output says so.
-func (e *Export) HF(w io.Writer) error {
+// Gradient checkpointing has no partial keep: where the plan keeps part
+// of a layer, HF writes whole (a plan of whole layers, hfWhole's) where
+// it costs no more than checkpointing those layers whole, else the plan
+// with them checkpointed; the output says which, and what it costs.
+func (e *Export) HF(w io.Writer, whole *Setting) error {
+	if whole != nil && whole.Plan != nil {
+		alt, err := FromPlan(whole.Plan)
+		if err != nil {
+			return err
+		}
+		if rerun, known := e.hfRerun(); !known || alt.Overhead <= rerun/e.baseline {
+			return alt.hf(w, fmt.Sprintf("# The plan (%s, %+.1f%% compute) keeps part of layers %s, which transformers' checkpointing\n"+
+				"# cannot: this is the cheapest plan of whole layers in its budget, %+.1f%% compute, peak %v.\n"+
+				"# ckptplan.apply(model, plan) in Python, or ckptplan export --to pytorch, runs the plan itself.\n",
+				e.Solver, 100*e.Overhead, spans(e.indexes(ModeSelective), ""), 100*alt.Overhead, alt.PeakBytes))
+		}
+	}
+	return e.hf(w, "")
+}
+
+// hfRerun returns the FLOPs the plan's layers recompute with its
+// selective layers checkpointed whole, where they are known.
+func (e *Export) hfRerun() (float64, bool) {
+	if len(e.wholeRerun) != len(e.Layers) || e.baseline <= 0 {
+		return 0, false
+	}
+	var rerun float64
+	for i, l := range e.Layers {
+		switch l.Mode {
+		case ModeCheckpoint:
+			rerun += l.RecomputeFLOPs
+		case ModeSelective:
+			rerun += e.wholeRerun[i]
+		}
+	}
+	return rerun, true
+}
+
+// hf writes e's calls, header (comment lines) first after the title.
+func (e *Export) hf(w io.Writer, header string) error {
 	ckpt := append(e.indexes(ModeCheckpoint), e.indexes(ModeSelective)...)
 	slices.Sort(ckpt)
 	var b strings.Builder
 	b.WriteString(sourceHeader)
 	fmt.Fprintf(&b, "# The activation plan of %s for Hugging Face transformers, made by ckptplan.\n", comment(e.Model))
+	b.WriteString(header)
 	if len(ckpt) == 0 {
 		b.WriteString("# The plan stores every layer: leave gradient checkpointing off.\n")
 		_, err := io.WriteString(w, b.String())
@@ -34,16 +90,7 @@ func (e *Export) HF(w io.Writer) error {
 	}
 	if sel := e.indexes(ModeSelective); len(sel) > 0 {
 		fmt.Fprintf(&b, "# Layers %s keep part of their tensors in the plan; gradient checkpointing cannot,\n# so they are checkpointed whole here: ", spans(sel, ""))
-		if len(e.wholeRerun) == len(e.Layers) && e.baseline > 0 {
-			var rerun float64
-			for i, l := range e.Layers {
-				switch l.Mode {
-				case ModeCheckpoint:
-					rerun += l.RecomputeFLOPs
-				case ModeSelective:
-					rerun += e.wholeRerun[i]
-				}
-			}
+		if rerun, known := e.hfRerun(); known {
 			fmt.Fprintf(&b, "this runtime recomputes %.4g FLOPs, %+.1f%% compute where the\n# plan's runtime pays %+.1f%%, and", rerun, 100*rerun/e.baseline, 100*e.Overhead)
 		} else {
 			b.WriteString("more compute than the plan's runtime, and")

@@ -66,7 +66,7 @@ func TestHostileNamesStayText(t *testing.T) {
 	if err := e.PyTorch(&py, strings.Join(names, " ")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.HF(&hf); err != nil {
+	if err := e.HF(&hf, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Megatron(&mg, nil, planner.MegatronRecompute{}); err == nil {

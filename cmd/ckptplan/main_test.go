@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -400,6 +401,15 @@ func TestExportSavedPlan(t *testing.T) {
 		if to == "pytorch" {
 			fromPlan, direct = strip(fromPlan), strip(direct)
 		}
+		if to == "hf" && strings.Contains(direct, "cheapest plan of whole layers") {
+			// From the model, the export can plan whole layers instead of
+			// the selective ones (TestHFExportWholeLayers); a saved plan
+			// has no model to plan with, and checkpoints them whole.
+			if !strings.Contains(fromPlan, "so they are checkpointed whole here") {
+				t.Errorf("--to hf of the saved plan:\n%s\nwant its selective layers checkpointed whole", fromPlan)
+			}
+			continue
+		}
 		if fromPlan != direct {
 			t.Errorf("--to %s: the saved plan exports differently:\n%s\n---\n%s", to, fromPlan, direct)
 		}
@@ -732,5 +742,50 @@ func TestBudgetWithoutUnit(t *testing.T) {
 	}
 	if _, _, err := runCmd("plan", "tiny-llama", "--budget", "16777216"); err != nil {
 		t.Errorf("--budget 16777216: %v", err)
+	}
+}
+
+// TestHFExportWholeLayers checks that where the plan keeps part of its
+// layers, which transformers' checkpointing cannot, export --to hf writes
+// the optimal solver's plan of whole layers when it costs less than
+// checkpointing those layers whole, and says what each costs.
+func TestHFExportWholeLayers(t *testing.T) {
+	args := []string{"tiny-llama", "--budget", "4.5MiB"}
+	hf, _, err := runCmd(append([]string{"export", "--to", "hf"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	optimal, _, err := runCmd(append([]string{"plan", "--solver", "optimal"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	selective, _, err := runCmd(append([]string{"export", "--to", "json"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan struct {
+		Overhead float64 `json:"overhead"`
+		Layers   []struct{ Mode string }
+	}
+	if err := json.Unmarshal([]byte(selective), &plan); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Layers[0].Mode != "selective" {
+		t.Fatalf("the plan's first layer is %s: pick a budget where it is selective", plan.Layers[0].Mode)
+	}
+	// The optimal plan: "... 14.4% extra compute", and its checkpointed layers.
+	m := regexp.MustCompile(`: ([0-9.]+)% extra compute`).FindStringSubmatch(optimal)
+	if m == nil {
+		t.Fatalf("no overhead in\n%s", optimal)
+	}
+	want := fmt.Sprintf("cannot: this is the cheapest plan of whole layers in its budget, +%s%% compute", m[1])
+	if !strings.Contains(hf, want) {
+		t.Errorf("export --to hf:\n%s\nwant it to contain %q", hf, want)
+	}
+	if over, _ := strconv.ParseFloat(m[1], 64); over >= 100*plan.Overhead {
+		t.Errorf("the whole-layer plan costs %v%%, no less than the selective plan checkpointed whole", over)
+	}
+	if !strings.Contains(hf, "CHECKPOINTED = {0, 2}") {
+		t.Errorf("export --to hf:\n%s\nwant the optimal plan's layers 0 and 2 checkpointed", hf)
 	}
 }

@@ -196,9 +196,9 @@ def test_errors_say_their_kind(ckptplan_binary, tmp_path):
     assert (err.code, err.kind) == (1, "infeasible")
     assert str(err).startswith("ckptplan: tiny-llama does not fit in 1 MiB") and "{" not in str(err)
     assert isinstance(err.min_budget_bytes, int) and f"({err.min_budget_bytes} bytes)" in str(err)
-    _binary.call(["plan", "tiny-llama", "--budget", str(err.min_budget_bytes)])
+    _binary.call(["plan", "tiny-llama", "--budget", f"{err.min_budget_bytes}B"])
     with pytest.raises(_binary.CkptplanError) as e:
-        _binary.call(["plan", "tiny-llama", "--budget", str(err.min_budget_bytes - 1)])
+        _binary.call(["plan", "tiny-llama", "--budget", f"{err.min_budget_bytes - 1}B"])
     assert e.value.kind == "infeasible"
 
     with pytest.raises(_binary.CkptplanError) as e:

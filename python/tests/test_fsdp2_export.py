@@ -84,7 +84,7 @@ def export_module(binary: str, model, budget: int, solver: str, tmp_path, to: st
     config = tmp_path / "config.json"
     config.write_text(json.dumps(setup.config))
     out = tmp_path / f"plan_{to}_{solver}_{budget}.py"
-    p = subprocess.run([binary, "export", "--to", to, "--optimizer", OPTIMIZER, "--solver", solver, "--budget", str(budget),
+    p = subprocess.run([binary, "export", "--to", to, "--optimizer", OPTIMIZER, "--solver", solver, "--budget", f"{budget}B",
                         *setup.flags(), "-o", str(out), str(config)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     spec = importlib.util.spec_from_file_location(out.stem, out)

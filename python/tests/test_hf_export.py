@@ -52,7 +52,7 @@ def test_some_layers_need_per_layer_control(ckptplan_binary, tmp_path):
     ref = build("llama", "sdpa", "fp32")
     low = json.loads(export(ref, tmp_path, "--solver", "every-k", "--budget", "1GiB", "--to", "json"))
     high = json.loads(export(ref, tmp_path, "--solver", "none", "--budget", "1GiB", "--to", "json"))
-    budget = str((low["peak_bytes"] + high["peak_bytes"]) // 2)
+    budget = f"{(low['peak_bytes'] + high['peak_bytes']) // 2}B"
     code = export(ref, tmp_path, "--solver", "optimal", "--budget", budget, "--to", "hf")
     assert "CHECKPOINTED = {" in code
     try:

@@ -332,7 +332,7 @@ def test_trace_command_writes_a_graph_the_binary_plans(ckptplan_binary, tmp_path
     assert "ckptplan trace" in err.value.message
     full = json.loads(_binary.call(["plan", "--format", "json", "--solver", "none", "--budget", "1GiB", str(out)]))
     stored = full["peak_bytes"]
-    plan = json.loads(_binary.call(["plan", "--format", "json", "--budget", str(stored - 1), str(out)]))
+    plan = json.loads(_binary.call(["plan", "--format", "json", "--budget", f"{stored - 1}B", str(out)]))
     assert plan["feasible"] and plan["peak_bytes"] < stored
     with pytest.raises(_binary.CkptplanError) as err:
         _binary.call(["plan", "--budget", "1GiB", "--seq", "128", str(out)])

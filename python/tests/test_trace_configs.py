@@ -83,7 +83,7 @@ def test_real_config_traces_and_plans(ckptplan_binary, traced, name):
     every = json.loads(_binary.call(["plan", "--optimizer", "none", "--format", "json", "--solver", "every-k", "--budget", "100TiB", graph]))
     assert every["peak_bytes"] < store["peak_bytes"]
     budget = (every["peak_bytes"] + store["peak_bytes"]) // 2
-    plan = json.loads(_binary.call(["plan", "--optimizer", "none", "--format", "json", "--budget", str(budget), graph]))
+    plan = json.loads(_binary.call(["plan", "--optimizer", "none", "--format", "json", "--budget", f"{budget}B", graph]))
     assert plan["feasible"] and plan["peak_bytes"] <= budget
     assert plan["cost"] > plan["baseline_cost"], "the budget needs recomputation"
     cost = json.loads(_binary.call(["cost", "--format", "json", graph]))
