@@ -22,15 +22,16 @@ selective
 
 A plan is for a batch and sequence length, and runs any call up to them:
 an epoch's short last batch, the batches a data collator pads to their
-longest sequence. Below the planned shape, a plan of ckptplan.plan's is
-planned again for the call's shape, with the same settings and the
-planned peak as its budget, once per shape (the binary plans in a fraction
-of a second): the call holds no more than the plan says. Where no plan
-for that shape fits (or the plan was read from JSON), the call runs with
+longest sequence. A plan of ckptplan.plan's is planned again for each
+other shape and padding the model is called with (its forward's
+attention mask says whether a batch is padded), with the same settings
+and the planned peak as its budget, once each (the binary plans in a
+fraction of a second): the call holds no more than the plan says. Where
+no such plan fits (or the plan was read from JSON), the call runs with
 the planned decisions, each selective layer checked to save as many
-activations as planned, none larger: the same ops, each on a smaller
-tensor. A call beyond the
-planned shape fails with a message saying so (plan again for it).
+activations as planned, none larger (the same ops, each on a smaller
+tensor), or else checkpointed whole. A call beyond the planned shape
+fails with a message saying so (plan again for it).
 
 Example:
     >>> import torch, transformers, ckptplan
