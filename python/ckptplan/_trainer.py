@@ -167,7 +167,9 @@ def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
     names = {f.name for f in dataclasses.fields(args)}
     # transformers 5.23 renamed gradient_checkpointing (an alias until 6).
     on = [n for n in ("activation_checkpointing", "gradient_checkpointing") if n in names and getattr(args, n, False)]
-    modules = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    from ._apply import _hf_checkpointing
+
+    modules = _hf_checkpointing(model)
     if not on and not modules:
         return
     for n in on:

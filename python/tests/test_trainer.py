@@ -11,6 +11,7 @@ for that micro-batch's shape says.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -81,7 +82,7 @@ def trainer(model, tmp_path, checkpointing: bool = False) -> Measured:
     args = dict(per_device_train_batch_size=BATCH, gradient_accumulation_steps=2, num_train_epochs=4,
                 learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
                 dataloader_drop_last=False, seed=0, data_seed=0)
-    names = {f.name for f in __import__("dataclasses").fields(transformers.TrainingArguments)}
+    names = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     args["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = checkpointing
     return Measured(model=model, args=transformers.TrainingArguments(str(tmp_path), **args),
                     train_dataset=dataset(), data_collator=pad)
