@@ -31,8 +31,9 @@ on a loaded machine gloo's work objects may keep reduce-scatter inputs
 into the optimizer step (a layer's trained gradients, 14,336 bytes under
 LoRA; two layers', 1,476,608 bytes, checkpointing every layer), as on two
 ranks, and at times on into the next step's forward (two layers' under
-LoRA, 28,672 bytes, seen once): whole layers' trained gradients, which
-the one-rank test allows. On two, gloo's work objects at times keep the buffers of a
+LoRA, 28,672 bytes, seen once; the root's, 1,024,512 bytes, under the
+for-loop AdamW, seen once): whole groups' trained gradients, which the
+one-rank test allows. On two, gloo's work objects at times keep the buffers of a
 reduce-scatter — its input and gloo's copy of it, a layer's or the
 root's — past the backward, some runs into the next step's backward
 (NCCL reduce-scatters in place): seen run to run, none, one layer's copy,
@@ -155,10 +156,12 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
         assert part == "backward" and measured[part] <= plan.peak_bytes
         return
     # What gloo may keep of a step's reduce-scatters into the next step's
-    # forward: whole layers' trained gradients (the module's docstring).
+    # forward: whole groups' trained gradients, layers' and the root's (the
+    # module's docstring).
     model = build(lora)
     trained = sum(p.numel() for p in _layers(model)[0].parameters() if p.requires_grad) * 4
-    kept = {-k * trained for k in range(len(_layers(model)) + 1)}
+    root_trained = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4 - len(_layers(model)) * trained
+    kept = {-k * trained - r * root_trained for k in range(len(_layers(model)) + 1) for r in (0, 1)}
     assert _slack(plan, measured[part], part) - 8 * SEQ - grads in (kept | {layer} if part == "backward" else kept)
 
 
