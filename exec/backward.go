@@ -119,6 +119,11 @@ func (r *Runner) backward(id, stage int) {
 		sh := r.attnShape(n)
 		q, k, v := r.operand(id, 0, false), r.operand(id, 1, false), r.operand(id, 2, false)
 		dk, dv := r.gradIn(id, 1), r.gradIn(id, 2)
+		// An attention kernel's backward computes the gradients of q, k
+		// and v together, as PyTorch's fused kernels do and as the plan
+		// counts them: one an input does not need goes to a scratch
+		// buffer, outside the tensors the plan holds.
+		dx, dk, dv = orScratch(dx, len(q)), orScratch(dk, len(k)), orScratch(dv, len(v))
 		if n.Attrs.Flash {
 			kernel.FlashAttentionBackward(dx, dk, dv, q, k, v, r.data(id), r.extra(id, costmodel.LogSumExp), nil, dy, r.work.F, sh)
 		} else {
@@ -236,4 +241,12 @@ func (r *Runner) routingBackward(id int, dx, dy []float32) {
 		route, _ := r.route(n.Inputs[1])
 		kernel.CombineBackward(dx, dy, route, int(x[0]), int(x.Last()))
 	}
+}
+
+// orScratch is g, or where g is nil a scratch gradient of n elements.
+func orScratch(g []float32, n int) []float32 {
+	if g == nil {
+		return make([]float32, n)
+	}
+	return g
 }

@@ -26,6 +26,7 @@ func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s.Transformers = "5.24"
 	s.Numerics.ByteMasks, s.Numerics.SDPAGQA, s.Numerics.ModelMasks = true, true, true
 	s.Numerics.GPT2FloatScale, s.Numerics.GPT2AdditiveMask, s.Numerics.Phi3RopeCat = true, true, true
+	s.LoRA.Targets = []ir.LoRATarget{"q", "v"} // PEFT's default for Llama and its kin
 	return s
 }
 
@@ -34,6 +35,7 @@ func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 func gpt2Setup(dtype string, dropout float64, seq int64) ir.Setup {
 	s := hfSetup(dtype, dropout, seq)
 	s.Numerics.SoftmaxFP32 = false
+	s.LoRA.Targets = []ir.LoRATarget{"q", "k", "v"} // PEFT's default: c_attn
 	return s
 }
 
@@ -153,12 +155,14 @@ func TestParseHFConfigKeys(t *testing.T) {
 		{"granite defaults", `{` + strings.Replace(llama, `"llama"`, `"granite"`, 1) + `}`,
 			small("llama", func(m *Model) {
 				m.Family, m.NormEps = "granite", 1e-6
+				m.Training.LoRA.Targets = []ir.LoRATarget{"q", "k", "v", "o"} // no PEFT default: every attention projection
 				m.EmbeddingMultiplier, m.ResidualMultiplier, m.AttentionMultiplier, m.LogitsScaling = 1, 1, 1, 1
 			})},
 		{"granite multipliers and biases", `{"embedding_multiplier": 12, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 8, "attention_bias": true, "mlp_bias": true, ` +
 			strings.Replace(llama, `"llama"`, `"granite"`, 1) + `}`,
 			small("llama", func(m *Model) {
 				m.Family, m.NormEps, m.QKVBias, m.OBias, m.MLPBias = "granite", 1e-6, true, true, true
+				m.Training.LoRA.Targets = []ir.LoRATarget{"q", "k", "v", "o"}
 				m.EmbeddingMultiplier, m.ResidualMultiplier, m.AttentionMultiplier, m.LogitsScaling = 12, 0.22, 0.0078125, 8
 			})},
 		// Gemma2Config's defaults: 4 kv heads of 256, tied, ε = 1e-6,

@@ -3,6 +3,7 @@ package graphio
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -59,6 +60,9 @@ func Load(arg string) (*Source, error) {
 		}
 		return &Source{Name: arg, Kind: KindModel, Model: m, Bundled: true, SHA256: digest(data)}, nil
 	}
+	if info, err := os.Stat(arg); err == nil && info.IsDir() {
+		return loadFolder(arg)
+	}
 	data, err := ReadInput(arg)
 	if errors.Is(err, fs.ErrNotExist) {
 		ext := strings.ToLower(filepath.Ext(arg))
@@ -75,6 +79,77 @@ func Load(arg string) (*Source, error) {
 	}
 	src.SHA256 = digest(data)
 	return src, nil
+}
+
+// loadFolder reads a Hugging Face model folder: its config.json and,
+// where PEFT saved an adapter in it, its adapter_config.json. An adapter
+// folder without a config.json reads its base model's from
+// base_model_name_or_path where that is a local folder; ckptplan reads
+// nothing from the network.
+func loadFolder(dir string) (*Source, error) {
+	config := filepath.Join(dir, "config.json")
+	adapterFile := filepath.Join(dir, "adapter_config.json")
+	var adapter []byte
+	if _, err := os.Stat(adapterFile); err == nil {
+		if adapter, err = ReadInput(adapterFile); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(config); err != nil && adapter != nil {
+		base, err := adapterBase(adapterFile, adapter)
+		if err != nil {
+			return nil, err
+		}
+		config = filepath.Join(base, "config.json")
+	} else if err != nil {
+		return nil, fmt.Errorf("%s: a folder without config.json: give a Hugging Face model folder (one with config.json, and adapter_config.json for a PEFT adapter) or a file", dir)
+	}
+	data, err := ReadInput(config)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ParseHFConfig(config, data)
+	if err != nil {
+		return nil, err
+	}
+	if adapter != nil {
+		if err := ApplyPEFTAdapter(m, adapterFile, adapter); err != nil {
+			return nil, err
+		}
+		if err := m.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", adapterFile, err)
+		}
+		data = append(append(data, 0), adapter...)
+	}
+	return &Source{Name: dir, Kind: KindModel, Model: m, SHA256: digest(data)}, nil
+}
+
+// adapterBase returns the local folder an adapter_config.json names as
+// its base model, or an error saying where to put the base model's
+// config.json.
+func adapterBase(file string, data []byte) (string, error) {
+	var c struct {
+		Base string `json:"base_model_name_or_path"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		_, perr := parseJSON(file, data)
+		if perr != nil {
+			return "", perr
+		}
+		return "", fmt.Errorf("%s: %v", file, err)
+	}
+	if c.Base != "" {
+		for _, dir := range []string{c.Base, filepath.Join(filepath.Dir(file), c.Base)} {
+			if _, err := os.Stat(filepath.Join(dir, "config.json")); err == nil {
+				return dir, nil
+			}
+		}
+	}
+	base := "its base model"
+	if c.Base != "" {
+		base = fmt.Sprintf("its base model %q", c.Base)
+	}
+	return "", fmt.Errorf("%s: a PEFT adapter without a config.json beside it, and %s is no local folder with one: put the base model's config.json in %s (ckptplan reads nothing from the network)", file, base, filepath.Dir(file))
 }
 
 // digest is the hex SHA-256 of data.

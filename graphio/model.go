@@ -279,6 +279,9 @@ func (m *Model) Validate() error {
 		return err
 	}
 	t := &m.Training
+	if len(t.LoRA.Targets) == 0 {
+		t.LoRA.Targets, _ = DefaultLoRATargets(m.Family)
+	}
 	if t.Parallel.TP > 1 {
 		if m.Heads%t.Parallel.TP != 0 {
 			return fe("training.parallel.tp", "tensor parallel degree %d does not divide %d heads", t.Parallel.TP, m.Heads)

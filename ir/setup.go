@@ -174,7 +174,7 @@ func DefaultSetup() Setup {
 		Batch: 1, Seq: 2048, DType: "bf16", Attention: AttentionEager, Profile: ProfileTorchEager,
 		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: GQARepeat},
 		Optimizer: OptimizerAdamW,
-		LoRA:      LoRA{Targets: []LoRATarget{LoRAQ, LoRAK, LoRAV, LoRAO}},
+		LoRA:      LoRA{FP32: true}, // the family's targets: graphio.DefaultLoRATargets
 		Parallel:  Parallel{DP: 1, TP: 1},
 	}
 }

@@ -247,7 +247,7 @@ func planSource(plan *planner.Plan, dir string) (*graphio.Source, error) {
 		return nil, nil
 	}
 	for _, path := range []string{plan.SourceFile, filepath.Join(dir, plan.SourceFile)} {
-		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() && !fi.IsDir() {
 			continue
 		}
 		src, err := graphio.Load(path)

@@ -314,6 +314,27 @@ func staticHints(s *ir.Setup) string {
 	return "; " + strings.Join(hints[:last], ", ") + " or " + hints[last] + " hold less"
 }
 
+// loraString describes the setup's LoRA adapters for the line of what a
+// plan assumes: ", LoRA rank 16 on q,v (fp32 adapters)"; "" without them.
+func loraString(s *ir.Setup) string {
+	if s.LoRA.Rank <= 0 {
+		return ""
+	}
+	targets := make([]string, len(s.LoRA.Targets))
+	for i, t := range s.LoRA.Targets {
+		targets[i] = string(t)
+	}
+	dtype := s.DType
+	if s.LoRA.FP32 {
+		dtype = "fp32"
+	}
+	out := fmt.Sprintf(", LoRA rank %d on %s (%s adapters)", s.LoRA.Rank, strings.Join(targets, ","), dtype)
+	if s.LoRA.Dropout > 0 {
+		out = strings.TrimSuffix(out, ")") + fmt.Sprintf(", dropout %g)", s.LoRA.Dropout)
+	}
+	return out
+}
+
 func writePlanText(w io.Writer, p *planner.Plan) error {
 	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v + reserve %v\n", p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.ReserveBytes)
 	if m := p.Peak; m != nil {
@@ -324,6 +345,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		if s.MasterWeights == ir.MasterNone && s.DType != "fp32" {
 			fmt.Fprintf(w, " (%s moments, no master copy)", s.DType)
 		}
+		fmt.Fprint(w, loraString(s))
 		if s.GradAccum > 1 {
 			fmt.Fprintf(w, ", %d micro-batches a step", s.GradAccum)
 		}

@@ -70,7 +70,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
 	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
-	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated layers LoRA adapts: q,k,v,o,gate,up,down (default: the model's)")
+	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated linears LoRA adapts: q,k,v,o,gate,up,down, PEFT's module names for the family (q_proj, GPT-2's c_attn) or all-linear (default: the model's; for a config.json PEFT's default for its model type, q,v for Llama)")
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
 	fs.StringVar(&s.ropeTables, "rope-tables", "", "where rotary cos/sin are computed: model (once) | layer (each layer, Mistral before transformers 4.48) | cached (each layer indexes a cache of its own, Mixtral before 4.48)")
 	fs.Func("transformers", "the transformers release the transformers profile plans for: "+graphio.Oldest.String()+" or later; its rules set --sdpa-layout and the other attention numerics (default: the model's; "+graphio.Newest.String()+" for a config.json)", func(v string) error {
@@ -104,6 +104,13 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 func (s *setupFlags) applyTrainingTo(fs *flag.FlagSet, src *graphio.Source, arg string) error {
 	if src.Kind == graphio.KindModel {
 		s.applyTraining(fs, &src.Model.Training)
+		if s.set["lora-targets"] {
+			t, err := graphio.LoRATargetsNamed(src.Model, strings.Split(s.loraTargets, ","))
+			if err != nil {
+				return usagef("--lora-targets: %v", err)
+			}
+			src.Model.Training.LoRA.Targets = t
+		}
 		if err := src.Model.Validate(); err != nil {
 			return fmt.Errorf("%s: %w", arg, err)
 		}
@@ -160,8 +167,6 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Dropout = s.dropout
 		case "logits-dtype":
 			t.Numerics.LogitsFP32 = s.logits == "fp32"
-		case "lora-targets":
-			t.LoRA.Targets = loraTargets(s.loraTargets)
 		case "dropout-mask":
 			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":
@@ -213,15 +218,6 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Parallel.Sharding = ir.Sharding(s.sharding)
 		}
 	})
-}
-
-// loraTargets splits --lora-targets; Setup.Validate checks each.
-func loraTargets(list string) []ir.LoRATarget {
-	var out []ir.LoRATarget
-	for _, t := range strings.Split(list, ",") {
-		out = append(out, ir.LoRATarget(t))
-	}
-	return out
 }
 
 // check refuses flag values outside their vocabularies or ranges, the
