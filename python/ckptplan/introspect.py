@@ -36,6 +36,8 @@ _TARGETS = {"q_proj": ("q",), "k_proj": ("k",), "v_proj": ("v",), "o_proj": ("o"
             "gate_proj": ("gate",), "up_proj": ("up",), "down_proj": ("down",),
             "qkv_proj": ("q", "k", "v"), "gate_up_proj": ("gate", "up"),
             "c_attn": ("q", "k", "v"), "c_proj": ("o", "down"), "c_fc": ("up",)}
+# Where a module's parent tells which it is: GPT-2's attention's and MLP's c_proj.
+_PATH_TARGETS = {"attn.c_proj": ("o",), "mlp.c_proj": ("down",)}
 # Where a model type's module names mean otherwise.
 _TYPE_TARGETS = {"starcoder2": {"c_proj": ("down",)}}
 
@@ -249,6 +251,33 @@ def _model_type(config) -> str:
     return str(getattr(config, "model_type", ""))
 
 
+def _adapted(model: nn.Module, model_type: str = "") -> tuple[str, ...]:
+    """The roles (q, k, v, o, gate, up, down) of the linears PEFT adapted
+    in the model's decoder layers, the same in each: read from the layers'
+    modules, whatever target_modules said (names, a pattern, all-linear)."""
+    targets_of = {**_TARGETS, **_TYPE_TARGETS.get(model_type, {})}
+    found = []
+    for i, layer in enumerate(decoder_layers(model)):
+        roles = []
+        for name, module in layer.named_modules():
+            if not len(getattr(module, "lora_A", ()) or ()):
+                continue
+            parts = name.split(".")
+            role = _PATH_TARGETS.get(".".join(parts[-2:]), targets_of.get(parts[-1]))
+            if role is None:
+                raise ValueError(f"LoRA adapts {name} of the decoder layers, not a linear ckptplan models "
+                                 f"({', '.join(sorted(_TARGETS))})")
+            roles.extend(role)
+        roles = tuple(dict.fromkeys(r for r in ("q", "k", "v", "o", "gate", "up", "down") if r in roles))
+        if i and roles != found[0]:
+            raise ValueError(f"LoRA adapts {','.join(found[0]) or 'nothing'} in decoder layer 0 but "
+                             f"{','.join(roles) or 'nothing'} in layer {i}: ckptplan plans LoRA alike in every layer")
+        found.append(roles)
+    if not found or not found[0]:
+        raise ValueError("the PEFT model adapts no linear of its decoder layers: ckptplan plans LoRA on those")
+    return found[0]
+
+
 def _lora(model: nn.Module, setup: Setup, model_type: str = "") -> None:
     """Fill setup's LoRA fields from PEFT's config, if model is a PEFT model."""
     configs = getattr(model, "peft_config", None)
@@ -259,17 +288,8 @@ def _lora(model: nn.Module, setup: Setup, model_type: str = "") -> None:
     cfg = next(iter(configs.values()))
     if getattr(cfg, "peft_type", None) is None or str(cfg.peft_type).split(".")[-1] != "LORA":
         raise ValueError(f"PEFT adapter type {cfg.peft_type}: ckptplan plans LoRA")
-    targets = cfg.target_modules
-    names = [targets] if isinstance(targets, str) else sorted(targets or ())
-    targets_of = {**_TARGETS, **_TYPE_TARGETS.get(model_type, {})}
-    mapped = []
-    for n in names:
-        if n not in targets_of:
-            raise ValueError(f"LoRA target module {n!r} is not one ckptplan models "
-                             f"({', '.join(sorted(_TARGETS))})")
-        mapped.extend(targets_of[n])
     setup.lora_rank = int(cfg.r)
-    setup.lora_targets = tuple(dict.fromkeys(mapped))
+    setup.lora_targets = _adapted(model, model_type)
     setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)
     adapters = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
     if len(adapters) > 1:

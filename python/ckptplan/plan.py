@@ -264,6 +264,14 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     seq tokens within budget (bytes, or a string such as "24GiB"; default:
     the device's memory).
 
+    model is a live model (transformers, PEFT), or what the binary reads
+    itself: the path of a Hugging Face model folder (its config.json, and
+    where PEFT saved an adapter in it, adapter_config.json: its rank,
+    targets and dropout, with PEFT's fp32 adapters), of a config.json or
+    model YAML, or a bundled model's name — planned for the installed
+    transformers, on the GPU the config names (``extra_args`` says
+    otherwise).
+
     solver: selective (default), optimal, every-k, ...; device: a GPU name
     (``ckptplan plan -h`` lists them), whose default reserve for what is not
     a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
@@ -318,6 +326,12 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         args += ["--optimizer", optimizer_name(optimizer)]
     if padded:
         args += ["--padded"]
+    if isinstance(model, (str, os.PathLike)):
+        if traced:
+            raise _binary.CkptplanUsageError("ckptplan.plan: traced applies to a live model; trace a config with "
+                                             "ckptplan.trace or 'ckptplan trace'")
+        return _plan_source(os.fspath(model), args, extra_args, batch=batch, seq=seq, logits_dtype=logits_dtype,
+                            autocast=autocast)
     if _own_dtype_moments(model, optimizer):
         args += ["--master-weights", "none"]
     ranks = _data_parallel_ranks(model)
@@ -394,8 +408,9 @@ def _check_plan_args(model, budget, device, batch, seq) -> None:
     """
     import torch.nn as nn  # as a model needs
 
-    if not isinstance(model, nn.Module):
-        raise _binary.CkptplanUsageError(f"ckptplan.plan: model is a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(model, (nn.Module, str, os.PathLike)):
+        raise _binary.CkptplanUsageError(f"ckptplan.plan: model is a torch.nn.Module, or the path of a model folder "
+                                         f"or file or a bundled model's name, not {type(model).__name__}")
     if budget is None and device is None:
         raise _binary.CkptplanUsageError(
             'ckptplan.plan: give a budget (bytes, or a string such as "24GiB") or a device '
@@ -421,6 +436,43 @@ def _config_plan(model, args: list, extra_args: Sequence[str], *, batch: int, se
     # temporary file the binary reads, in the plan and in its errors.
     name = setup.config.get("_name_or_path") or type(model).__name__
     return lambda: _ask(name, "config.json", json.dumps(setup.config), [*args, *setup.flags(), *extra_args])
+
+
+def _plan_source(source: str, args: list, extra_args: Sequence[str], *, batch: int, seq: int,
+                 logits_dtype: Optional[str], autocast: Optional[str]) -> Plan:
+    """The plan of a model the binary reads itself: a Hugging Face model
+    folder (config.json, and adapter_config.json for a PEFT adapter), a
+    config.json or model YAML, or a bundled model's name; planned for the
+    installed transformers, unless extra_args names a release. Its
+    ``replan`` plans the same source again."""
+    from . import versions
+
+    flags = ["--batch", str(batch), "--seq", str(seq)]
+    if logits_dtype is not None:
+        flags += ["--logits-dtype", logits_dtype]
+    if autocast is not None:
+        flags += ["--autocast", autocast]
+    if not any(a == "--transformers" or a.startswith("--transformers=") for a in extra_args):
+        flags += ["--transformers", versions.transformers_release()]
+    padded = "--padded" in args
+    args = [a for a in args if a != "--padded"]
+
+    def ask(batch: int, seq: int, more: Sequence[str]) -> Plan:
+        own = [*flags]
+        own[1], own[3] = str(batch), str(seq)
+        try:
+            out = _binary.call([*args, *more, *own, *extra_args, source])
+        except _binary.CkptplanError as err:
+            if err.code == 2:  # a bad argument: the reason, not the command's usage
+                raise err.replace(err.message.split("\nusage:")[0]) from None
+            raise
+        return Plan.from_json(out)
+
+    def replan(batch: int, seq: int, budget: Optional[int] = None, padded: bool = padded) -> Plan:
+        more = [*(["--budget", f"{budget}B"] if budget is not None else []), *(["--padded"] if padded else [])]
+        return dataclasses.replace(ask(batch, seq, more), padded=padded)
+
+    return dataclasses.replace(ask(batch, seq, ["--padded"] if padded else []), replan=replan, padded=padded)
 
 
 def _has_builder(config) -> bool:
