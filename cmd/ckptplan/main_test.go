@@ -794,3 +794,24 @@ func TestHFExportWholeLayers(t *testing.T) {
 		t.Errorf("export --to hf:\n%s\nwant the optimal plan's layers 0 and 2 checkpointed", hf)
 	}
 }
+
+// TestTransformersAttentionNames: --attention takes transformers' names
+// for its implementations, planned as ckptplan's own.
+func TestTransformersAttentionNames(t *testing.T) {
+	for _, tt := range []struct{ theirs, ours string }{{"flash_attention_2", "flash"}, {"flash_attention_3", "flash"}, {"sdpa", "sdpa"}, {"eager", "eager"}} {
+		want, _, err := runCmd("cost", "tiny-llama", "--attention", tt.ours, "--format", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := runCmd("cost", "tiny-llama", "--attention", tt.theirs, "--format", "json")
+		if err != nil {
+			t.Fatalf("--attention %s: %v", tt.theirs, err)
+		}
+		if got != want {
+			t.Errorf("--attention %s plans otherwise than --attention %s", tt.theirs, tt.ours)
+		}
+	}
+	if _, _, err := runCmd("cost", "tiny-llama", "--attention", "flex_attention"); err == nil || !strings.Contains(err.Error(), "--attention") {
+		t.Errorf("flex_attention: error %v", err)
+	}
+}

@@ -66,7 +66,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	}()
 	fs.StringVar(&s.profile, "profile", "", "what autograd keeps: "+ir.Join(ir.Profiles(), " | ")+" (default: the model's)")
 	fs.StringVar(&s.autocast, "autocast", "", "16-bit dtype torch.autocast computes products in over fp32 weights: bf16 | fp16 | none (default: the model's)")
-	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+ir.Join(ir.Attentions(), " | ")+" (default: the model's)")
+	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+ir.Join(ir.Attentions(), " | ")+", or transformers' attn_implementation (flash_attention_2 is flash) (default: the model's)")
 	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
 	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
@@ -224,6 +224,11 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 // first in the order listed here, and writes --dtype's short name
 // ("float32" is fp32).
 func (s *setupFlags) check() error {
+	// transformers' names for its attention implementations
+	// (attn_implementation) where they differ from ckptplan's.
+	if a, ok := map[string]string{"flash_attention_2": "flash", "flash_attention_3": "flash", "sdpa_math": "sdpa-math"}[s.attention]; ok {
+		s.attention = a
+	}
 	for _, err := range []error{
 		usageIf(s.batch < 0 || s.seq < 0 || s.set["batch"] && s.batch == 0 || s.set["seq"] && s.seq == 0, "--batch and --seq must be positive"),
 		choice("profile", s.profile, ir.Profiles()...),
