@@ -16,16 +16,31 @@ type Device struct {
 	Source      string
 }
 
-// Devices lists the known accelerators. Memory is what nvidia-smi reports
-// as total (MiB), peak FLOP/s the vendor's dense (no sparsity) bf16 figure.
+// Devices lists the known accelerators: data center, workstation and
+// consumer GPUs people train and fine-tune on. Memory is what the driver
+// reports as total (nvidia-smi's MiB; rocm-smi's bytes for AMD's), peak
+// FLOP/s the vendor's dense (no sparsity) bf16 figure — fp16 for the T4,
+// which has no bf16.
 var Devices = []Device{
 	{"a100-40gb", 40960 << 20, 312e12, "NVIDIA A100 datasheet (SXM, 40 GB)"},
 	{"a100-80gb", 81920 << 20, 312e12, "NVIDIA A100 datasheet (SXM, 80 GB)"},
 	{"h100-80gb", 81559 << 20, 989e12, "NVIDIA H100 datasheet (SXM5)"},
+	{"h100-pcie", 81559 << 20, 756e12, "NVIDIA H100 datasheet (PCIe, 80 GB)"},
+	{"h100-nvl", 95830 << 20, 835e12, "NVIDIA H100 datasheet (NVL, 94 GB)"},
 	{"h200", 143771 << 20, 989e12, "NVIDIA H200 datasheet (SXM, 141 GB)"},
+	{"b200", 183359 << 20, 2250e12, "NVIDIA B200 datasheet (HGX, 180 GB)"},
 	{"l4", 23034 << 20, 121e12, "NVIDIA L4 datasheet"},
+	{"l40s", 46068 << 20, 362e12, "NVIDIA L40S datasheet"},
+	{"a40", 46068 << 20, 150e12, "NVIDIA A40 datasheet"},
+	{"a10", 23028 << 20, 125e12, "NVIDIA A10 datasheet"},
+	{"t4", 15360 << 20, 65e12, "NVIDIA T4 datasheet (fp16: no bf16)"},
+	{"rtx-a6000", 49140 << 20, 155e12, "NVIDIA RTX A6000 datasheet"},
+	{"rtx-6000-ada", 49140 << 20, 364e12, "NVIDIA RTX 6000 Ada datasheet"},
+	{"rtx-5090", 32607 << 20, 209e12, "NVIDIA RTX Blackwell whitepaper (fp32 accumulate)"},
 	{"rtx-4090", 24564 << 20, 165e12, "NVIDIA Ada whitepaper (fp32 accumulate)"},
+	{"rtx-4080", 16376 << 20, 97e12, "NVIDIA Ada whitepaper (fp32 accumulate)"},
 	{"rtx-3090", 24576 << 20, 71e12, "NVIDIA Ampere GA102 whitepaper (fp32 accumulate)"},
+	{"mi300x", 205822885888, 1307e12, "AMD Instinct MI300X datasheet (192 GB)"},
 }
 
 // Reserve is the part of the device's memory a plan leaves for what is
@@ -41,17 +56,27 @@ func (d Device) Reserve() mem.Bytes {
 	return (1<<30 + d.MemoryBytes/20) / mib * mib
 }
 
-// LookupDevice returns the named device, or an error listing the known ones.
+// LookupDevice returns the named device, or for a size ("24GiB",
+// "25769803776B") a GPU with that much memory; otherwise an error listing
+// the known ones.
 func LookupDevice(name string) (Device, error) {
 	for _, d := range Devices {
 		if strings.EqualFold(d.Name, name) {
 			return d, nil
 		}
 	}
+	if n, err := mem.ParseBytes(name); err == nil && n > 0 && strings.ContainsAny(name, "BbKkMmGgTt") {
+		return Device{Name: name, MemoryBytes: n, Source: "its memory, as given"}, nil
+	}
+	return Device{}, fmt.Errorf("unknown device %q (valid: %s, or a GPU's memory such as 24GiB)", name, strings.Join(DeviceNames(), ", "))
+}
+
+// DeviceNames returns the known devices' names, sorted.
+func DeviceNames() []string {
 	var names []string
 	for _, d := range Devices {
 		names = append(names, d.Name)
 	}
 	sort.Strings(names)
-	return Device{}, fmt.Errorf("unknown device %q (valid: %s)", name, strings.Join(names, ", "))
+	return names
 }

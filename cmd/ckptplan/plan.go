@@ -122,7 +122,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 		fs.StringVar(&p.solver, "solver", planner.Selective.Name, "strategy: "+strings.Join(names, " | "))
 		fs.StringVar(&p.modules, "recompute-modules", "", "megatron-selective: the modules every layer recomputes, Megatron-LM's --recompute-modules, comma-separated: "+strings.Join(costmodel.ModuleNames(), " | ")+" (default: core_attn)")
 	}
-	fs.StringVar(&p.device, "device", "", "GPU: a100-40gb | a100-80gb | h100-80gb | h200 | l4 | rtx-4090 | rtx-3090")
+	fs.StringVar(&p.device, "device", "", "GPU, whose memory is the budget and sets the reserve: "+strings.Join(costmodel.DeviceNames(), " | ")+", or its memory (24GiB)")
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")

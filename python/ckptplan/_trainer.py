@@ -47,8 +47,9 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     model; returns the plan.
 
     budget is bytes or a string such as "24GiB"; without one (and without
-    device, a GPU name as ``ckptplan.plan`` takes it), the memory of the
-    CUDA device the model is on. seq is the longest sequence a batch
+    device, as ``ckptplan.plan`` takes it: a GPU's name, its memory or
+    "auto"), the GPU the model is on, as device names it: its memory, less
+    the reserve for what is not a tensor. seq is the longest sequence a batch
     brings; by default the longest ``input_ids`` of the training dataset
     (rounded up to the collator's ``pad_to_multiple_of``, or the
     collator's ``max_length`` where it pads every batch to it), planned
@@ -73,7 +74,7 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     if seq is None:
         seq, padded = _longest(trainer)
     if budget is None and device is None:
-        budget = _cuda_memory(model)
+        device = f"{_cuda_memory(model)}B"  # a GPU of its memory: the reserve is taken, as for a named one
     extra = []
     accumulate = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
     if accumulate > 1:

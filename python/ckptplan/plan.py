@@ -273,8 +273,9 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     otherwise).
 
     solver: selective (default), optimal, every-k, ...; device: a GPU name
-    (``ckptplan plan -h`` lists them), whose default reserve for what is not
-    a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
+    (``ckptplan plan -h`` lists them), its memory ("24GiB"), or "auto" for
+    the GPU PyTorch runs on, whose memory is the budget and whose default
+    reserve for what is not a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
     transformers' loss does, the default) or model; autocast: "bf16" when
     the step runs under torch.autocast with fp32 weights; optimizer: the
     optimizer whose state and step the plan counts: a name (adamw, the
@@ -319,7 +320,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
         # under a mebibyte as a size without its unit.
         args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
     if device is not None:
-        args += ["--device", device]
+        args += ["--device", _device(device)]
     if reserve is not None:
         args += ["--reserve", str(reserve)]
     if optimizer is not None:
@@ -394,6 +395,25 @@ def _replannable(ask, model, args: list, extra_args: Sequence[str], logits_dtype
         return dataclasses.replace(p, padded=padded)
 
     return dataclasses.replace(ask(), replan=replan, padded=padded)
+
+
+def _device(device: str) -> str:
+    """What --device gets for plan's device: a GPU's name as it is; for
+    "auto", the memory of the GPU PyTorch runs on (torch.cuda, CUDA's or
+    ROCm's), which the binary plans as a GPU of that memory.
+
+    >>> _device("h100-80gb")
+    'h100-80gb'
+    """
+    if device != "auto":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _binary.CkptplanUsageError('ckptplan.plan: device="auto" plans for the GPU PyTorch runs on, and PyTorch '
+                                         'sees none: give a budget, or a GPU\'s name (such as "h100-80gb")')
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return f"{props.total_memory}B"
 
 
 def _check_plan_args(model, budget, device, batch, seq) -> None:

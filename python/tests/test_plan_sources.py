@@ -1,4 +1,6 @@
-"""A model folder as PEFT saves one — config.json and adapter_config.json —
+"""What ckptplan.plan plans besides a live model, and device="auto".
+
+A model folder as PEFT saves one — config.json and adapter_config.json —
 planned by path as the CLI plans it, against the same folder loaded by
 PEFT (PeftModel.from_pretrained, trainable) and planned live: PEFT
 resolves the folder's target_modules on the real modules (names, a
@@ -99,3 +101,23 @@ def test_a_bundled_name_plans_by_name(ckptplan_binary):
 def test_a_folder_without_config_is_refused(ckptplan_binary, tmp_path):
     with pytest.raises(ckptplan.CkptplanError, match="a folder without config.json"):
         ckptplan.plan(tmp_path, "1GiB", batch=2, seq=32)
+
+
+def test_auto_device_plans_for_the_gpu_pytorch_runs_on(ckptplan_binary, monkeypatch):
+    """device="auto" is the GPU torch.cuda reports (here one reporting an
+    H100's 81,559 MiB): the same budget and reserve as the H100 by name."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=81559 << 20))
+    auto = ckptplan.plan("tiny-llama", batch=2, seq=32, device="auto")
+    named = ckptplan.plan("tiny-llama", batch=2, seq=32, device="h100-80gb")
+    assert (auto.budget_bytes, auto.reserve_bytes) == (named.budget_bytes, named.reserve_bytes) == (81559 << 20, (1024 + 81559 // 20) << 20)
+
+
+def test_auto_device_without_a_gpu_is_refused(ckptplan_binary, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ckptplan.CkptplanUsageError, match="PyTorch sees none"):
+        ckptplan.plan("tiny-llama", batch=2, seq=32, device="auto")
