@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"unicode"
@@ -360,7 +362,12 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
 		}
 	}
-	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+	fmt.Fprintf(w, "fits, %v spare", p.BudgetBytes-p.PeakBytes-p.ReserveBytes)
+	if slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }) {
+		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan), ckptplan.apply runs it in Python")
+	}
+	fmt.Fprint(w, "\n\n")
 	selective := false
 	for _, s := range p.Stages {
 		selective = selective || s.Option != ""
@@ -372,8 +379,14 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		fmt.Fprintf(tw, "\tkeep set")
 	}
 	fmt.Fprintln(tw)
-	for _, s := range p.Stages {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%v\t%v\t%v\t%s", s.Index, s.Name, s.Decision, s.InputBytes, s.SavedBytes, s.KeptBytes(), costString(s.Forward, p.Unit))
+	for _, g := range stageRuns(p.Stages) {
+		s := g.first
+		index, name := fmt.Sprint(s.Index), s.Name
+		if g.n > 1 {
+			prefix, first, _ := layerIndex(s.Name)
+			index, name = fmt.Sprintf("%d–%d", s.Index, s.Index+g.n-1), fmt.Sprintf("%s.%d–%d", prefix, first, first+g.n-1)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%v\t%s", index, name, s.Decision, s.InputBytes, s.SavedBytes, s.KeptBytes(), costString(s.Forward, p.Unit))
 		if selective {
 			fmt.Fprintf(tw, "\t%s", s.Option)
 		}
@@ -393,6 +406,46 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		fmt.Fprintf(w, "keep set: drop(…) lists the tensors a selective stage drops and its backward recomputes; keep(…) the only ones it keeps\n")
 	}
 	return nil
+}
+
+// stageRun is n consecutive stages that read alike in the plan's table:
+// layers of one name and consecutive indices, with the same decision,
+// sizes, forward cost and keep set.
+type stageRun struct {
+	first planner.Stage
+	n     int
+}
+
+// stageRuns groups a plan's stages into runs, each printed as one row.
+func stageRuns(stages []planner.Stage) []stageRun {
+	var runs []stageRun
+	for _, s := range stages {
+		if k := len(runs) - 1; k >= 0 && sameRow(runs[k], s) {
+			runs[k].n++
+			continue
+		}
+		runs = append(runs, stageRun{first: s, n: 1})
+	}
+	return runs
+}
+
+func sameRow(r stageRun, s planner.Stage) bool {
+	f := r.first
+	prefix, i, ok := layerIndex(s.Name)
+	fprefix, fi, fok := layerIndex(f.Name)
+	return ok && fok && prefix == fprefix && i == fi+r.n && s.Index == f.Index+r.n &&
+		s.Decision == f.Decision && s.InputBytes == f.InputBytes && s.SavedBytes == f.SavedBytes &&
+		s.KeptBytes() == f.KeptBytes() && s.Forward == f.Forward && s.Option == f.Option
+}
+
+// layerIndex splits a stage name "layers.12" into "layers" and 12.
+func layerIndex(name string) (prefix string, i int, ok bool) {
+	dot := strings.LastIndexByte(name, '.')
+	if dot < 0 {
+		return "", 0, false
+	}
+	i, err := strconv.Atoi(name[dot+1:])
+	return name[:dot], i, err == nil && i >= 0
 }
 
 func costString(v float64, unit string) string {
