@@ -815,3 +815,25 @@ func TestTransformersAttentionNames(t *testing.T) {
 		t.Errorf("flex_attention: error %v", err)
 	}
 }
+
+// TestPlanSaysWhatTheExportPays: under the torch-eager profile a plan's
+// text gives the overhead its exports count for PyTorch beside its own,
+// the figure export --to json writes.
+func TestPlanSaysWhatTheExportPays(t *testing.T) {
+	text, _, err := runCmd("plan", "tiny-llama", "--budget", "5MiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd("export", "tiny-llama", "--budget", "5MiB", "--to", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e struct{ Overhead float64 }
+	if err := json.Unmarshal([]byte(out), &e); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("(the torch-eager profile's): %.1f%% extra compute", 100*e.Overhead)
+	if e.Overhead <= 0 || !strings.Contains(text, want) {
+		t.Errorf("plan's text does not say %q:\n%s", want, text)
+	}
+}

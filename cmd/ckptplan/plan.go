@@ -12,6 +12,7 @@ import (
 	"unicode"
 
 	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/export"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
@@ -363,6 +364,14 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		}
 	}
 	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+	if s := p.Setup; s != nil && s.Profile == ir.ProfileTorchEager && slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { return s.Decision == planner.DecisionSelective }) {
+		// The executor (ckptplan run) recomputes what a dropped tensor
+		// needs; PyTorch before 2.4, as this profile runs it, reruns a
+		// selective layer's whole forward, and its exports count that.
+		if e, err := export.FromPlan(p); err == nil && e.Overhead != p.Overhead {
+			fmt.Fprintf(w, "exported to PyTorch, a selective layer reruns its whole forward before PyTorch 2.4 (the torch-eager profile's): %.1f%% extra compute; 'ckptplan run' executes the plan as costed here\n", 100*e.Overhead)
+		}
+	}
 	fmt.Fprintf(w, "fits, %v spare", p.BudgetBytes-p.PeakBytes-p.ReserveBytes)
 	if slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }) {
 		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan), ckptplan.apply runs it in Python")
