@@ -162,8 +162,8 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
                                          int(getattr(attn_module, "head_dim", 0) or 64)),
                   legacy_sdpa=legacy_sdpa and impl == "sdpa",
                   buffers_bytes=buffers_bytes(base))
+    _quant(layers, setup)  # first: a layer's linear in other bits is the more telling error
     _lora(model, setup, _model_type(config))
-    _quant(layers, setup)
     return setup
 
 

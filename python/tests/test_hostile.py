@@ -39,8 +39,9 @@ def one_line_usage(err: BaseException) -> None:
     ({"budget": 1.5e9, "batch": 2, "seq": 16}, "budget is bytes (an int) or a string"),
     ({"device": 80, "batch": 2, "seq": 16}, "device is a GPU's name, not int"),
     ({"budget": "1GiB", "batch": 2, "seq": 16, "autocast": "fp8"}, "autocast='fp8'"),
-    ({"model": "llama", "budget": "1GiB", "batch": 2, "seq": 16}, "model is a torch.nn.Module, not str"),
-    ({"model": None, "budget": "1GiB", "batch": 2, "seq": 16}, "model is a torch.nn.Module, not NoneType"),
+    ({"model": None, "budget": "1GiB", "batch": 2, "seq": 16},
+     "model is a torch.nn.Module, or the path of a model folder or file or a bundled model's name, not NoneType"),
+    ({"model": 3, "budget": "1GiB", "batch": 2, "seq": 16}, "not int"),
 ])
 def test_plan_refuses_arguments_no_plan_comes_of(ckptplan_binary, kwargs, says):
     kwargs = dict(kwargs)
@@ -49,6 +50,17 @@ def test_plan_refuses_arguments_no_plan_comes_of(ckptplan_binary, kwargs, says):
         ckptplan.plan(model, **kwargs)
     one_line_usage(info.value)
     assert says in str(info.value)
+
+
+def test_plan_of_a_name_that_is_no_model_says_so(ckptplan_binary, tmp_path):
+    """A string is a bundled model's name or a path: one that is neither
+    is the binary's error (exit 1), naming it, in one line."""
+    for name, says in (("llama", 'unknown model "llama": not a bundled model'),
+                       (str(tmp_path / "missing.json"), "missing.json: no such file")):
+        with pytest.raises(ckptplan.CkptplanError) as info:
+            ckptplan.plan(name, "1GiB", batch=2, seq=16)
+        assert info.value.code == 1 and says in str(info.value), str(info.value)
+        assert not isinstance(info.value, ckptplan.CkptplanUsageError)
 
 
 def test_apply_refuses_what_is_not_a_plan_or_a_model(ckptplan_binary):
