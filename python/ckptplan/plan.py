@@ -467,7 +467,7 @@ def _plan_source(source: str, args: list, extra_args: Sequence[str], *, batch: i
     ``replan`` plans the same source again."""
     from . import versions
 
-    flags = ["--batch", str(batch), "--seq", str(seq)]
+    flags = []
     if logits_dtype is not None:
         flags += ["--logits-dtype", logits_dtype]
     if autocast is not None:
@@ -478,10 +478,8 @@ def _plan_source(source: str, args: list, extra_args: Sequence[str], *, batch: i
     args = [a for a in args if a != "--padded"]
 
     def ask(batch: int, seq: int, more: Sequence[str]) -> Plan:
-        own = [*flags]
-        own[1], own[3] = str(batch), str(seq)
         try:
-            out = _binary.call([*args, *more, *own, *extra_args, source])
+            out = _binary.call([*args, *more, "--batch", str(batch), "--seq", str(seq), *flags, *extra_args, source])
         except _binary.CkptplanError as err:
             if err.code == 2:  # a bad argument: the reason, not the command's usage
                 raise err.replace(err.message.split("\nusage:")[0]) from None
