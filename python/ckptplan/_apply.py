@@ -140,9 +140,14 @@ class _Others:
 
     def see(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """The model's forward pre-hook: whether its batch is padded (an
-        attention mask with a zero in it)."""
+        attention mask with a zero in it, or positions that restart)."""
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
         self.padded = isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all())
+        if mask is None:
+            # A row of sequences end to end (a padding-free collator's),
+            # its positions restarting at each: masked as a padded batch.
+            at = kwargs.get("position_ids")
+            self.padded = isinstance(at, torch.Tensor) and at.dim() == 2 and bool((at.diff(dim=1) != 1).any())
 
     def layer(self, i: int):
         """Layer i's entry of the plan for a (batch, seq), or None."""

@@ -7,7 +7,8 @@ arguments make, and mixed precision — plans it, applies the plan to the
 model's decoder layers, and turns off the trainer's own gradient
 checkpointing, which would checkpoint every layer around the plan (saying
 so with a warning). It works for any ``transformers.Trainer`` subclass
-that trains a causal language model the same way (TRL's ``SFTTrainer``).
+that trains a causal language model the same way (TRL's ``SFTTrainer``,
+packing included).
 
 The plan is for the longest batch the data brings; the applied plan runs
 every shorter one (an epoch's short last batch, the batches a collator pads
@@ -54,7 +55,11 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     (rounded up to the collator's ``pad_to_multiple_of``, or the
     collator's ``max_length`` where it pads every batch to it), planned
     for padded batches (``plan``'s padded) where the data has sequences
-    shorter than that, or where seq is given.
+    shorter than that, or where seq is given. Where the collator puts a
+    batch's sequences end to end in one row (TRL's padding-free collator,
+    which its packing uses), the plan is for one row of the batch's
+    longest sequences joined (seq times the batch where seq is given),
+    masked as a padded batch is.
 
     Raises CkptplanUsageError for a trainer it cannot read (no training
     dataset whose length it can find, and no seq), and what
@@ -71,8 +76,16 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
             f"not {type(trainer).__name__}")
     batch = int(args.per_device_train_batch_size)
     padded = True  # what a collator of sequences of unknown lengths brings
+    rows = batch
+    if _padding_free(trainer):
+        # One row of the batch's sequences end to end, its positions
+        # restarting at each: transformers masks each sequence from the
+        # others (padded's mask).
+        rows = 1
     if seq is None:
-        seq, padded = _longest(trainer)
+        seq, padded = _longest(trainer, batch if rows == 1 else 1)
+    elif rows == 1:
+        seq *= batch
     if budget is None and device is None:
         device = f"{_cuda_memory(model)}B"  # a GPU of its memory: the reserve is taken, as for a named one
     extra = []
@@ -80,19 +93,43 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     if accumulate > 1:
         extra += ["--grad-accum", str(accumulate)]
     _turn_off_checkpointing(trainer, unwrap(model))
-    plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
+    plan = make_plan(model, budget, batch=rows, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra,
                      padded=padded)
     apply(model, plan)
     return plan
 
 
-def _longest(trainer: Any) -> tuple[int, bool]:
+def _padding_free(trainer: Any) -> bool:
+    """Whether trainer's collator puts a batch's sequences end to end in
+    one row (TRL's padding-free collator, which its packing uses)."""
+    return getattr(getattr(trainer, "data_collator", None), "padding_free", False) is True
+
+
+def _longest(trainer: Any, joined: int = 1) -> tuple[int, bool]:
     """The longest sequence a batch of trainer's brings: the longest
-    input_ids of its training dataset, as its collator pads it; and
-    whether a batch may be padded (a shorter sequence in the data)."""
-    data = getattr(trainer, "train_dataset", None)
-    longest, shortest = 0, None
+    input_ids of its training dataset (the joined longest end to end,
+    where its collator puts a batch in one row), as its collator pads it;
+    and whether a batch may be padded (a shorter sequence in the data, or
+    sequences joined)."""
+    lengths = sorted(_lengths(getattr(trainer, "train_dataset", None)), reverse=True)
+    if not lengths or lengths[0] == 0:
+        raise CkptplanUsageError("ckptplan.prepare_trainer: the training dataset is empty")
+    longest = sum(lengths[:joined])
+    collator = getattr(trainer, "data_collator", None)
+    seq = longest
+    if getattr(collator, "padding", None) == "max_length" and getattr(collator, "max_length", None):
+        seq = int(collator.max_length)
+    elif getattr(collator, "pad_to_multiple_of", None):
+        multiple = collator.pad_to_multiple_of
+        seq = -(-longest // multiple) * multiple
+    # A row that joins sequences is masked as a padded one is.
+    return seq, joined > 1 or lengths[-1] < seq
+
+
+def _lengths(data: Any) -> list[int]:
+    """The lengths of the input_ids of a training dataset's examples: a
+    datasets.Dataset's column read at once, or any sequence of dicts."""
     try:
         n = len(data)
     except TypeError:
@@ -101,25 +138,22 @@ def _longest(trainer: Any) -> tuple[int, bool]:
         raise CkptplanUsageError(
             "ckptplan.prepare_trainer: the trainer's training dataset has no length it can read through: "
             "give seq=, the longest sequence a batch brings")
+    missing = CkptplanUsageError(
+        "ckptplan.prepare_trainer: the training dataset's examples have no input_ids (a collator "
+        "tokenizes them): give seq=, the longest sequence a batch brings")
+    columns = getattr(data, "column_names", None)
+    if isinstance(columns, list):  # a datasets.Dataset
+        if "input_ids" not in columns:
+            raise missing
+        return [len(ids) for ids in data["input_ids"]]
+    out = []
     for i in range(n):
         example = data[i]
         ids = example.get("input_ids") if isinstance(example, dict) else None
         if ids is None:
-            raise CkptplanUsageError(
-                "ckptplan.prepare_trainer: the training dataset's examples have no input_ids (a collator "
-                "tokenizes them): give seq=, the longest sequence a batch brings")
-        longest = max(longest, len(ids))
-        shortest = len(ids) if shortest is None else min(shortest, len(ids))
-    if longest == 0:
-        raise CkptplanUsageError("ckptplan.prepare_trainer: the training dataset is empty")
-    collator = getattr(trainer, "data_collator", None)
-    seq = longest
-    if getattr(collator, "padding", None) == "max_length" and getattr(collator, "max_length", None):
-        seq = int(collator.max_length)
-    elif getattr(collator, "pad_to_multiple_of", None):
-        multiple = collator.pad_to_multiple_of
-        seq = -(-longest // multiple) * multiple
-    return seq, shortest < seq
+            raise missing
+        out.append(len(ids))
+    return out
 
 
 def _cuda_memory(model: Any) -> int:
@@ -162,8 +196,12 @@ def _optimizer(trainer: Any) -> Any:
 
 
 def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
-    """Turn off the trainer's and the model's gradient checkpointing,
-    warning that it did: the plan decides what each layer recomputes."""
+    """Turn off the trainer's and the model's gradient checkpointing, and
+    the hook that makes the input embeddings' output require a gradient
+    (which reentrant checkpointing of a model with frozen embeddings
+    needs, and which makes the first layer keep what the plan does not
+    count), warning that it did: the plan decides what each layer
+    recomputes."""
     args = trainer.args
     names = {f.name for f in dataclasses.fields(args)}
     # transformers 5.23 renamed gradient_checkpointing (an alias until 6).
@@ -171,7 +209,8 @@ def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
     from ._apply import _hf_checkpointing
 
     modules = _hf_checkpointing(model)
-    if not on and not modules:
+    hooked = [m for m in model.modules() if _input_grads_hooked(m)]
+    if not on and not modules and not hooked:
         return
     for n in on:
         object.__setattr__(args, n, False)
@@ -179,6 +218,19 @@ def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
         if modules and hasattr(model, method):
             getattr(model, method)()
             break
-    warnings.warn(
-        "ckptplan.prepare_trainer: turned off the trainer's gradient checkpointing, which would checkpoint every "
-        "layer around the plan: the plan decides what each layer keeps and recomputes", stacklevel=3)
+    for m in hooked:
+        if _input_grads_hooked(m):
+            m.disable_input_require_grads()
+            # transformers before 5 removes the hook but keeps its handle.
+            m.__dict__.pop("_require_grads_hook", None)
+    said = "turned off the trainer's gradient checkpointing, which would checkpoint every layer around the plan"
+    if hooked:
+        said += ", and the input embeddings' require-grad hook that checkpointing adds"
+    warnings.warn(f"ckptplan.prepare_trainer: {said}: the plan decides what each layer keeps and recomputes",
+                  stacklevel=3)
+
+
+def _input_grads_hooked(module: Any) -> bool:
+    """Whether transformers' enable_input_require_grads hooked module."""
+    return hasattr(module, "disable_input_require_grads") and bool(
+        module.__dict__.get("_require_grads_hooks") or module.__dict__.get("_require_grads_hook") is not None)

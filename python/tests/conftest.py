@@ -64,3 +64,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "quant: measures bitsandbytes' 4- and 8-bit weights and optimizers on the CPU "
         "(python/requirements-quant.txt); .ci/run runs these with it")
+    config.addinivalue_line(
+        "markers", "trl: trains with TRL's SFTTrainer on the CPU (python/requirements-trl.txt, over the newest "
+        "stack); .ci/run runs these with it")

@@ -136,3 +136,27 @@ def test_trainer_with_data_of_unknown_length_needs_seq(ckptplan_binary, tmp_path
         ckptplan.prepare_trainer(t, "1GiB")
     plan = ckptplan.prepare_trainer(t, "1GiB", seq=32)
     assert (plan.batch, plan.seq) == (BATCH, 32)
+
+
+def test_trainer_input_embeddings_hook_is_removed(ckptplan_binary, tmp_path):
+    """A PEFT model hooked for reentrant checkpointing (its frozen input
+    embeddings' output made to require a gradient, as TRL and transformers
+    do) would keep more in its first layer than the plan counts: the hook
+    goes with the checkpointing, and the first layer keeps what the plan
+    says."""
+    t = trainer(build(True), tmp_path)
+    t.model.enable_input_require_grads()
+    ids = torch.randint(3, VOCAB, (BATCH, LONGEST))
+    with forward_kept(t.model) as kept:
+        out = t.model(input_ids=ids, labels=ids)  # noqa: F841 (its graph holds what is measured)
+        hooked = kept()
+    with pytest.warns(UserWarning, match="require-grad hook that checkpointing adds"):
+        plan = ckptplan.prepare_trainer(t, "1GiB", seq=LONGEST)
+    with forward_kept(t.model) as kept:
+        out = t.model(input_ids=ids, labels=ids)  # noqa: F841 (its graph holds what is measured)
+        unhooked = kept()
+    # The batch has no padding: what a plan of it without padding keeps.
+    assert [l.mode for l in plan.layers] == ["store"] * len(plan.layers)
+    unpadded = plan.replan(BATCH, LONGEST, padded=False)
+    assert unhooked == [l.kept_bytes for l in unpadded.layers]
+    assert hooked != unhooked
