@@ -264,12 +264,15 @@ func ApplyPEFTAdapter(m *Model, file string, data []byte) error {
 		}
 		return d.errAt(at("peft_type"), "peft_type %q: ckptplan plans LoRA adapters", peftType)
 	}
-	lora := ir.LoRA{Rank: 8, FP32: true} // LoraConfig's r
+	lora := ir.LoRA{Rank: 8, FP32: true, Alpha: ir.DefaultLoRAAlpha} // LoraConfig's r and lora_alpha
 	if _, err := get("r", &lora.Rank, "a whole number"); err != nil {
 		return err
 	}
 	if lora.Rank <= 0 {
 		return d.errAt(at("r"), "r: the adapters' rank must be positive, got %d", lora.Rank)
+	}
+	if _, err := get("lora_alpha", &lora.Alpha, "a number"); err != nil {
+		return err
 	}
 	if _, err := get("lora_dropout", &lora.Dropout, "a number"); err != nil {
 		return err

@@ -37,26 +37,26 @@ func TestApplyPEFTAdapter(t *testing.T) {
 		want             ir.LoRA
 	}{
 		{"llama q_proj v_proj", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["v_proj", "q_proj"], "bias": "none", "use_dora": false, "rank_pattern": {}, "alpha_pattern": {"q_proj": 4}, "modules_to_save": null, "layers_to_transform": null}`,
-			ir.LoRA{Rank: 16, Targets: qv, Dropout: 0.05, FP32: true}},
-		{"PEFT's defaults", "llama-3.2-1b.json", `{"peft_type": "LORA"}`, ir.LoRA{Rank: 8, Targets: qv, FP32: true}},
-		{"null targets", "qwen2-1.5b.json", `{"peft_type": "LORA", "r": 4, "target_modules": null}`, ir.LoRA{Rank: 4, Targets: qv, FP32: true}},
+			ir.LoRA{Rank: 16, Targets: qv, Dropout: 0.05, Alpha: 32, FP32: true}},
+		{"PEFT's defaults", "llama-3.2-1b.json", `{"peft_type": "LORA"}`, ir.LoRA{Rank: 8, Targets: qv, Alpha: 8, FP32: true}},
+		{"null targets", "qwen2-1.5b.json", `{"peft_type": "LORA", "r": 4, "target_modules": null}`, ir.LoRA{Rank: 4, Targets: qv, Alpha: 8, FP32: true}},
 		{"all-linear", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 4, "target_modules": "all-linear"}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "o", "gate", "up", "down"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "o", "gate", "up", "down"}, Alpha: 8, FP32: true}},
 		{"pattern", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 4, "target_modules": ".*\\.(q|o)_proj"}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "o"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "o"}, Alpha: 8, FP32: true}},
 		{"pattern over the MLP", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 4, "target_modules": "model\\.layers\\.\\d+\\.mlp\\..*"}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"gate", "up", "down"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"gate", "up", "down"}, Alpha: 8, FP32: true}},
 		{"a name's end", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["self_attn.o_proj", "mlp.down_proj"]}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "down"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "down"}, Alpha: 8, FP32: true}},
 		{"excluded", "llama-3.2-1b.json", `{"peft_type": "LORA", "r": 4, "target_modules": "all-linear", "exclude_modules": ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "o"}, FP32: true}},
-		{"gpt2 default: c_attn", "gpt2.json", `{"peft_type": "LORA", "r": 4}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v"}, FP32: true}},
-		{"gpt2 c_proj: both", "gpt2.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["c_proj"]}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "down"}, FP32: true}},
-		{"gpt2 attn.c_proj", "gpt2.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["attn.c_proj", "c_fc"]}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "up"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "o"}, Alpha: 8, FP32: true}},
+		{"gpt2 default: c_attn", "gpt2.json", `{"peft_type": "LORA", "r": 4}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v"}, Alpha: 8, FP32: true}},
+		{"gpt2 c_proj: both", "gpt2.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["c_proj"]}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "down"}, Alpha: 8, FP32: true}},
+		{"gpt2 attn.c_proj", "gpt2.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["attn.c_proj", "c_fc"]}`, ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"o", "up"}, Alpha: 8, FP32: true}},
 		{"phi3 fused", "phi-3-mini-4k.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["qkv_proj", "gate_up_proj"]}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "gate", "up"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "k", "v", "gate", "up"}, Alpha: 8, FP32: true}},
 		{"starcoder2 c_proj: the MLP's", "starcoder2-3b.json", `{"peft_type": "LORA", "r": 4, "target_modules": ["c_proj", "q_proj"]}`,
-			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "down"}, FP32: true}},
+			ir.LoRA{Rank: 4, Targets: []ir.LoRATarget{"q", "down"}, Alpha: 8, FP32: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -145,7 +145,7 @@ func TestLoadModelFolder(t *testing.T) {
 	if src.Model.Training.LoRA.Rank != 0 || src.Name != base {
 		t.Errorf("the base folder: LoRA %+v, name %q", src.Model.Training.LoRA, src.Name)
 	}
-	want := ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "k", "v", "o"}, FP32: true}
+	want := ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "k", "v", "o"}, Alpha: 8, FP32: true}
 	for _, folder := range []string{tuned, adapter} {
 		src, err := Load(folder)
 		if err != nil {

@@ -144,7 +144,7 @@ func setupEncodingCase() Setup {
 	s.Attention, s.Profile = AttentionSDPA, ProfileTransformers
 	s.Numerics.GQA = GQAGrouped
 	s.Optimizer = OptimizerPagedAdamW8bit
-	s.LoRA = LoRA{Rank: 8, Targets: []LoRATarget{LoRAQ, LoRAV}}
+	s.LoRA = LoRA{Rank: 8, Targets: []LoRATarget{LoRAQ, LoRAV}, Alpha: 16}
 	s.Quant, s.DoubleQuant = QuantNF4, true
 	s.Parallel = Parallel{DP: 2, TP: 1, Zero: 3, Sharding: ShardingFSDP2}
 	s.MasterWeights = MasterNone
@@ -157,7 +157,7 @@ func TestSetupEncoding(t *testing.T) {
 	s := setupEncodingCase()
 	const wantJSON = `{"batch":1,"seq":2048,"dtype":"bf16","dropout":0,"attention":"sdpa","profile":"transformers",` +
 		`"numerics":{"norm_fp32":true,"softmax_fp32":true,"logits_fp32":false,"gqa":"grouped"},` +
-		`"optimizer":"paged-adamw8bit","lora":{"rank":8,"targets":["q","v"],"dropout":0},"quant":"nf4","double_quant":true,` +
+		`"optimizer":"paged-adamw8bit","lora":{"rank":8,"targets":["q","v"],"dropout":0,"alpha":16},"quant":"nf4","double_quant":true,` +
 		`"parallel":{"dp":2,"tp":1,"sp":false,"zero":3,"sharding":"fsdp2"},"master_weights":"none"}`
 	const wantYAML = `batch: 1
 seq: 2048
@@ -177,6 +177,7 @@ lora:
         - q
         - v
     dropout: 0
+    alpha: 16
 quant: nf4
 double_quant: true
 parallel:

@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -129,6 +130,10 @@ type LoRA struct {
 	Rank    int64        `yaml:"rank" json:"rank"`
 	Targets []LoRATarget `yaml:"targets" json:"targets"` // of q, k, v, o, gate, up, down
 	Dropout float64      `yaml:"dropout" json:"dropout"` // dropout on each adapter's input
+	// Alpha is PEFT's lora_alpha, the numerator of the adapters' output
+	// scale (alpha/rank). It changes no byte and no FLOP of the step; the
+	// plan prints it with the rest of the setup it assumes.
+	Alpha float64 `yaml:"alpha" json:"alpha"`
 	// FP32: the adapters' weights are fp32 over 16-bit base weights, as
 	// PEFT makes them by default (autocast_adapter_dtype).
 	FP32 bool `yaml:"fp32,omitempty" json:"fp32,omitempty"`
@@ -168,13 +173,16 @@ func (p Parallel) Sharder() Sharding {
 	return ShardingDeepSpeed
 }
 
+// DefaultLoRAAlpha is PEFT's default lora_alpha (LoraConfig's).
+const DefaultLoRAAlpha = 8
+
 // DefaultSetup returns the defaults of every training field.
 func DefaultSetup() Setup {
 	return Setup{
 		Batch: 1, Seq: 2048, DType: "bf16", Attention: AttentionEager, Profile: ProfileTorchEager,
 		Numerics:  Numerics{NormFP32: true, SoftmaxFP32: true, GQA: GQARepeat},
 		Optimizer: OptimizerAdamW,
-		LoRA:      LoRA{FP32: true}, // the family's targets: graphio.DefaultLoRATargets
+		LoRA:      LoRA{FP32: true, Alpha: DefaultLoRAAlpha}, // the family's targets: graphio.DefaultLoRATargets
 		Parallel:  Parallel{DP: 1, TP: 1},
 	}
 }
@@ -252,6 +260,9 @@ func (s *Setup) Validate(prefix string) error {
 	}
 	if s.LoRA.Dropout < 0 || s.LoRA.Dropout >= 1 || s.LoRA.Dropout != s.LoRA.Dropout {
 		return &FieldError{f("lora.dropout"), fmt.Sprintf("must be in [0, 1), got %v", s.LoRA.Dropout)}
+	}
+	if a := s.LoRA.Alpha; a != a || math.IsInf(a, 0) {
+		return &FieldError{f("lora.alpha"), fmt.Sprintf("must be a finite number, got %v", a)}
 	}
 	if s.LoRA.Rank < 0 {
 		return &FieldError{f("lora.rank"), fmt.Sprintf("must not be negative, got %d", s.LoRA.Rank)}

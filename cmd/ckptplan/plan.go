@@ -331,7 +331,7 @@ func loraString(s *ir.Setup) string {
 	if s.LoRA.FP32 {
 		dtype = "fp32"
 	}
-	out := fmt.Sprintf(", LoRA rank %d on %s (%s adapters)", s.LoRA.Rank, strings.Join(targets, ","), dtype)
+	out := fmt.Sprintf(", LoRA rank %d, alpha %g, on %s (%s adapters)", s.LoRA.Rank, s.LoRA.Alpha, strings.Join(targets, ","), dtype)
 	if s.LoRA.Dropout > 0 {
 		out = strings.TrimSuffix(out, ")") + fmt.Sprintf(", dropout %g)", s.LoRA.Dropout)
 	}

@@ -30,6 +30,7 @@ type setupFlags struct {
 	logits             string
 	loraTargets        string
 	loraDropout        float64
+	loraAlpha          float64
 	loraDType          string
 	ropeTables         string
 	dropoutMask        string
@@ -82,6 +83,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.gqaKernel, "gqa-kernel", "", "what sdpa runs where transformers hands it K and V unexpanded (enable_gqa, 4.54 and later): fused (its fused kernel: CUDA's flash, PyTorch's CPU kernel in recent releases) | math (its math path, which repeats K and V: PyTorch's CPU kernel in 2.5 to 2.7) (default: fused)")
 	fs.StringVar(&s.kernels, "kernels", "", "whose kernels run the step: cuda | cpu (PyTorch's CPU kernels keep a layer norm's statistics in 16 bits and sdpa's log-sum-exp unpadded) (default: the model's; cuda for a config.json)")
 	fs.Float64Var(&s.loraDropout, "lora-dropout", 0, "dropout on each LoRA adapter's input (default: the model's)")
+	fs.Float64Var(&s.loraAlpha, "lora-alpha", 0, "PEFT's lora_alpha, the adapters' output scale times the rank: printed, it changes no byte or FLOP (default: the model's; PEFT's 8)")
 	fs.StringVar(&s.loraDType, "lora-dtype", "", "dtype of the LoRA adapters' weights: fp32 (PEFT's default over 16-bit weights) | model (default: the model's)")
 	fs.StringVar(&s.optimizer, "optimizer", "", "optimizer: "+ir.Join(ir.Optimizers(), " | ")+" (adamw: PyTorch's AdamW as it runs on a GPU, foreach; -fused and -forloop: its fused=True and foreach=False; 8-bit and paged: bitsandbytes') (default: the model's)")
 	fs.BoolVar(&s.padded, "padded", false, "batches carry an attention mask that pads shorter sequences (a collator pads each batch to its longest): transformers hands every sdpa layer the model's mask, which from 4.53 each layer keeps a copy of in its dtype")
@@ -183,6 +185,8 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Numerics.SDPAGQAMath = s.gqaKernel == "math"
 		case "lora-dropout":
 			t.LoRA.Dropout = s.loraDropout
+		case "lora-alpha":
+			t.LoRA.Alpha = s.loraAlpha
 		case "lora-dtype":
 			t.LoRA.FP32 = s.loraDType == "fp32"
 		case "lora-rank":

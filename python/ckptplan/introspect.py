@@ -62,6 +62,7 @@ class Setup:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0
+    lora_alpha: float = 8.0  # PEFT's lora_alpha: printed, no byte depends on it
     lora_dtype: str = "model"  # fp32: PEFT's adapters over 16-bit weights
     quant: Optional[str] = None  # nf4 or fp4: bitsandbytes' 4-bit linears (QLoRA)
     double_quant: bool = False  # the 4-bit blocks' maxima quantized again
@@ -83,7 +84,8 @@ class Setup:
             f += ["--autocast", self.autocast]
         if self.lora_rank:
             f += ["--lora-rank", str(self.lora_rank), "--lora-targets", ",".join(self.lora_targets),
-                  "--lora-dropout", repr(self.lora_dropout), "--lora-dtype", self.lora_dtype]
+                  "--lora-dropout", repr(self.lora_dropout), "--lora-alpha", repr(self.lora_alpha),
+                  "--lora-dtype", self.lora_dtype]
         if self.quant:
             f += ["--quant", self.quant] + (["--double-quant"] if self.double_quant else [])
         if self.buffers_bytes:
@@ -291,6 +293,7 @@ def _lora(model: nn.Module, setup: Setup, model_type: str = "") -> None:
     setup.lora_rank = int(cfg.r)
     setup.lora_targets = _adapted(model, model_type)
     setup.lora_dropout = float(getattr(cfg, "lora_dropout", 0.0) or 0.0)
+    setup.lora_alpha = float(getattr(cfg, "lora_alpha", 8) or 0)
     adapters = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
     if len(adapters) > 1:
         raise ValueError(f"the LoRA adapters' weights are in {sorted(map(str, adapters))}: ckptplan plans one dtype")

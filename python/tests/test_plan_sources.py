@@ -39,7 +39,8 @@ def build(family: str) -> "torch.nn.Module":
 
 
 CASES = {
-    "q and v, dropout": ("llama", dict(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)),
+    "q and v, dropout": ("llama", dict(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1,
+                                             lora_alpha=32)),
     "PEFT's default": ("llama", dict(r=4)),
     "all-linear": ("llama", dict(r=4, target_modules="all-linear")),
     "a pattern": ("llama", dict(r=4, target_modules=r".*\.(k|o)_proj")),
@@ -89,6 +90,16 @@ def test_folder_plans_the_adapter_peft_loads(ckptplan_binary, tmp_path, case):
     # fp32 adapters over bf16 weights, as PEFT makes them.
     assert {p.dtype for p in trained} == {torch.float32}
     assert cost["static"]["gradients_bytes"] == sum(p.numel() * p.element_size() for p in trained)
+    # The plan says the adapters' alpha, PEFT's (its default where the
+    # config has none), from the folder and from the live model alike.
+    alpha = live.peft_config["default"].lora_alpha
+    text = ckptplan._binary.call(["plan", str(folder), "--budget", "1GiB", "--batch", str(BATCH), "--seq", str(SEQ),
+                                  *env])
+    assert f"LoRA rank {kwargs['r']}, alpha {alpha:g}, on " in text
+    from ckptplan.introspect import describe
+
+    flags = describe(live, batch=BATCH, seq=SEQ).flags()
+    assert float(flags[flags.index("--lora-alpha") + 1]) == alpha
 
 
 def test_a_bundled_name_plans_by_name(ckptplan_binary):
