@@ -397,7 +397,7 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%v\t%s", index, name, s.Decision, s.InputBytes, s.SavedBytes, s.KeptBytes(), costString(s.Forward, p.Unit))
 		if selective {
-			fmt.Fprintf(tw, "\t%s", s.Option)
+			fmt.Fprintf(tw, "\t%s", keepSetWords(&s))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -412,9 +412,22 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		fmt.Fprintf(w, "\nsaved: what storing a stage keeps; kept: what the plan's first forward keeps (selective: the keep set named)\n")
 	}
 	if selective {
-		fmt.Fprintf(w, "keep set: drop(…) lists the tensors a selective stage drops and its backward recomputes; keep(…) the only ones it keeps\n")
+		fmt.Fprintf(w, "keep set: what a selective stage's forward keeps for its backward, or what its backward recomputes first; --format json names each tensor\n")
 	}
 	return nil
+}
+
+// keepSetWords describes a selective stage's keep set: its policy's name
+// where it has one, and what it keeps or recomputes in words.
+func keepSetWords(s *planner.Stage) string {
+	k := s.KeepSet()
+	if k == nil {
+		return s.Option
+	}
+	if strings.HasPrefix(s.Option, "keep(") || strings.HasPrefix(s.Option, "drop(") {
+		return k.Words(s.Name)
+	}
+	return s.Option + ": " + k.Words(s.Name)
 }
 
 // stageRun is n consecutive stages that read alike in the plan's table:
