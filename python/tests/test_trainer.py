@@ -1,4 +1,4 @@
-"""ckptplan.prepare_trainer in Hugging Face's Trainer, on the CPU.
+"""ckptplan.prepare_trainer in Hugging Face's Trainer and Seq2SeqTrainer, on the CPU.
 
 Two Trainers train copies of one tiny Llama on the same data — sequences
 of varying length padded per batch by a collator, an epoch's short last
@@ -78,22 +78,30 @@ class Measured(transformers.Trainer):
         return out
 
 
-def trainer(model, tmp_path, checkpointing: bool = False) -> Measured:
+class MeasuredSeq2Seq(Measured, transformers.Seq2SeqTrainer):
+    """A Seq2SeqTrainer that records what Measured records."""
+
+
+def trainer(model, tmp_path, checkpointing: bool = False, seq2seq: bool = False) -> Measured:
     args = dict(per_device_train_batch_size=BATCH, gradient_accumulation_steps=2, num_train_epochs=4,
                 learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
                 dataloader_drop_last=False, seed=0, data_seed=0)
     names = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     args["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = checkpointing
+    if seq2seq:
+        return MeasuredSeq2Seq(model=model, args=transformers.Seq2SeqTrainingArguments(str(tmp_path), **args),
+                               train_dataset=dataset(), data_collator=pad)
     return Measured(model=model, args=transformers.TrainingArguments(str(tmp_path), **args),
                     train_dataset=dataset(), data_collator=pad)
 
 
-@pytest.mark.parametrize("lora,attention", [(False, "sdpa"), (True, "eager")], ids=["full-sdpa", "lora-eager"])
-def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora, attention):
+@pytest.mark.parametrize("lora,attention,seq2seq", [(False, "sdpa", False), (True, "eager", False), (True, "sdpa", True)],
+                         ids=["full-sdpa", "lora-eager", "seq2seq-lora-sdpa"])
+def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora, attention, seq2seq):
     ref = build(lora, attention)
-    plain = trainer(copy.deepcopy(ref), tmp_path / "plain")
+    plain = trainer(copy.deepcopy(ref), tmp_path / "plain", seq2seq=seq2seq)
     plain.train()
-    planned = trainer(copy.deepcopy(ref), tmp_path / "planned", checkpointing=True)
+    planned = trainer(copy.deepcopy(ref), tmp_path / "planned", checkpointing=True, seq2seq=seq2seq)
     kw = dict(batch=BATCH, seq=LONGEST, padded=True, extra_args=("--grad-accum", "2"))
     store = ckptplan.plan(planned.model, "1GiB", solver="none", **kw)
     every = ckptplan.plan(planned.model, "1GiB", solver="every-k", **kw)
