@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -83,7 +83,8 @@ def load_config(path: Union[str, os.PathLike]):
 
 
 def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16",
-          attention: str = "auto", device: str = "cpu", name: Optional[str] = None) -> str:
+          attention: str = "auto", device: str = "cpu", name: Optional[str] = None,
+          progress: Optional[Callable[[str], None]] = None) -> str:
     """The graph YAML of one training step of a model, traced.
 
     config_or_model is a config.json path (or a directory holding one), a
@@ -93,9 +94,12 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
     ``AutoModelForCausalLM`` in dtype with the attention implementation
     given ("auto": the one transformers picks for the model, sdpa where it
     has one), in training mode; a multimodal config, its text model. batch
-    and seq size the step.
+    and seq size the step. progress, where given, is called with a line
+    as each stage begins: building the model, tracing the step, writing
+    the graph (``ckptplan trace`` prints them on a terminal).
     """
     note = ""
+    say = progress or (lambda line: None)
     if not (isinstance(batch, int) and isinstance(seq, int)) or batch <= 0 or seq <= 0:
         raise TraceError(f"batch and seq must be positive integers, got batch={batch!r}, seq={seq!r}")
     if dtype not in TRAIN_DTYPES:
@@ -118,7 +122,9 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
         if text is not config:
             note = (f"the text model ({getattr(text, 'model_type', '?')}) of a "
                     f"{getattr(config, 'model_type', '?')} config; what runs only on images is not counted")
+        say(f"building {name} on fake tensors (no weights)")
         model = _build(config, fake, TRAIN_DTYPES[dtype], attention, device)
+    say(f"tracing a training step of {name}: batch {batch}, sequence {seq}, forward and backward")
     with fake:
         ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
         labels = torch.zeros(batch, seq, dtype=torch.long, device=device)
@@ -136,7 +142,9 @@ def trace(config_or_model: Any, *, batch: int = 1, seq: int = 2048, dtype: str =
             f"{name}: a shape depends on the data ({err}): the tracer follows shapes, not values, and cannot "
             "trace it (a mixture of experts' routing is such a shape where each expert runs on the tokens routed "
             "to it; transformers 5 runs them as grouped products by default, which the tracer follows)") from None
-    return _Graph(rec, loss, name, batch, seq).yaml(note)
+    graph = _Graph(rec, loss, name, batch, seq)
+    say(f"writing the graph of {name}")
+    return graph.yaml(note)
 
 
 def _step_inputs(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> dict:
@@ -227,9 +235,17 @@ def main(argv: list[str]) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("ckptplan trace: --device cuda needs a PyTorch built with CUDA and a driver", file=sys.stderr)
         return 1
+    import time
+
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"ckptplan trace: {time.monotonic() - start:5.1f}s {line}", file=sys.stderr, flush=True)
+
     try:
         text = trace(args.config, batch=args.batch, seq=args.seq, dtype=args.dtype,
-                     attention=args.attention, device=args.device)
+                     attention=args.attention, device=args.device,
+                     progress=progress if sys.stderr.isatty() else None)
     except TraceError as err:
         print(f"ckptplan trace: {err}", file=sys.stderr)
         return 1
@@ -245,4 +261,6 @@ def main(argv: list[str]) -> int:
             return 1
     else:
         sys.stdout.write(text)
+    if sys.stderr.isatty():
+        progress(f"wrote {args.output}" if args.output else "done")
     return 0

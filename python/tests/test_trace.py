@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -310,10 +311,13 @@ def test_plan_traces_only_what_it_cannot_build(ckptplan_binary):
         ckptplan.plan(neox, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, logits_dtype="fp32")
 
 
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
 def run_trace(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     return subprocess.run([sys.executable, "-m", "ckptplan", "trace", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=_env(), timeout=300)
 
 
 def test_trace_command_writes_a_graph_the_binary_plans(ckptplan_binary, tmp_path):
@@ -326,6 +330,7 @@ def test_trace_command_writes_a_graph_the_binary_plans(ckptplan_binary, tmp_path
     out = tmp_path / "neox.yaml"
     p = run_trace(str(config), "--seq", "64", "--batch", "2", "-o", str(out))
     assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # progress is for a terminal
     # The binary, asked for a config.json of this type, says how to trace.
     with pytest.raises(_binary.CkptplanError) as err:
         _binary.call(["plan", "--budget", "1GiB", str(config)])
@@ -337,6 +342,40 @@ def test_trace_command_writes_a_graph_the_binary_plans(ckptplan_binary, tmp_path
     with pytest.raises(_binary.CkptplanError) as err:
         _binary.call(["plan", "--budget", "1GiB", "--seq", "128", str(out)])
     assert "traced for batch 2, seq 64" in err.value.message and err.value.code == 2
+
+
+def test_trace_command_says_its_progress_on_a_terminal(tmp_path):
+    """On a terminal, ckptplan trace says each stage as it begins, with the
+    seconds since it started, and what it wrote."""
+    import pty
+
+    (tmp_path / "neox").mkdir()
+    config = tmp_path / "neox" / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 32,
+                                  "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 64}))
+    out = tmp_path / "neox.yaml"
+    primary, secondary = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "ckptplan", "trace", str(config), "--seq", "16", "-o", str(out)],
+                           stdout=subprocess.PIPE, stderr=secondary, env=_env(), timeout=300)
+        os.close(secondary)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(primary)
+    assert p.returncode == 0 and out.exists()
+    lines = said.decode().splitlines()
+    stages = [re.sub(r"^ckptplan trace: +[0-9.]+s ", "", l) for l in lines]
+    assert stages == ["building neox on fake tensors (no weights)",
+                      "tracing a training step of neox: batch 1, sequence 16, forward and backward",
+                      "writing the graph of neox", f"wrote {out}"], lines
 
 
 @pytest.mark.parametrize("args,want", [
