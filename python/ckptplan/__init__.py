@@ -24,7 +24,7 @@ from .plan import Layer, Plan, PlanFormatError, Saved, optimizer_name, plan
 __version__ = "0.1.0"
 
 __all__ = ["BinaryNotFoundError", "CkptplanError", "CkptplanUsageError", "Layer", "Plan", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
-           "binary", "measure", "plan", "prepare_trainer", "suspended", "trace", "TraceError", "__version__"]
+           "binary", "measure", "plan", "prepare_accelerator", "prepare_trainer", "suspended", "trace", "TraceError", "__version__"]
 
 
 def __getattr__(name):
@@ -36,7 +36,7 @@ def __getattr__(name):
     for module, names in (("_apply", ("apply", "applied", "suspended", "sac_available")),
                           ("_measure", ("measure", "Measurement", "LayerMeasurement")),
                           ("_trace", ("trace", "TraceError")),
-                          ("_trainer", ("prepare_trainer",))):
+                          ("_trainer", ("prepare_trainer", "prepare_accelerator"))):
         if name in names:
             mod = importlib.import_module(f".{module}", __name__)
             for n in names:

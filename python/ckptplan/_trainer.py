@@ -100,6 +100,63 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     return plan
 
 
+def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
+                        budget: Union[str, int, None] = None, *, batch: int, seq: int,
+                        padded: bool = True, solver: str = "selective", device: Optional[str] = None,
+                        reserve: Union[str, int, None] = None) -> Plan:
+    """Plan a training step of model in a loop that accelerate's
+    Accelerator runs, within budget, and apply the plan; returns the plan.
+
+    It reads what the accelerator knows — its gradient accumulation steps,
+    its mixed precision (bf16 or fp16 autocast over fp32 weights) and its
+    device (without a budget or device: the GPU's memory, less the
+    reserve) — and the optimizer's state, and turns off the model's own
+    gradient checkpointing (saying so with a warning). batch is the
+    per-device micro-batch and seq the longest sequence a batch brings;
+    padded (the default) plans for batches a collator pads. Call it
+    before or after ``accelerator.prepare``.
+
+    Example:
+        >>> import accelerate, torch, transformers, ckptplan
+        >>> config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+        ...     num_attention_heads=2, intermediate_size=64, vocab_size=64)
+        >>> model = transformers.LlamaForCausalLM(config)
+        >>> optimizer = torch.optim.AdamW(model.parameters())
+        >>> accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+        >>> plan = ckptplan.prepare_accelerator(accelerator, model, optimizer, "64MiB", batch=4, seq=16)
+        >>> plan.batch, plan.seq, plan.padded
+        (4, 16, True)
+    """
+    import torch
+
+    from ._apply import apply
+    from .layers import unwrap
+
+    if not hasattr(accelerator, "gradient_accumulation_steps") or not hasattr(accelerator, "device"):
+        raise CkptplanUsageError(
+            f"ckptplan.prepare_accelerator: accelerator is an accelerate.Accelerator, not {type(accelerator).__name__}")
+    if budget is None and device is None:
+        where = torch.device(accelerator.device)
+        if where.type != "cuda":
+            raise CkptplanUsageError(
+                'ckptplan.prepare_accelerator: the accelerator runs on the CPU: give a budget (bytes, or a string '
+                'such as "24GiB") or a device (a GPU name such as "h100-80gb")')
+        device = f"{torch.cuda.get_device_properties(where).total_memory}B"
+    extra = []
+    accumulate = int(accelerator.gradient_accumulation_steps or 1)
+    if accumulate > 1:
+        extra += ["--grad-accum", str(accumulate)]
+    precision = str(getattr(accelerator, "mixed_precision", "no"))
+    floats = {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}
+    autocast = precision if precision in ("bf16", "fp16") and torch.float32 in floats else None
+    _turn_off_model_checkpointing(unwrap(model), "ckptplan.prepare_accelerator", stacklevel=3)
+    plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
+                     autocast=autocast, optimizer=getattr(optimizer, "optimizer", optimizer), extra_args=extra,
+                     padded=padded)
+    apply(model, plan)
+    return plan
+
+
 def _padding_free(trainer: Any) -> bool:
     """Whether trainer's collator puts a batch's sequences end to end in
     one row (TRL's padding-free collator, which its packing uses)."""
@@ -196,24 +253,30 @@ def _optimizer(trainer: Any) -> Any:
 
 
 def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
-    """Turn off the trainer's and the model's gradient checkpointing, and
-    the hook that makes the input embeddings' output require a gradient
-    (which reentrant checkpointing of a model with frozen embeddings
-    needs, and which makes the first layer keep what the plan does not
-    count), warning that it did: the plan decides what each layer
-    recomputes."""
+    """Turn off the trainer's and the model's gradient checkpointing (see
+    _turn_off_model_checkpointing), warning that it did."""
     args = trainer.args
     names = {f.name for f in dataclasses.fields(args)}
     # transformers 5.23 renamed gradient_checkpointing (an alias until 6).
     on = [n for n in ("activation_checkpointing", "gradient_checkpointing") if n in names and getattr(args, n, False)]
+    for n in on:
+        object.__setattr__(args, n, False)
+    _turn_off_model_checkpointing(model, "ckptplan.prepare_trainer", said=bool(on), stacklevel=4)
+
+
+def _turn_off_model_checkpointing(model: Any, caller: str, said: bool = False, stacklevel: int = 3) -> None:
+    """Turn off the model's gradient checkpointing and the hook that makes
+    its input embeddings' output require a gradient (which reentrant
+    checkpointing of a model with frozen embeddings needs, and which makes
+    the layers keep what the plan does not count), warning that it did
+    (or that said, the trainer's was on): the plan decides what each layer
+    recomputes."""
     from ._apply import _hf_checkpointing
 
     modules = _hf_checkpointing(model)
     hooked = [m for m in model.modules() if _input_grads_hooked(m)]
-    if not on and not modules and not hooked:
+    if not said and not modules and not hooked:
         return
-    for n in on:
-        object.__setattr__(args, n, False)
     for method in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
         if modules and hasattr(model, method):
             getattr(model, method)()
@@ -223,11 +286,15 @@ def _turn_off_checkpointing(trainer: Any, model: Any) -> None:
             m.disable_input_require_grads()
             # transformers before 5 removes the hook but keeps its handle.
             m.__dict__.pop("_require_grads_hook", None)
-    said = "turned off the trainer's gradient checkpointing, which would checkpoint every layer around the plan"
+    done = []
+    if said or modules:
+        whose = "the trainer's" if said else "the model's"
+        done.append(f"turned off {whose} gradient checkpointing, which would checkpoint every layer around the plan")
     if hooked:
-        said += ", and the input embeddings' require-grad hook that checkpointing adds"
-    warnings.warn(f"ckptplan.prepare_trainer: {said}: the plan decides what each layer keeps and recomputes",
-                  stacklevel=3)
+        done.append("removed the input embeddings' require-grad hook that checkpointing adds, which makes the layers "
+                    "keep more than the plan counts")
+    warnings.warn(f"{caller}: {', and '.join(done)}: the plan decides what each layer keeps and recomputes",
+                  stacklevel=stacklevel)
 
 
 def _input_grads_hooked(module: Any) -> bool:

@@ -158,7 +158,7 @@ def test_trainer_input_embeddings_hook_is_removed(ckptplan_binary, tmp_path):
     with forward_kept(t.model) as kept:
         out = t.model(input_ids=ids, labels=ids)  # noqa: F841 (its graph holds what is measured)
         hooked = kept()
-    with pytest.warns(UserWarning, match="require-grad hook that checkpointing adds"):
+    with pytest.warns(UserWarning, match="removed the input embeddings. require-grad hook"):
         plan = ckptplan.prepare_trainer(t, "1GiB", seq=LONGEST)
     with forward_kept(t.model) as kept:
         out = t.model(input_ids=ids, labels=ids)  # noqa: F841 (its graph holds what is measured)
