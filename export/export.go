@@ -16,6 +16,9 @@ type Layer struct {
 	Name   string `json:"name"`
 	Mode   Mode   `json:"mode"`             // store, checkpoint or selective
 	Policy string `json:"policy,omitempty"` // selective: the keep set
+	// Keeps says a selective layer's keep set in words: what it keeps, or
+	// what its backward recomputes (planner.KeepSet.Words).
+	Keeps string `json:"keeps,omitempty"`
 	// Saved lists, for a selective layer, the activation storages the
 	// layer saves in the order autograd first packs them, and which stay.
 	Saved []planner.SavedTensor `json:"saved,omitempty"`
@@ -163,7 +166,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 			if o == nil {
 				return nil, fmt.Errorf("%s: the plan does not describe its keep set %q", comment(st.Name), st.Option)
 			}
-			l.Saved, l.KeptBytes = o.Saved, o.SavedBytes
+			l.Saved, l.KeptBytes, l.Keeps = o.Saved, o.SavedBytes, o.Words(st.Name)
 			// Selective checkpointing (the transformers profile's runtime)
 			// reruns what the keep set says; the saved-tensor hooks of
 			// older PyTorch rerun the whole forward.

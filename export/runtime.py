@@ -33,6 +33,7 @@ the plan.
 """
 import contextlib
 import functools
+import inspect
 import weakref
 
 import torch
@@ -45,6 +46,21 @@ if "SacPolicy" not in globals():  # in the package; an exported module carries s
         pass
 
 MODES = ("store", "checkpoint", "selective")
+
+# What a selective layer's checkpoint saves stays on the device, as the
+# plan counts it, whatever saved-tensor hooks surround the layer (a
+# measurement's, save_on_cpu): PyTorch's legacy behaviour, which releases
+# that ask (2.15 on) are told explicitly rather than warn that it will
+# change.
+def _sac_kwargs() -> dict:
+    try:
+        params = inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"respect_saved_tensors_hooks": False} if "respect_saved_tensors_hooks" in params else {}
+
+
+_SAC_KWARGS = _sac_kwargs()
 
 
 class LayerPlan:
@@ -147,7 +163,7 @@ class LayerRun:
         if policy is None:
             return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
-                                                 context_fn=policy.contexts)
+                                                 context_fn=policy.contexts, **_SAC_KWARGS)
 
     def _entry(self, args, kwargs):
         """The plan entry a call runs and whether it was planned for the

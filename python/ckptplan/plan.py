@@ -41,7 +41,7 @@ FIELDS = {
     "plan": ("schema", "model", "solver", "feasible", "budget_bytes", "reserve_bytes", "static_bytes",
              "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "runtime", "overhead", "recompute_flops",
              "batch", "seq", "dtype", "autocast", "attention", "profile", "zero", "layers", "notes"),
-    "layer": ("name", "mode", "policy", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
+    "layer": ("name", "mode", "policy", "keeps", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
     "saved": ("name", "bytes", "keep"),
 }
 
@@ -83,6 +83,7 @@ class Layer:
     saved: tuple[Saved, ...] = ()
     recompute_flops: int = 0  # forward FLOPs its backward reruns
     host_bytes: int = 0  # kept in host memory, apart from kept_bytes and the budget
+    keeps: str = ""  # selective: its keep set in words ("keeps the attention's output")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +154,7 @@ class Plan:
                 raise ValueError(f"{l['name']}: unknown mode {l['mode']!r} (valid: {', '.join(MODES)})")
         layers = tuple(
             Layer(name=l["name"], mode=l["mode"], kept_bytes=int(l["kept_bytes"]),
-                  policy=l.get("policy", ""),
+                  policy=l.get("policy", ""), keeps=l.get("keeps", ""),
                   saved=tuple(Saved(s["name"], int(s["bytes"]), bool(s["keep"])) for s in l.get("saved") or ()),
                   recompute_flops=int(l.get("recompute_flops", 0)),
                   host_bytes=int(l.get("host_bytes", 0)))
@@ -193,13 +194,15 @@ class Plan:
         ...          peak_bytes=5 << 30, overhead=0.125, recompute_flops=0, batch=4, seq=2048, dtype="bf16",
         ...          attention="sdpa", peak_at="backward of layers.0",
         ...          layers=(Layer("layers.0", "checkpoint", 16 << 20), Layer("layers.1", "checkpoint", 16 << 20),
-        ...                  Layer("layers.2", "selective", 48 << 20, "matmuls-only"), Layer("layers.3", "store", 96 << 20)))
+        ...                  Layer("layers.2", "selective", 48 << 20, "matmuls-only",
+        ...                        keeps="keeps the attention's value projection and the MLP's gate and up projections"),
+        ...                  Layer("layers.3", "store", 96 << 20)))
         >>> print(p.summary())
         m: batch 4, sequence 2048, bf16, sdpa attention; solver selective
         fits: peak 5.00 GiB (in the backward of layers.0) + reserve 1.00 GiB within 8.00 GiB, 2.00 GiB to spare
         +12.5% compute
           layers.0-1  checkpoint: keeps 16.00 MiB each
-          layers.2    selective (matmuls-only): keeps 48.00 MiB
+          layers.2    selective (matmuls-only), 48.00 MiB: keeps the attention's value projection and the MLP's gate and up projections
           layers.3    store: keeps 96.00 MiB
         """
         need = self.peak_bytes + self.reserve_bytes
@@ -217,8 +220,12 @@ class Plan:
                  verdict, f"{100 * self.overhead:+.1f}% compute"]
         for run in _runs(self.layers):
             l = run[0]
-            how = f"selective ({l.policy})" if l.mode == "selective" else l.mode
             each = " each" if len(run) > 1 else ""
+            if l.mode == "selective" and l.keeps:
+                named = "" if l.policy.startswith(("keep(", "drop(")) else f" ({l.policy})"
+                lines.append(f"  {_span(run):10s}  selective{named}, {_size(l.kept_bytes)}{each}: {l.keeps}")
+                continue
+            how = f"selective ({l.policy})" if l.mode == "selective" else l.mode
             lines.append(f"  {_span(run):10s}  {how}: keeps {_size(l.kept_bytes)}{each}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

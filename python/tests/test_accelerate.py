@@ -25,6 +25,18 @@ from ckptplan._measure import forward_kept  # noqa: E402
 from test_trainer import BATCH, LONGEST, build, dataset, pad  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """accelerate keeps one state a process, which an Accelerator of other
+    settings (a Trainer's, made by an earlier test) refuses: each test
+    starts and ends without one."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def train(model, planned: bool, budget=None):
     """Train model for two epochs in an accelerate loop; returns the losses,
     each micro-batch's (shape, padded, kept bytes per layer), and the plan."""
