@@ -42,6 +42,7 @@ var Terms = []*Term{
 	Counters,
 	Dequant,
 	Buffers,
+	AttentionMask,
 	Gathered,
 	Reduce,
 	Bucket,

@@ -398,3 +398,40 @@ def test_ddp_buckets(ckptplan_binary, tmp_path):
     gloo = 16 << 10
     assert 0 <= 8 * SEQ - _slack(plan, measured[part], part) <= gloo
     assert 0 <= measured["step"] - plan.step_peak_bytes - 12 <= gloo
+
+
+@pytest.mark.parametrize("share", [100, 60])
+def test_whole_step_padded(ckptplan_binary, share):
+    """A padded batch (the second sequence 56 tokens short, masked, its
+    labels -100), planned padded: the loop holds the batch's attention
+    mask ([batch, seq] int64) through the step beside the tokens and
+    labels, which the plan counts. Storing everything, the plan is above
+    the measure by the positions and, where the step peaks in the
+    backward, the mask the model makes for its layers (from transformers
+    4.53 a boolean [batch, 1, seq, seq]; before, additive in the model's
+    dtype), which the plan holds through the backward for a checkpointed
+    layer's sake and PyTorch frees with the forward here. Planned, a
+    layer's call holds both to its backward: the plan is the measure."""
+    model, optimizer, _, _ = _setup(0, 1)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, SEQ - 56:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, padded=True)
+    if share < 100:
+        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
+        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, padded=True)
+        ckptplan.apply(model, plan)
+        assert any(layer.mode != "store" for layer in plan.layers)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    over = _slack(plan, measured, part)
+    if share < 100:
+        assert over == 0
+        return
+    from ckptplan.introspect import describe
+
+    new = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
+    freed = BATCH * SEQ * SEQ * (1 if new else 4) if part == "backward" else 0
+    assert over == 8 * SEQ + freed
