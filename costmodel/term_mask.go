@@ -25,5 +25,7 @@ var AttentionMask = &Term{
 		}
 		return s.Batch * s.Seq * ir.Int64.Size(), 0
 	},
-	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("the batch's attention mask %v", b) },
+	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string {
+		return fmt.Sprintf("the batch's attention mask %v", b)
+	},
 }
