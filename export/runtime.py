@@ -109,13 +109,16 @@ class LayerRun:
     to do beyond it, with {batch} and {seq} the call's; rerun allows the
     whole-forward rerun where PyTorch has no selective checkpointing;
     others, when given, is the layer's entry of a plan for a smaller
-    (batch, sequence), which a call of that shape then runs. Holds the
+    (batch, sequence), which a call of that shape then runs; beyond, with
+    others, lets a call beyond the planned shape run the entry others
+    gives for it (a plan for that shape within the budget). Holds the
     selective policies, found on the first call in training of each shape
     of the layer's arguments."""
 
-    def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes", others=None):
+    def __init__(self, entry, shape=(None, None), rerun=False, retry="plan again for these shapes", others=None,
+                 beyond=False):
         self.entry, self.shape, self.rerun, self.retry = entry, tuple(shape), rerun, retry
-        self.others = others
+        self.others, self.beyond = others, beyond
         self.policies = {}  # (id of the entry, call_key of the arguments) -> SacPolicy, or None: whole
 
     def __call__(self, inner, layer, args, kwargs):
@@ -169,8 +172,8 @@ class LayerRun:
         """The plan entry a call runs and whether it was planned for the
         call: where others gives one for the call's shape, that; else the
         planned one, exact at the planned shape (or where either is
-        unknown), not exact below it; raises ValueError for a call beyond
-        it."""
+        unknown), not exact below it; beyond it, others' where beyond
+        allows, else ValueError."""
         got = layer_input_shape(args, kwargs)
         want = self.shape
         if got is None or None in want:
@@ -180,6 +183,8 @@ class LayerRun:
             if other is not None:
                 return other, True
             return self.entry, got == want and self.others is None
+        if self.beyond and self.others is not None:
+            return self.others(got), True
         raise ValueError(
             f"ckptplan: {self.entry.name} was planned for batch {want[0]} and sequence {want[1]} "
             f"but is called with batch {got[0]} and sequence {got[1]}: the plan holds what it says for "

@@ -24,14 +24,16 @@ A plan is for a batch and sequence length, and runs any call up to them:
 an epoch's short last batch, the batches a data collator pads to their
 longest sequence. A plan of ckptplan.plan's is planned again for each
 other shape and padding the model is called with (its forward's
-attention mask says whether a batch is padded), with the same settings
+attention mask, or positions that restart, say whether a batch is padded), with the same settings
 and the planned peak as its budget, once each (the binary plans in a
 fraction of a second): the call holds no more than the plan says. Where
 no such plan fits (or the plan was read from JSON), the call runs with
 the planned decisions, each selective layer checked to save as many
 activations as planned, none larger (the same ops, each on a smaller
 tensor), or else checkpointed whole. A call beyond the planned shape
-fails with a message saying so (plan again for it).
+fails with a message saying so (plan again for it), or where apply is
+told beyond="replan", runs a plan of its own shape within the plan's
+budget.
 
 Example:
     >>> import torch, transformers, ckptplan
@@ -63,14 +65,23 @@ _ATTR = "_ckptplan_plan"
 _HOOK = "_ckptplan_hook"  # the forward pre-hook that sees whether a batch is padded
 
 
-def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = None) -> dict[str, int]:
+def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = None,
+          beyond: str = "error") -> dict[str, int]:
     """Make each decoder layer of model run as plan says; returns how many
     layers got each mode.
+
+    beyond says what a call with a larger batch or sequence than planned
+    does: "error" (the default) raises ValueError saying to plan again;
+    "replan" plans that shape within the plan's budget (once, in a
+    fraction of a second) and runs it, raising CkptplanError where nothing
+    fits the budget then.
 
     Raises ValueError when the plan is for another number of layers, does
     not fit its budget, or has a selective layer and this PyTorch has no
     selective checkpointing.
     """
+    if beyond not in ("error", "replan"):
+        raise CkptplanUsageError(f'ckptplan.apply: beyond is "error" or "replan", not {beyond!r}')
     if not isinstance(plan, Plan):
         raise CkptplanUsageError(
             f"ckptplan.apply: plan is a ckptplan.Plan (from ckptplan.plan, or Plan.from_json of an exported "
@@ -104,12 +115,17 @@ def apply(model: nn.Module, plan: Plan, *, layers: Optional[nn.ModuleList] = Non
     counts = check_modes(entries, hint=": plan with --solver optimal, which checkpoints whole layers")
     shape = (plan.batch, plan.seq)
     retry = "plan again for these shapes (ckptplan.plan(..., batch={batch}, seq={seq}))"
+    if beyond == "replan" and plan.replan is None:
+        raise CkptplanUsageError(
+            'ckptplan.apply: beyond="replan" needs a plan ckptplan.plan made (one read from JSON cannot plan '
+            'again)')
     others = _Others(plan, entries) if plan.replan is not None else None
     for i, (layer, e) in enumerate(zip(layers, entries)):
         if e.mode == "store" and others is None:
             set_forward(layer, None)
         else:
-            set_forward(layer, LayerRun(e, shape, retry=retry, others=None if others is None else others.layer(i)))
+            set_forward(layer, LayerRun(e, shape, retry=retry, others=None if others is None else others.layer(i),
+                                        beyond=beyond == "replan"))
     hook = getattr(model, _HOOK, None)
     if hook is not None:
         hook.remove()
@@ -158,6 +174,17 @@ class _Others:
 
     def of(self, shape: tuple[int, int]) -> Optional[list[LayerPlan]]:
         key = (shape, self.padded)
+        if key not in self.entries and (shape[0] > self.plan.batch or shape[1] > self.plan.seq):
+            # Beyond the planned shape (apply's beyond="replan"): a plan of
+            # its own within the budget, or the binary's error.
+            with _probe(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                p = self.plan.replan(*shape, budget=self.plan.budget_bytes, padded=self.padded)
+            if not p.feasible or len(p.layers) != self.layers:
+                raise CkptplanError(
+                    f"ckptplan: no plan of batch {shape[0]} and sequence {shape[1]} fits the budget of "
+                    f"{p.budget_bytes} bytes (the plan was for batch {self.plan.batch} and sequence "
+                    f"{self.plan.seq})", 1, kind="infeasible")
+            self.entries[key] = _entries(p)
         if key not in self.entries:
             # Made inside the first layer's call, where describing the
             # model (which asks PyTorch's sdpa which kernel it runs, on a

@@ -43,7 +43,7 @@ _SCAN = 1_000_000
 
 def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: Optional[int] = None,
                     solver: str = "selective", device: Optional[str] = None,
-                    reserve: Union[str, int, None] = None) -> Plan:
+                    reserve: Union[str, int, None] = None, beyond: str = "error") -> Plan:
     """Plan trainer's training step within budget and apply the plan to its
     model; returns the plan.
 
@@ -55,7 +55,9 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     (rounded up to the collator's ``pad_to_multiple_of``, or the
     collator's ``max_length`` where it pads every batch to it), planned
     for padded batches (``plan``'s padded) where the data has sequences
-    shorter than that, or where seq is given. Where the collator puts a
+    shorter than that, or where seq is given; a batch beyond the plan's
+    shape raises, or with beyond="replan" is planned for within the budget
+    (``ckptplan.apply``'s beyond). Where the collator puts a
     batch's sequences end to end in one row (TRL's padding-free collator,
     which its packing uses), the plan is for one row of the batch's
     longest sequences joined (seq times the batch where seq is given),
@@ -96,14 +98,14 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     plan = make_plan(model, budget, batch=rows, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra,
                      padded=padded)
-    apply(model, plan)
+    apply(model, plan, beyond=beyond)
     return plan
 
 
 def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
                         budget: Union[str, int, None] = None, *, batch: int, seq: int,
                         padded: bool = True, solver: str = "selective", device: Optional[str] = None,
-                        reserve: Union[str, int, None] = None) -> Plan:
+                        reserve: Union[str, int, None] = None, beyond: str = "error") -> Plan:
     """Plan a training step of model in a loop that accelerate's
     Accelerator runs, within budget, and apply the plan; returns the plan.
 
@@ -113,8 +115,9 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
     reserve) — and the optimizer's state, and turns off the model's own
     gradient checkpointing (saying so with a warning). batch is the
     per-device micro-batch and seq the longest sequence a batch brings;
-    padded (the default) plans for batches a collator pads. Call it
-    before or after ``accelerator.prepare``.
+    padded (the default) plans for batches a collator pads; beyond is
+    ``ckptplan.apply``'s (what a larger batch does). Call it before or
+    after ``accelerator.prepare``.
 
     Example:
         >>> import accelerate, torch, transformers, ckptplan
@@ -153,7 +156,7 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
     plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=autocast, optimizer=getattr(optimizer, "optimizer", optimizer), extra_args=extra,
                      padded=padded)
-    apply(model, plan)
+    apply(model, plan, beyond=beyond)
     return plan
 
 

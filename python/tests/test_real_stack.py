@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 import ckptplan  # noqa: E402
 from ckptplan import _binary, apply  # noqa: E402
 from ckptplan import measure  # noqa: E402
+from ckptplan._measure import forward_kept  # noqa: E402
 
 BATCH, SEQ, VOCAB = 2, 16, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -566,6 +567,33 @@ def test_shapes_beyond_the_planned_one_are_refused(ckptplan_binary):
         ids = torch.zeros(n, seq, dtype=torch.long)
         with pytest.raises(ValueError, match=f"called with batch {n} and sequence {seq}.*not beyond; plan again"):
             model(input_ids=ids, labels=ids)
+
+
+def test_shapes_beyond_the_planned_one_replan_where_asked(ckptplan_binary):
+    """apply(..., beyond="replan"): a call beyond the planned shape runs a
+    plan of its own shape within the plan's budget, and keeps what that
+    plan says; where none fits the budget, the binary's error says what
+    would."""
+    model = build("llama", "sdpa", "fp32")
+    store = ckptplan.plan(model, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none")
+    budget = store.static_bytes + (store.peak_bytes - store.static_bytes) * 9 // 10
+    plan = ckptplan.plan(model, budget, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ)
+    apply(model, plan, beyond="replan")
+    model.train()
+    for n, seq in ((BATCH + 1, SEQ), (BATCH, SEQ + 3)):
+        want = plan.replan(n, seq, budget=plan.budget_bytes)
+        assert want.feasible and {"selective", "checkpoint"} & {l.mode for l in want.layers}, want.layers
+        ids = torch.zeros(n, seq, dtype=torch.long)
+        with forward_kept(model) as kept:
+            out = model(input_ids=ids, labels=ids)
+            assert kept() == [l.kept_bytes for l in want.layers], (n, seq)
+        out.loss.backward()
+    ids = torch.zeros(4 * BATCH, 4 * SEQ, dtype=torch.long)
+    with pytest.raises(ckptplan.CkptplanError, match="does not fit") as err:
+        model(input_ids=ids, labels=ids)
+    assert err.value.kind == "infeasible"
+    with pytest.raises(ckptplan.CkptplanUsageError, match='beyond is "error" or "replan"'):
+        apply(model, plan, beyond="grow")
 
 
 def padded_batch(n: int, seq: int, lengths: "list[int]") -> dict:
