@@ -63,6 +63,22 @@ def build(lora: bool, attention: str = "sdpa") -> "torch.nn.Module":
     return model
 
 
+def assert_kept_as_planned(plan, kept: list) -> dict:
+    """Each micro-batch of kept — (shape, padded, the bytes each decoder
+    layer kept) — keeps what plan says for its shape: plan itself at its
+    own, else the plan made again for that shape within plan's peak, which
+    is no higher. Returns the plans by (shape, padded)."""
+    plans = {}
+    for shape, pads, layers in kept:
+        if (shape, pads) not in plans:
+            plans[shape, pads] = plan if (shape, pads) == ((plan.batch, plan.seq), plan.padded) else \
+                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes, padded=pads)
+            assert plans[shape, pads].peak_bytes <= plan.peak_bytes
+        want = plans[shape, pads]
+        assert layers == [l.kept_bytes for l in want.layers], (shape, pads, layers, want.layers)
+    return {key: ([l.mode for l in p.layers], p.peak_bytes) for key, p in sorted(plans.items())}
+
+
 class Measured(transformers.Trainer):
     """A Trainer that records, for each micro-batch, its shape and what each
     decoder layer's forward keeps, measured in its own compute_loss."""
@@ -121,15 +137,7 @@ def test_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, lora, att
     print(f"{len(losses[0])} steps, {len(planned.kept)} micro-batches of {len(shapes)} shapes; plan "
           f"{[l.mode for l in plan.layers]} at {plan.peak_bytes} B")
     assert any(b < BATCH for b, _ in shapes) and len({s for _, s in shapes}) > 3, shapes
-    plans = {}
-    for shape, pads, kept in planned.kept:
-        if (shape, pads) not in plans:
-            plans[shape, pads] = plan if (shape, pads) == ((BATCH, LONGEST), True) else \
-                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes, padded=pads)
-            assert plans[shape, pads].peak_bytes <= plan.peak_bytes
-        want = plans[shape, pads]
-        assert kept == [l.kept_bytes for l in want.layers], (shape, pads, kept, want.layers)
-    print({key: ([l.mode for l in p.layers], p.peak_bytes) for key, p in sorted(plans.items())})
+    print(assert_kept_as_planned(plan, planned.kept))
 
 
 def test_trainer_without_a_budget_on_the_cpu_is_refused(ckptplan_binary, tmp_path):

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.trl,
 
 import ckptplan  # noqa: E402
 from ckptplan._measure import forward_kept  # noqa: E402
+from test_trainer import assert_kept_as_planned  # noqa: E402
 
 VOCAB, BATCH, MAX_LENGTH = 128, 4, 24
 
@@ -139,12 +140,4 @@ def test_sft_trainer_trains_as_without_the_plan(ckptplan_binary, tmp_path, packi
         assert {b for b, _ in shapes} == {1} and max(s for _, s in shapes) > MAX_LENGTH, shapes
     else:
         assert any(b < BATCH for b, _ in shapes), shapes
-    plans = {}
-    for shape, padded, kept in planned.kept:
-        if (shape, padded) not in plans:
-            plans[shape, padded] = plan if (shape, padded) == ((plan.batch, plan.seq), True) else \
-                plan.replan(*shape, budget=plan.peak_bytes + plan.reserve_bytes, padded=padded)
-            assert plans[shape, padded].peak_bytes <= plan.peak_bytes
-        want = plans[shape, padded]
-        assert kept == [l.kept_bytes for l in want.layers], (shape, padded, kept, want.layers)
-    print({key: ([l.mode for l in p.layers], p.peak_bytes) for key, p in sorted(plans.items())})
+    print(assert_kept_as_planned(plan, planned.kept))
