@@ -28,8 +28,9 @@ is found again for each new shape of its arguments (a padded batch may
 bring a mask the planned one had not), checking that the layer saves as
 many activations as planned, none larger (else it runs checkpointed
 whole, holding its input alone). A call beyond the planned batch or
-sequence fails with a message saying so. Gradients are those without
-the plan.
+sequence fails with a message saying so, unless the caller gives a plan
+for its shape (ckptplan.apply's beyond="replan"). Gradients are those
+without the plan.
 """
 import contextlib
 import functools
