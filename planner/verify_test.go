@@ -33,6 +33,22 @@ func TestVerify(t *testing.T) {
 	if err := p.Verify(read()); err != nil {
 		t.Fatalf("the plan itself: %v", err)
 	}
+	// A plan written before setups recorded LoRA's alpha, which changes
+	// nothing it plans, verifies.
+	var old map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &old); err != nil {
+		t.Fatal(err)
+	}
+	delete(old["setup"].(map[string]any)["lora"].(map[string]any), "alpha")
+	before, err := json.Marshal(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := ReadPlan(bytes.NewReader(before)); err != nil {
+		t.Fatal(err)
+	} else if err := p.Verify(back); err != nil {
+		t.Errorf("a plan without LoRA's alpha: %v", err)
+	}
 	for _, tt := range []struct {
 		name     string
 		tamper   func(*Plan)
