@@ -59,7 +59,8 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     shape raises, or with beyond="replan" is planned for within the budget
     (``ckptplan.apply``'s beyond). Where the collator puts a
     batch's sequences end to end in one row (TRL's padding-free collator,
-    which its packing uses), the plan is for one row of the batch's
+    which its packing uses; transformers' DataCollatorWithFlattening), the
+    plan is for one row of the batch's
     longest sequences joined (seq times the batch where seq is given),
     masked as a padded batch is.
 
@@ -162,8 +163,16 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
 
 def _padding_free(trainer: Any) -> bool:
     """Whether trainer's collator puts a batch's sequences end to end in
-    one row (TRL's padding-free collator, which its packing uses)."""
-    return getattr(getattr(trainer, "data_collator", None), "padding_free", False) is True
+    one row: TRL's padding-free collator, which its packing uses, or
+    transformers' DataCollatorWithFlattening."""
+    collator = getattr(trainer, "data_collator", None)
+    if getattr(collator, "padding_free", False) is True:
+        return True
+    try:
+        from transformers import DataCollatorWithFlattening
+    except ImportError:  # transformers before 4.44
+        return False
+    return isinstance(collator, DataCollatorWithFlattening)
 
 
 def _longest(trainer: Any, joined: int = 1) -> tuple[int, bool]:

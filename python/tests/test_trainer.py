@@ -90,7 +90,9 @@ class Measured(transformers.Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         with forward_kept(model) as kept:
             out = super().compute_loss(model, inputs, *args, **kwargs)
-        self.kept.append((tuple(inputs["input_ids"].shape), not bool(inputs["attention_mask"].all()), kept()))
+        mask, at = inputs.get("attention_mask"), inputs.get("position_ids")
+        padded = not bool(mask.all()) if mask is not None else bool((at.diff(dim=1) != 1).any())
+        self.kept.append((tuple(inputs["input_ids"].shape), padded, kept()))
         return out
 
 
@@ -98,7 +100,7 @@ class MeasuredSeq2Seq(Measured, transformers.Seq2SeqTrainer):
     """A Seq2SeqTrainer that records what Measured records."""
 
 
-def trainer(model, tmp_path, checkpointing: bool = False, seq2seq: bool = False) -> Measured:
+def trainer(model, tmp_path, checkpointing: bool = False, seq2seq: bool = False, collator=pad) -> Measured:
     args = dict(per_device_train_batch_size=BATCH, gradient_accumulation_steps=2, num_train_epochs=4,
                 learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
                 dataloader_drop_last=False, seed=0, data_seed=0)
@@ -106,9 +108,9 @@ def trainer(model, tmp_path, checkpointing: bool = False, seq2seq: bool = False)
     args["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = checkpointing
     if seq2seq:
         return MeasuredSeq2Seq(model=model, args=transformers.Seq2SeqTrainingArguments(str(tmp_path), **args),
-                               train_dataset=dataset(), data_collator=pad)
+                               train_dataset=dataset(), data_collator=collator)
     return Measured(model=model, args=transformers.TrainingArguments(str(tmp_path), **args),
-                    train_dataset=dataset(), data_collator=pad)
+                    train_dataset=dataset(), data_collator=collator)
 
 
 @pytest.mark.parametrize("lora,attention,seq2seq", [(False, "sdpa", False), (True, "eager", False), (True, "sdpa", True)],
@@ -176,3 +178,28 @@ def test_trainer_input_embeddings_hook_is_removed(ckptplan_binary, tmp_path):
     unpadded = plan.replan(BATCH, LONGEST, padded=False)
     assert unhooked == [l.kept_bytes for l in unpadded.layers]
     assert hooked != unhooked
+
+
+def test_trainer_with_a_flattening_collator(ckptplan_binary, tmp_path):
+    """transformers' DataCollatorWithFlattening puts a batch's sequences
+    end to end in one row, its positions restarting at each: the plan is
+    for one row of the batch's longest sequences joined, masked as a padded
+    batch, and every row the collator makes runs within it, keeping what
+    its shape's plan says; the losses are the plain run's."""
+    ref = build(False, "sdpa")
+    flat = transformers.DataCollatorWithFlattening()
+    plain = trainer(copy.deepcopy(ref), tmp_path / "plain", collator=flat)
+    plain.train()
+    planned = trainer(copy.deepcopy(ref), tmp_path / "planned", collator=flat)
+    longest = sum(sorted(LENGTHS, reverse=True)[:BATCH])
+    kw = dict(batch=1, seq=longest, padded=True, extra_args=("--grad-accum", "2"))
+    store = ckptplan.plan(planned.model, "1GiB", solver="none", **kw)
+    every = ckptplan.plan(planned.model, "1GiB", solver="every-k", **kw)
+    plan = ckptplan.prepare_trainer(planned, (store.peak_bytes + every.peak_bytes) // 2)
+    assert (plan.batch, plan.seq, plan.padded) == (1, longest, True)
+    planned.train()
+    losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (plain, planned)]
+    assert len(losses[0]) >= 20 and losses[0] == losses[1]
+    shapes = {shape for shape, _, _ in planned.kept}
+    assert {b for b, _ in shapes} == {1} and max(s for _, s in shapes) > LONGEST, shapes
+    print(assert_kept_as_planned(plan, planned.kept))
