@@ -80,8 +80,10 @@ def assert_kept_as_planned(plan, kept: list) -> dict:
 
 
 class Measured(transformers.Trainer):
-    """A Trainer that records, for each micro-batch, its shape and what each
-    decoder layer's forward keeps, measured in its own compute_loss."""
+    """A Trainer that records, for each micro-batch, its shape, whether it
+    is padded (a mask with a zero, or positions that restart: a row of
+    sequences end to end) and what each decoder layer's forward keeps,
+    measured in its own compute_loss."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.trl,
                                  reason="run with python/requirements-trl.txt's TRL and datasets")]
 
 import ckptplan  # noqa: E402
-from ckptplan._measure import forward_kept  # noqa: E402
-from test_trainer import assert_kept_as_planned  # noqa: E402
+from test_trainer import Measured, assert_kept_as_planned  # noqa: E402
 
 VOCAB, BATCH, MAX_LENGTH = 128, 4, 24
 
@@ -72,28 +71,16 @@ def build(lora: bool, attention: str) -> "torch.nn.Module":
 def trainer(model, tmp_path, packing: bool):
     trl = pytest.importorskip("trl")
 
-    class Measured(trl.SFTTrainer):
-        """An SFTTrainer that records, for each micro-batch, its shape,
-        whether it is padded or packed, and what each decoder layer's
-        forward keeps, measured in its own compute_loss."""
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.kept: list[tuple[tuple[int, int], bool, list[int]]] = []
-
-        def compute_loss(self, model, inputs, *args, **kwargs):
-            with forward_kept(model) as kept:
-                out = super().compute_loss(model, inputs, *args, **kwargs)
-            mask, at = inputs.get("attention_mask"), inputs.get("position_ids")
-            padded = not bool(mask.all()) if mask is not None else bool((at.diff(dim=1) != 1).any())
-            self.kept.append((tuple(inputs["input_ids"].shape), padded, kept()))
-            return out
+    class MeasuredSFT(Measured, trl.SFTTrainer):
+        """An SFTTrainer that records what Measured records: each
+        micro-batch's shape, whether it is padded or packed, and what each
+        decoder layer's forward keeps."""
 
     args = trl.SFTConfig(str(tmp_path), per_device_train_batch_size=BATCH, gradient_accumulation_steps=2,
                          max_length=MAX_LENGTH, packing=packing, max_steps=21,
                          learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
                          dataloader_drop_last=False, seed=0, data_seed=0)
-    return Measured(model=model, args=args, train_dataset=dataset(), processing_class=tokenizer())
+    return MeasuredSFT(model=model, args=args, train_dataset=dataset(), processing_class=tokenizer())
 
 
 def checkpointing(args) -> bool:
