@@ -180,7 +180,7 @@ func planModelFlags(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr 
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
 	if !plan.Feasible {
-		return nil, nil, nil, infeasible(plan)
+		return nil, nil, nil, infeasible(src, p, opt, plan)
 	}
 	return plan, p, opt, nil
 }

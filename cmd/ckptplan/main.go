@@ -66,6 +66,7 @@ func commands() []command {
 		{"cost", "MODEL", "activation bytes kept for backward and FLOPs, per block; static memory", runCost},
 		{"plan", "MODEL", "the checkpointing schedule that fits a budget with the least recompute", runPlan},
 		{"compare", "MODEL", "every strategy side by side at one budget", runCompare},
+		{"fit", "MODEL", "the largest batch and sequence a GPU fits, and the settings that reach a global batch", runFit},
 		{"run", "MODEL", "run a plan on the CPU and check its memory and gradients", runRun},
 		{"sweep", "MODEL", "memory against recomputation for every budget and strategy", runSweep},
 		{"export", "MODEL", "a plan for PyTorch (a Python module), Hugging Face or Megatron-LM", runExport},

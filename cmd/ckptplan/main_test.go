@@ -162,6 +162,75 @@ func TestPlanGolden(t *testing.T) {
 	}
 }
 
+func TestFit(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"tiny-llama.stdout", []string{"fit", "tiny-llama", "--budget", "6MiB", "--gpus", "2", "--global-batch", "16", "--seq-multiple", "16"}},
+		{"tiny-llama-largest.stdout", []string{"fit", "tiny-llama", "--budget", "4200KiB"}},
+		{"llama-3-8b.stdout", []string{"fit", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096", "--global-batch", "64"}},
+		{"tiny-gpt2.json", []string{"fit", "tiny-gpt2", "--budget", "3MiB", "--global-batch", "8", "--format", "json"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _, err := runCmd(tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "fit/"+tt.name, out)
+		})
+	}
+}
+
+// TestLeastChangeFits plans what does not fit, and then with the change
+// its error names: the plan must fit, for the same sequences a step.
+func TestLeastChangeFits(t *testing.T) {
+	for _, args := range [][]string{
+		{"plan", "tiny-llama", "--budget", "4200KiB", "--batch", "2"},
+		{"plan", "tiny-llama", "--budget", "3MiB"},
+		{"plan", "tiny-llama", "--budget", "5MiB", "--batch", "16", "--dp", "2"},
+		{"plan", "qwen2-1.5b", "--device", "h100-80gb", "--batch", "8"},
+		{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096"},
+		{"plan", "llama-3-70b", "--device", "h100-80gb", "--batch", "1"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			_, _, err := runCmd(args...)
+			if err == nil {
+				t.Fatal("it fits")
+			}
+			msg := err.Error()
+			i := strings.Index(msg, "; --")
+			j := strings.Index(msg, " fits, the same")
+			if i < 0 || j < i {
+				t.Fatalf("no change named: %s", msg)
+			}
+			change := strings.Fields(msg[i+2 : j])
+			out, _, err := runCmd(append(append(slices.Clone(args), change...), "--format", "json")...)
+			if err != nil {
+				t.Fatalf("with %v: %v", change, err)
+			}
+			var plan struct {
+				Feasible bool `json:"feasible"`
+				Setup    struct {
+					Batch     int64 `json:"batch"`
+					GradAccum int64 `json:"grad_accum"`
+					Parallel  struct {
+						DP int64 `json:"dp"`
+					} `json:"parallel"`
+				} `json:"setup"`
+			}
+			if err := json.Unmarshal([]byte(out), &plan); err != nil {
+				t.Fatal(err)
+			}
+			s := plan.Setup
+			if !plan.Feasible || !strings.Contains(msg, fmt.Sprintf("the same %d sequences", s.Batch*max(s.GradAccum, 1)*max(s.Parallel.DP, 1))) &&
+				!strings.Contains(msg, "the same sequence a step") {
+				t.Errorf("with %v: fits %v, setup %+v: %s", change, plan.Feasible, s, msg)
+			}
+		})
+	}
+}
+
 func TestRun(t *testing.T) {
 	out, _, err := runCmd("run", "tiny-llama", "--budget", "5MiB")
 	if err != nil {
@@ -293,10 +362,10 @@ func TestErrors(t *testing.T) {
 		// What does not fit is named, with what holds less of it: the
 		// static memory (the cost report's 4.01 MiB), or the activations
 		// beyond it.
-		{[]string{"plan", "tiny-llama", "--budget", "3.5MiB"}, false, "static memory 4.01 MiB (weights 1.00 MiB, gradients 1.00 MiB, optimizer 2.00 MiB, step counters 156 B, buffers 4.03 KiB) passes the budget alone; LoRA (--lora-rank)"},
-		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB", "--batch", "2"}, false, "of activations and working memory at the peak; a smaller --batch or --seq holds less"},
+		{[]string{"plan", "tiny-llama", "--budget", "3.5MiB"}, false, "static memory 4.01 MiB (weights 1.00 MiB, gradients 1.00 MiB, optimizer 2.00 MiB, step counters 156 B, buffers 4.03 KiB) passes the budget alone, most of it optimizer state (2.00 MiB); --optimizer adamw8bit fits, the same 2 sequences a step"},
+		{[]string{"plan", "tiny-llama", "--budget", "4.2MiB", "--batch", "2"}, false, "and at the least peak, in the backward of layers.0: static 3.01 MiB + gradients 705.75 KiB + activations 449.51 KiB + working memory 160 KiB; --optimizer adamw8bit fits, the same 2 sequences a step"},
 		// Settings the setup already uses are not offered again.
-		{[]string{"plan", "tiny-llama", "--budget", "100KiB", "--lora-rank", "4", "--quant", "nf4"}, false, "passes the budget alone; an 8-bit optimizer (--optimizer adamw8bit) or sharding over GPUs (--zero, --dp) hold less"},
+		{[]string{"plan", "tiny-llama", "--budget", "100KiB", "--lora-rank", "4", "--quant", "nf4"}, false, "passes the budget alone, most of it weights (382 KiB); an 8-bit optimizer (--optimizer adamw8bit) or sharding over GPUs (--zero, --dp) hold less"},
 		// AdamW's foreach step holds a moment-sized copy beside the gradients.
 		{[]string{"plan", "tiny-llama", "--budget", "4.5MiB", "--optimizer", "adamw"}, false, "tiny-llama does not fit in 4.50 MiB with the selective solver: it needs at least 5.01 MiB"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--solver", "magic"}, true, `unknown strategy "magic"`},
@@ -359,6 +428,11 @@ func TestErrors(t *testing.T) {
 		{[]string{"export", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--sharding", "deepspeed", "--to", "fsdp2"}, true, "export --to fsdp2 runs ZeRO 3 on fsdp2, but the plan is for deepspeed"},
 		{[]string{"export", "tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "1", "--to", "torchtitan"}, true, "export --to torchtitan shards with fully_shard, ZeRO 3, but the plan is for ZeRO 1: plan with --zero 3"},
 		{[]string{"export", "tiny-llama", "--budget", "1MiB", "--pp", "2", "--to", "megatron"}, false, "does not fit in 1 MiB a device"},
+		{[]string{"fit", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB"}, true, "fit varies a model's batch and sequence, which a graph or profiled chain fixes"},
+		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--gpus", "3", "--global-batch", "8"}, true, "--global-batch 8 does not divide over 3 GPUs"},
+		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--seq-multiple", "0"}, true, "--seq-multiple must be positive, got 0"},
+		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--gpus", "-2"}, true, "--gpus must be positive, got -2"},
+		{[]string{"fit", "tiny-llama"}, true, "fit: need --budget or --device"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

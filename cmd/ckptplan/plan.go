@@ -215,7 +215,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
 	if !plan.Feasible {
-		return infeasible(plan)
+		return infeasible(src, p, opt, plan)
 	}
 	if *timeline != "" {
 		if err := drawTimeline(*timeline, p, plan, nil); err != nil {
@@ -256,38 +256,85 @@ func drawTimeline(path string, p *planner.Problem, plan *planner.Plan, measured 
 	return writeFigure(path, fig)
 }
 
-func infeasible(p *planner.Plan) error {
+func infeasible(src *graphio.Source, prob *planner.Problem, opt *planner.Options, p *planner.Plan) error {
 	reserve := ""
 	if p.ReserveBytes > 0 {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
-	why := whyNotFit(p)
+	err := &infeasibleError{minBudgetBytes: int64(p.MinBudgetBytes)}
+	head := fmt.Sprintf("%s does not fit in %v%s with the %s solver", p.Model, p.BudgetBytes, reserve, p.Solver)
 	if p.MinBudgetBytes > 0 {
-		return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver: it needs at least %v (%d bytes)%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.MinBudgetBytes, p.MinBudgetBytes, why), minBudgetBytes: int64(p.MinBudgetBytes)}
+		head += fmt.Sprintf(": it needs at least %v (%d bytes)", p.MinBudgetBytes, p.MinBudgetBytes)
 	}
-	if why == "" {
+	why := whyNotFit(prob, opt, p)
+	if why == "" && p.MinBudgetBytes == 0 {
 		why = fmt.Sprintf(": static memory alone is %v", p.StaticBytes)
 	}
-	return &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v%s with the %s solver%s", p.Model, p.BudgetBytes, reserve, p.Solver, why)}
+	err.msg = head + why + leastChange(src, opt, p)
+	return err
 }
 
 // whyNotFit says, for a plan that does not fit, which part of its least
-// peak passes the budget: the static memory (and what it is), or the
-// activations and working memory beyond it, and which settings hold less
-// of that part.
-func whyNotFit(p *planner.Plan) string {
+// peak passes the budget: the static memory (what it is, and its largest
+// part), or the activations and working memory beyond it, when they peak
+// and their largest part (planner.Shortfall).
+func whyNotFit(prob *planner.Problem, opt *planner.Options, p *planner.Plan) string {
 	if p.Static == nil || p.Setup == nil {
 		return ""
 	}
 	static := mem.Bytes(p.Static.Total())
 	why := fmt.Sprintf(": static memory %v (%s)", static, staticParts(p.Setup, p.Static))
-	if static+p.ReserveBytes >= p.BudgetBytes {
-		return why + " passes the budget alone" + staticHints(p.Setup)
+	sf, err := prob.Shortfall(opt)
+	if err != nil {
+		sf = nil
+	}
+	if static+p.ReserveBytes >= p.BudgetBytes || sf != nil && sf.StaticPasses() {
+		why += " passes the budget alone"
+		if sf != nil {
+			why += fmt.Sprintf(", most of it %s (%v)", sf.Term, sf.TermBytes)
+		}
+		return why
+	}
+	if sf != nil && sf.At != "" {
+		return why + ", and " + sf.Beyond()
 	}
 	if more := p.MinBudgetBytes - static - p.ReserveBytes; p.MinBudgetBytes > 0 && more > 0 {
-		why += fmt.Sprintf(", and at least %v of activations and working memory at the peak; a smaller --batch or --seq holds less", more)
+		why += fmt.Sprintf(", and at least %v of activations and working memory at the peak", more)
 	}
 	return why
+}
+
+// leastChange names the least change of the setup that fits, as fit
+// finds it for the same sequences a step over the same GPUs: "; --batch 4
+// --grad-accum 2 fits, the same 8 sequences a step (...)". Without one
+// (a graph, a pipeline, or nothing fits), the settings that hold less.
+func leastChange(src *graphio.Source, opt *planner.Options, p *planner.Plan) string {
+	if p.Setup == nil || src.Kind != graphio.KindModel {
+		return ""
+	}
+	base := *p.Setup
+	hints := staticHints(&base)
+	if p.Static != nil && mem.Bytes(p.Static.Total())+p.ReserveBytes < p.BudgetBytes {
+		hints = "; a smaller --batch or --seq holds less"
+	}
+	build, err := planner.ModelBuilder(src)
+	if err != nil {
+		return hints
+	}
+	gpus := max(base.Parallel.DP, 1)
+	global := base.Batch * max(base.GradAccum, 1) * gpus
+	fit, err := build.Fit(base, opt, planner.FitOptions{GPUs: gpus, GlobalBatch: global})
+	if err != nil || fit.LeastChange < 0 {
+		return hints
+	}
+	st := fit.Settings[fit.LeastChange]
+	flags := strings.Join(settingFlags(base, st), " ")
+	seqs := "the same sequence a step"
+	if global > 1 {
+		seqs = fmt.Sprintf("the same %d sequences a step", global)
+	}
+	return fmt.Sprintf("; %s fits, %s (%s: peak %v, %.1f%% extra compute), and 'ckptplan fit' ranks the settings that do",
+		flags, seqs, st.Name, st.PeakBytes, 100*st.Overhead)
 }
 
 // staticHints names the settings s does not use yet that hold less

@@ -45,7 +45,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if !plan.Feasible {
-		return infeasible(plan)
+		return infeasible(src, p, opt, plan)
 	}
 	progress(stderr, "running %s twice (the plan, and storing everything)", p.Name)
 	rep, err := exec.Verify(p, plan, *seed)

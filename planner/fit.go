@@ -1,0 +1,519 @@
+package planner
+
+// Fit: what a model's training fits in a device's memory.
+//
+// A plan answers for one batch and sequence. The question people bring
+// is the other way round: how large a micro-batch or how long a
+// sequence fits, and, for a global batch, which settings reach it —
+// micro-batch and gradient accumulation, LoRA or QLoRA, an 8-bit
+// optimizer, ZeRO over the GPUs — and at what compute.
+//
+// Fit answers by planning, not by formula. The peak of a step grows
+// with the batch and the sequence (every activation has a batch and a
+// sequence dimension, and the static memory has neither), so whether a
+// size fits is monotone in it: Fit doubles the size until a plan no
+// longer fits, then bisects between the last size that fitted and the
+// first that did not, each probe a whole plan of the model built at
+// that size (Builder). The answer is therefore exactly the plan's: the
+// largest micro-batch Fit reports is one whose plan fits and one more
+// is one whose plan does not, under the same budget, reserve and
+// strategy. A search costs O(log n) plans; the settings are searched
+// concurrently, each on problems of its own (a Problem is not safe for
+// concurrent use).
+//
+// A setting is ranked by the compute a GPU spends on each sequence of
+// the step, recomputation included: the step's FLOPs over its
+// sequences. Settings that do not fit come last, each with why
+// (Shortfall).
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// A Builder builds a model's problem under a training setup: what Fit
+// varies the batch, sequence and settings of.
+type Builder func(ir.Setup) (*Problem, error)
+
+// ModelBuilder returns the builder of src's model, which must be a model
+// (bundled, YAML or config.json): a graph or chain fixes its sizes.
+func ModelBuilder(src *graphio.Source) (Builder, error) {
+	if src.Kind != graphio.KindModel {
+		return nil, fmt.Errorf("%s: fit varies a model's batch and sequence, which a graph or profiled chain fixes: give a model or config.json", src.Name)
+	}
+	return func(s ir.Setup) (*Problem, error) {
+		m := *src.Model
+		m.Training = s
+		m.Training.LoRA.Targets = slices.Clone(s.LoRA.Targets)
+		c := *src
+		c.Model = &m
+		return New(&c)
+	}, nil
+}
+
+// FitOptions bound what Fit searches.
+type FitOptions struct {
+	// GPUs are the data-parallel ranks the settings train over; 0 or 1:
+	// one GPU, whose settings do not shard.
+	GPUs int64
+	// GlobalBatch is the sequences a step trains on over every GPU,
+	// which the settings reach by micro-batch and gradient accumulation;
+	// 0: each setting's largest micro-batch, with the base's
+	// accumulation.
+	GlobalBatch int64
+	// SeqMultiple is what the longest sequence is a multiple of (0: 64).
+	SeqMultiple int64
+	// MaxBatch and MaxSeq end the searches (0: 65536 and 1<<20).
+	MaxBatch, MaxSeq int64
+}
+
+func (o FitOptions) withDefaults() FitOptions {
+	o.GPUs = max(o.GPUs, 1)
+	if o.SeqMultiple <= 0 {
+		o.SeqMultiple = 64
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 1 << 16
+	}
+	if o.MaxSeq <= 0 {
+		o.MaxSeq = 1 << 20
+	}
+	return o
+}
+
+// Fit is what fits: the largest micro-batch and the longest sequence of
+// the base setup, storing everything and planned, and the settings that
+// reach the global batch, ranked.
+type Fit struct {
+	Model        string    `json:"model"`
+	Device       string    `json:"device,omitempty"`
+	BudgetBytes  mem.Bytes `json:"budget_bytes"`
+	ReserveBytes mem.Bytes `json:"reserve_bytes,omitempty"`
+	Solver       string    `json:"solver"`
+	GPUs         int64     `json:"gpus"`
+	GlobalBatch  int64     `json:"global_batch,omitempty"`
+	SeqMultiple  int64     `json:"seq_multiple"`
+	Setup        ir.Setup  `json:"setup"`
+	// Largest are the base setup's reach storing everything (solver
+	// "none") and with the solver.
+	Largest []Reach `json:"largest"`
+	// Settings are ranked: those that fit by compute a sequence, then
+	// those that do not, in the order they were tried.
+	Settings []SettingFit `json:"settings"`
+	// LeastChange indexes Settings: the first setting tried that fits,
+	// the least change from the base (the base itself at another
+	// micro-batch where that fits, an 8-bit optimizer or ZeRO before
+	// LoRA, LoRA before QLoRA); -1 where none fits.
+	LeastChange int `json:"least_change"`
+}
+
+// Reach is how far one strategy goes in the base setup: the largest
+// micro-batch at its sequence, and the longest sequence (a multiple of
+// FitOptions.SeqMultiple) at micro-batch 1. A zero size fits not even
+// at its least; Max says the search stopped at its bound.
+type Reach struct {
+	Solver         string    `json:"solver"`
+	Batch          int64     `json:"batch"`
+	BatchPeakBytes mem.Bytes `json:"batch_peak_bytes,omitempty"`
+	BatchOverhead  float64   `json:"batch_overhead"`
+	BatchMax       bool      `json:"batch_max,omitempty"`
+	Seq            int64     `json:"seq"`
+	SeqPeakBytes   mem.Bytes `json:"seq_peak_bytes,omitempty"`
+	SeqOverhead    float64   `json:"seq_overhead"`
+	SeqMax         bool      `json:"seq_max,omitempty"`
+}
+
+// Change is a setting: what it changes in the base setup. Zero fields
+// change nothing.
+type Change struct {
+	LoRARank  int64        `json:"lora_rank,omitempty"`
+	Quant     ir.Quant     `json:"quant,omitempty"` // with double quantization
+	Optimizer ir.Optimizer `json:"optimizer,omitempty"`
+	// Zero is the ZeRO stage over the GPUs, -1 for plain data
+	// parallelism; 0 keeps the base's.
+	Zero int64 `json:"zero,omitempty"`
+}
+
+// apply returns base changed, over gpus data-parallel ranks.
+func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
+	s := base
+	if c.LoRARank > 0 {
+		s.LoRA.Rank = c.LoRARank
+	}
+	if c.Quant != "" {
+		s.Quant, s.DoubleQuant = c.Quant, true
+	}
+	if c.Optimizer != "" {
+		s.Optimizer = c.Optimizer
+	}
+	if gpus > 1 {
+		s.Parallel.DP = gpus
+	}
+	if c.Zero != 0 {
+		s.Parallel.Zero = max(c.Zero, 0)
+		s.Parallel.Sharding = ""
+	}
+	return s
+}
+
+// Name says what the setting trains with: "full fine-tune, AdamW
+// (foreach), ZeRO 3 over 8 GPUs".
+func (c Change) Name(s ir.Setup) string {
+	var parts []string
+	switch {
+	case s.Quant != "":
+		parts = append(parts, fmt.Sprintf("QLoRA r%d (%s)", s.LoRA.Rank, s.Quant))
+	case s.LoRA.Rank > 0:
+		parts = append(parts, fmt.Sprintf("LoRA r%d", s.LoRA.Rank))
+	default:
+		parts = append(parts, "full")
+	}
+	parts = append(parts, string(s.Optimizer))
+	switch p := s.Parallel; {
+	case p.DP > 1 && p.Zero > 0:
+		parts = append(parts, fmt.Sprintf("ZeRO %d over %d", p.Zero, p.DP))
+	case p.DP > 1:
+		parts = append(parts, fmt.Sprintf("DDP over %d", p.DP))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// SettingFit is one setting and what it reaches.
+type SettingFit struct {
+	Name   string `json:"name"`
+	Change Change `json:"change"`
+	Fits   bool   `json:"fits"`
+	// MicroBatch and GradAccum reach the global batch over the GPUs
+	// (MicroBatch × GradAccum × GPUs), MicroBatch the largest divisor of a
+	// GPU's share that fits; without a global batch, MicroBatch is the
+	// largest that fits.
+	MicroBatch int64     `json:"micro_batch,omitempty"`
+	GradAccum  int64     `json:"grad_accum,omitempty"`
+	PeakBytes  mem.Bytes `json:"peak_bytes,omitempty"`
+	SpareBytes mem.Bytes `json:"spare_bytes,omitempty"`
+	Overhead   float64   `json:"overhead"`
+	// CostPerSequence is a GPU's compute (the plan's unit: FLOPs) for
+	// each sequence of its micro-batches, recomputation included.
+	CostPerSequence float64 `json:"cost_per_sequence,omitempty"`
+	// Shortfall says why the setting does not fit at micro-batch 1.
+	Shortfall *Shortfall `json:"shortfall,omitempty"`
+	// Setup is what the setting plans (its batch the micro-batch).
+	Setup ir.Setup `json:"setup"`
+}
+
+// Fit searches what fits the budget of opt (its strategy plans every
+// probe; Reach also stores everything) from base.
+func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, error) {
+	o, err := opt.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	fo = fo.withDefaults()
+	if fo.GlobalBatch > 0 && fo.GlobalBatch%fo.GPUs != 0 {
+		return nil, fmt.Errorf("a global batch of %d sequences does not divide over %d GPUs", fo.GlobalBatch, fo.GPUs)
+	}
+	first, err := build(base)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fit{Model: first.Name, Device: o.Device, BudgetBytes: o.Budget, ReserveBytes: o.Reserve, Solver: o.Strategy.Name,
+		GPUs: fo.GPUs, GlobalBatch: fo.GlobalBatch, SeqMultiple: fo.SeqMultiple, Setup: base}
+	store := o
+	store.Strategy = StoreAll
+	strategies := []Options{store, o}
+	if o.Strategy.Name == StoreAll.Name {
+		strategies = strategies[:1]
+	}
+	f.Largest = make([]Reach, len(strategies))
+	changes := settings(base, fo.GPUs)
+	f.Settings = make([]SettingFit, len(changes))
+	errs := make([]error, len(strategies)+len(changes))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	run := func(i int, do func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = do()
+		}()
+	}
+	for i := range strategies {
+		run(i, func() (err error) {
+			f.Largest[i], err = reach(build, base, &strategies[i], fo)
+			return err
+		})
+	}
+	for i, c := range changes {
+		run(len(strategies)+i, func() (err error) {
+			f.Settings[i], err = fitSetting(build, base, c, &o, fo)
+			return err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	order := make([]int, len(f.Settings))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		x, y := &f.Settings[a], &f.Settings[b]
+		if x.Fits != y.Fits {
+			if x.Fits {
+				return -1
+			}
+			return 1
+		}
+		if !x.Fits {
+			return 0
+		}
+		return cmp.Or(cmp.Compare(x.CostPerSequence, y.CostPerSequence), cmp.Compare(x.PeakBytes, y.PeakBytes))
+	})
+	ranked := make([]SettingFit, len(order))
+	f.LeastChange = -1
+	least := len(order)
+	for i, k := range order {
+		ranked[i] = f.Settings[k]
+		if ranked[i].Fits && k < least {
+			f.LeastChange, least = i, k
+		}
+	}
+	f.Settings = ranked
+	return f, nil
+}
+
+// settings lists the changes Fit tries from base, base's own first:
+// full fine-tuning (where base is), LoRA and QLoRA (rank 16, or base's),
+// an 8-bit optimizer where the full model trains, and over several GPUs
+// data parallelism and ZeRO 1 to 3 (LoRA: DDP and ZeRO 3, which also
+// shards the frozen weights; QLoRA: DDP).
+func settings(base ir.Setup, gpus int64) []Change {
+	rank := base.LoRA.Rank
+	if rank == 0 {
+		rank = 16
+	}
+	type method struct {
+		c          Change
+		full, lora bool
+	}
+	var methods []method
+	switch {
+	case base.Quant != "":
+		methods = []method{{c: Change{}}}
+	case base.LoRA.Rank > 0:
+		methods = []method{{c: Change{}, lora: true}, {c: Change{Quant: ir.QuantNF4}}}
+	default:
+		methods = []method{{c: Change{}, full: true}, {c: Change{LoRARank: rank}, lora: true}, {c: Change{LoRARank: rank, Quant: ir.QuantNF4}}}
+	}
+	var out []Change
+	for _, m := range methods {
+		opts := []ir.Optimizer{""}
+		if m.full && !costmodel.Bitsandbytes(base.Optimizer) {
+			opts = append(opts, ir.OptimizerAdamW8bit)
+		}
+		zeros := []int64{0}
+		switch {
+		case gpus > 1 && m.full:
+			zeros = []int64{-1, 1, 2, 3}
+		case gpus > 1 && m.lora:
+			zeros = []int64{-1, 3}
+		case gpus > 1:
+			zeros = []int64{-1}
+		}
+		for _, z := range zeros {
+			for _, opt := range opts {
+				c := m.c
+				c.Optimizer, c.Zero = opt, z
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// prober plans a builder's setups under one set of options, each size
+// once.
+type prober struct {
+	build Builder
+	opt   *Options
+	plans map[[2]int64]*Plan // by batch and sequence
+	setup ir.Setup
+}
+
+func newProber(build Builder, s ir.Setup, opt *Options) *prober {
+	return &prober{build: build, opt: opt, plans: map[[2]int64]*Plan{}, setup: s}
+}
+
+// plan plans the setup at batch and seq; the plan says whether it fits.
+func (p *prober) plan(batch, seq int64) (*Plan, error) {
+	key := [2]int64{batch, seq}
+	if pl, ok := p.plans[key]; ok {
+		return pl, nil
+	}
+	s := p.setup
+	s.Batch, s.Seq = batch, seq
+	prob, err := p.build(s)
+	if err != nil {
+		return nil, err
+	}
+	pl, err := prob.Plan(p.opt)
+	if err != nil {
+		return nil, err
+	}
+	pl.Schedule = nil // a probe's schedule is not kept
+	p.plans[key] = pl
+	return pl, nil
+}
+
+// largest returns the largest n in [1, limit] whose plan size(n) fits,
+// and its plan: 0 and size(1)'s plan when none does. Fitting is monotone
+// in n; the search doubles, then bisects.
+func (p *prober) largest(limit int64, size func(n int64) (batch, seq int64)) (int64, *Plan, error) {
+	at := func(n int64) (*Plan, error) { b, s := size(n); return p.plan(b, s) }
+	pl, err := at(1)
+	if err != nil || !pl.Feasible {
+		return 0, pl, err
+	}
+	lo, best := int64(1), pl
+	hi := int64(0) // the least size known not to fit; 0: none yet
+	for n := int64(2); ; n *= 2 {
+		if n > limit {
+			n = limit
+		}
+		if n <= lo {
+			return lo, best, nil
+		}
+		pl, err := at(n)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !pl.Feasible {
+			hi = n
+			break
+		}
+		lo, best = n, pl
+		if n == limit {
+			return lo, best, nil
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		pl, err := at(mid)
+		if err != nil {
+			return 0, nil, err
+		}
+		if pl.Feasible {
+			lo, best = mid, pl
+		} else {
+			hi = mid
+		}
+	}
+	return lo, best, nil
+}
+
+// reach searches the base setup's largest micro-batch and longest
+// sequence under one strategy.
+func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, error) {
+	p := newProber(build, base, opt)
+	r := Reach{Solver: opt.Strategy.Name}
+	b, pl, err := p.largest(fo.MaxBatch, func(n int64) (int64, int64) { return n, base.Seq })
+	if err != nil {
+		return r, err
+	}
+	r.Batch, r.BatchMax = b, b == fo.MaxBatch
+	if b > 0 {
+		r.BatchPeakBytes, r.BatchOverhead = pl.PeakBytes, pl.Overhead
+	}
+	k, pl, err := p.largest(fo.MaxSeq/fo.SeqMultiple, func(n int64) (int64, int64) { return 1, n * fo.SeqMultiple })
+	if err != nil {
+		return r, err
+	}
+	r.Seq, r.SeqMax = k*fo.SeqMultiple, k == fo.MaxSeq/fo.SeqMultiple
+	if k > 0 {
+		r.SeqPeakBytes, r.SeqOverhead = pl.PeakBytes, pl.Overhead
+	}
+	return r, nil
+}
+
+// fitSetting searches one setting: the micro-batch and accumulation that
+// reach the global batch, or its largest micro-batch.
+func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
+	s := c.apply(base, fo.GPUs)
+	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
+	var pl *Plan
+	switch share := fo.GlobalBatch / fo.GPUs; {
+	case fo.GlobalBatch == 0:
+		p := newProber(build, s, opt)
+		m, best, err := p.largest(fo.MaxBatch, func(n int64) (int64, int64) { return n, s.Seq })
+		if err != nil {
+			return sf, err
+		}
+		sf.MicroBatch, sf.GradAccum, pl = m, max(s.GradAccum, 1), best
+	default:
+		// One micro-batch of the whole share first; from two on, the
+		// gradients are held through each, and the largest micro-batch
+		// is searched so.
+		one := s
+		one.GradAccum = 1
+		whole, err := newProber(build, one, opt).plan(share, s.Seq)
+		if err != nil {
+			return sf, err
+		}
+		pl = whole
+		sf.MicroBatch, sf.GradAccum = share, 1
+		if !whole.Feasible {
+			sf.MicroBatch, sf.GradAccum = 0, 0
+			if share > 1 {
+				acc := s
+				acc.GradAccum = 2
+				p := newProber(build, acc, opt)
+				m, _, err := p.largest(share-1, func(n int64) (int64, int64) { return n, s.Seq })
+				if err != nil {
+					return sf, err
+				}
+				for m > 0 && share%m != 0 {
+					m--
+				}
+				if m > 0 {
+					sf.MicroBatch, sf.GradAccum = m, share/m
+					if pl, err = p.plan(m, s.Seq); err != nil {
+						return sf, err
+					}
+				}
+			}
+		}
+	}
+	if sf.MicroBatch == 0 {
+		sf.MicroBatch, sf.GradAccum = 0, 0
+		one := s
+		one.Batch = 1
+		if fo.GlobalBatch > fo.GPUs {
+			one.GradAccum = 2
+		}
+		prob, err := build(one)
+		if err != nil {
+			return sf, err
+		}
+		sf.Shortfall, err = prob.Shortfall(opt)
+		return sf, err
+	}
+	sf.Setup.Batch, sf.Setup.GradAccum = sf.MicroBatch, sf.GradAccum
+	sf.Fits = true
+	sf.PeakBytes, sf.Overhead = pl.PeakBytes, pl.Overhead
+	sf.SpareBytes = pl.BudgetBytes - pl.ReserveBytes - pl.PeakBytes
+	sf.CostPerSequence = pl.Cost / float64(sf.MicroBatch)
+	return sf, nil
+}

@@ -1,0 +1,206 @@
+package planner
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// fitBuilder returns a bundled model's builder and its setup.
+func fitBuilder(t *testing.T, name string) (Builder, ir.Setup) {
+	t.Helper()
+	src, err := graphio.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, err := ModelBuilder(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return build, src.Model.Training
+}
+
+// fits plans s at batch and seq directly.
+func fits(t *testing.T, build Builder, s ir.Setup, batch, seq int64, opt *Options) bool {
+	t.Helper()
+	s.Batch, s.Seq = batch, seq
+	p, err := build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := p.Plan(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan.Feasible
+}
+
+// TestFitReach checks the searched largest micro-batch and longest
+// sequence against plans of every size in turn, up to one past them.
+func TestFitReach(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	for _, budget := range []mem.Bytes{4200 << 10, 5 << 20, 6 << 20, 9 << 20} {
+		opt := &Options{Budget: budget}
+		fit, err := build.Fit(base, opt, FitOptions{SeqMultiple: 16, MaxSeq: 4096, MaxBatch: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fit.Largest) != 2 || fit.Largest[0].Solver != StoreAll.Name || fit.Largest[1].Solver != Selective.Name {
+			t.Fatalf("%v: largest %+v", budget, fit.Largest)
+		}
+		for _, r := range fit.Largest {
+			o := &Options{Budget: budget, Strategy: StoreAll}
+			if r.Solver == Selective.Name {
+				o.Strategy = Selective
+			}
+			var batch int64
+			for batch < 256 && fits(t, build, base, batch+1, base.Seq, o) {
+				batch++
+			}
+			var seq int64
+			for seq < 4096 && fits(t, build, base, 1, seq+16, o) {
+				seq += 16
+			}
+			if r.Batch != batch || r.Seq != seq {
+				t.Errorf("%v, %s: fit says batch %d and sequence %d; planning each size says %d and %d", budget, r.Solver, r.Batch, r.Seq, batch, seq)
+			}
+			if r.Batch > 0 && r.BatchPeakBytes > budget || r.Seq > 0 && r.SeqPeakBytes > budget {
+				t.Errorf("%v, %s: peaks %v and %v", budget, r.Solver, r.BatchPeakBytes, r.SeqPeakBytes)
+			}
+		}
+		if fit.Largest[1].Batch < fit.Largest[0].Batch || fit.Largest[1].Seq < fit.Largest[0].Seq {
+			t.Errorf("%v: planned %+v reaches less than storing everything %+v", budget, fit.Largest[1], fit.Largest[0])
+		}
+	}
+}
+
+// TestFitGlobalBatch checks each setting that reaches a global batch:
+// its micro-batch times its accumulation times the GPUs is the global
+// batch, it fits, and the next micro-batch that divides a GPU's share
+// does not.
+func TestFitGlobalBatch(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	for _, tt := range []struct {
+		gpus, global int64
+		budget       mem.Bytes
+	}{{1, 16, 4200 << 10}, {1, 12, 6 << 20}, {2, 16, 4 << 20}, {4, 8, 3 << 20}} {
+		opt := &Options{Budget: tt.budget}
+		fit, err := build.Fit(base, opt, FitOptions{GPUs: tt.gpus, GlobalBatch: tt.global})
+		if err != nil {
+			t.Fatal(err)
+		}
+		share := tt.global / tt.gpus
+		tried := map[string]bool{}
+		for _, st := range fit.Settings {
+			tried[st.Name] = true
+			if !st.Fits {
+				if st.Shortfall == nil || fits(t, build, st.Setup, 1, base.Seq, opt) && share == 1 {
+					t.Errorf("%+v: %s does not fit, and says %v", tt, st.Name, st.Shortfall)
+				}
+				continue
+			}
+			if st.MicroBatch*st.GradAccum*tt.gpus != tt.global || st.Setup.Parallel.DP != max(tt.gpus, 1) && tt.gpus > 1 {
+				t.Errorf("%+v: %s: micro-batch %d × %d × %d GPUs", tt, st.Name, st.MicroBatch, st.GradAccum, tt.gpus)
+				continue
+			}
+			s := st.Setup
+			if !fits(t, build, s, st.MicroBatch, s.Seq, opt) {
+				t.Errorf("%+v: %s at micro-batch %d does not fit", tt, st.Name, st.MicroBatch)
+			}
+			if st.PeakBytes > tt.budget || st.SpareBytes != tt.budget-st.PeakBytes {
+				t.Errorf("%+v: %s: peak %v, spare %v", tt, st.Name, st.PeakBytes, st.SpareBytes)
+			}
+			for m := st.MicroBatch + 1; m <= share; m++ {
+				if share%m != 0 {
+					continue
+				}
+				next := s
+				next.GradAccum = share / m
+				if fits(t, build, next, m, s.Seq, opt) {
+					t.Errorf("%+v: %s: micro-batch %d fits too, beyond %d", tt, st.Name, m, st.MicroBatch)
+				}
+				break
+			}
+		}
+		want := []string{"full, adamw-fused", "full, adamw8bit", "LoRA r16, adamw-fused", "QLoRA r16 (nf4), adamw-fused"}
+		if tt.gpus > 1 {
+			want = []string{"full, adamw-fused, DDP over %d", "full, adamw8bit, ZeRO 3 over %d", "LoRA r16, adamw-fused, ZeRO 3 over %d", "QLoRA r16 (nf4), adamw-fused, DDP over %d"}
+			for i := range want {
+				want[i] = fmt.Sprintf(want[i], tt.gpus)
+			}
+		}
+		for _, name := range want {
+			if !tried[name] {
+				t.Errorf("%+v: no setting %q among %v", tt, name, tried)
+			}
+		}
+	}
+}
+
+// TestShortfall checks a shortfall's least budget by planning at it and
+// a byte below, and that its parts add up to it.
+func TestShortfall(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	for _, tt := range []struct {
+		budget mem.Bytes
+		batch  int64
+		static bool
+	}{{3 << 20, 2, true}, {4200 << 10, 2, false}, {4200 << 10, 8, false}, {6 << 20, 32, false}} {
+		s := base
+		s.Batch = tt.batch
+		p, err := build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sf, err := p.Shortfall(&Options{Budget: tt.budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sf.StaticPasses() != tt.static {
+			t.Errorf("%+v: %s", tt, sf)
+			continue
+		}
+		st := p.Costs.Static
+		if tt.static {
+			most := max(st.WeightsBytes, st.GradientsBytes, st.OptimizerBytes)
+			if int64(sf.TermBytes) != most || sf.StaticBytes != mem.Bytes(st.Total()) {
+				t.Errorf("%+v: %s; the static parts are %+v", tt, sf, st)
+			}
+			continue
+		}
+		total := sf.StaticBytes
+		for i, part := range sf.Parts {
+			total += part.Bytes
+			if i > 0 && part.Bytes > sf.Parts[i-1].Bytes {
+				t.Errorf("%+v: parts out of order: %v", tt, sf.Parts)
+			}
+		}
+		if total != sf.NeedBytes || sf.Term != sf.Parts[0].Name {
+			t.Errorf("%+v: %s: parts add up to %v", tt, sf, total)
+		}
+		at, err := p.Plan(&Options{Budget: sf.NeedBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		below, err := p.Plan(&Options{Budget: sf.NeedBytes - 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !at.Feasible || below.Feasible || at.Peak.At != sf.At {
+			t.Errorf("%+v: %s; at it the plan fits: %v, peaking in the %s; a byte below: %v", tt, sf, at.Feasible, at.Peak.At, below.Feasible)
+		}
+	}
+}
+
+func TestModelBuilderRefusesAChain(t *testing.T) {
+	src, err := graphio.Load("../graphio/testdata/chains/mlp4.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ModelBuilder(src); err == nil {
+		t.Error("a profiled chain has a builder")
+	}
+}
