@@ -19,12 +19,13 @@ The planning runs in the ``ckptplan`` binary that the wheel carries (or the
 one ``CKPTPLAN_BINARY`` names); applying and measuring need PyTorch.
 """
 from ._binary import BinaryNotFoundError, CkptplanError, CkptplanUsageError, binary
+from ._fit import Fit, Reach, Setting, fit
 from .plan import Layer, Plan, PlanFormatError, Saved, optimizer_name, plan
 
 __version__ = "0.1.0"
 
-__all__ = ["BinaryNotFoundError", "CkptplanError", "CkptplanUsageError", "Layer", "Plan", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
-           "binary", "measure", "plan", "prepare_accelerator", "prepare_trainer", "suspended", "trace", "TraceError", "__version__"]
+__all__ = ["BinaryNotFoundError", "CkptplanError", "CkptplanUsageError", "Fit", "Layer", "Plan", "Reach", "Setting", "PlanFormatError", "Saved", "apply", "applied", "optimizer_name",
+           "binary", "fit", "measure", "plan", "prepare_accelerator", "prepare_trainer", "suspended", "trace", "TraceError", "__version__"]
 
 
 def __getattr__(name):

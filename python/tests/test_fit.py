@@ -1,0 +1,123 @@
+"""ckptplan.fit against the CPU allocator: the largest micro-batch and the
+longest sequence it reports for a memory budget are the largest that run
+within that budget, measured.
+
+The model, the step and the measure are test_step_peak's: a small
+transformers Llama trained in fp32 with PyTorch's fused AdamW, one whole
+step under the profiler, the running total of the allocator's events over
+what the step starts with. Budgets are set from measured peaks, between the
+peak of one size and the next; fit must place the boundary where the
+measure does. Storing everything, the plan is above the measure by a few
+kilobytes that PyTorch frees earlier on the CPU (test_step_peak's
+positions), far less than a micro-batch's step; planned, the plan is the
+measure to the byte, less what a checkpointed layer keeps in host memory
+(the layers' host_bytes: the CPU allocator counts them, a GPU's budget
+does not), which the comparison takes off.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ckptplan  # noqa: E402
+from test_step_peak import VOCAB, build, step_peaks  # noqa: E402
+
+SEQ = 256
+
+
+def _batch(batch: int, seq: int = SEQ) -> dict:
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _measured(model, optimizer, batch: int, seq: int = SEQ, plan=None) -> int:
+    """The step's measured peak on the allocator, less what the plan's
+    layers keep in host memory."""
+    host = sum(layer.host_bytes for layer in plan.layers) if plan is not None else 0
+    return max(step_peaks(model, optimizer, _batch(batch, seq)).values()) - host
+
+
+def _model():
+    model = build()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+
+def test_largest_batch_storing_everything(ckptplan_binary):
+    """Budgets between the measured peaks of consecutive micro-batches:
+    fit's largest micro-batch storing everything is the one below."""
+    model, optimizer = _model()
+    peaks = [_measured(model, optimizer, b) for b in range(1, 6)]
+    print("measured peaks, micro-batches 1 to 5:", peaks)
+    assert all(b > a for a, b in zip(peaks, peaks[1:]))
+    for k in range(1, 5):
+        budget = (peaks[k - 1] + peaks[k]) // 2
+        f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer)
+        store = f.largest[0]
+        assert store.solver == "none"
+        assert store.batch == k, (budget, store, peaks)
+        assert store.batch_peak_bytes <= budget
+
+
+def test_longest_sequence_storing_everything(ckptplan_binary):
+    """The same for the sequence at micro-batch 1, in multiples of 64."""
+    model, optimizer = _model()
+    peaks = {s: _measured(model, optimizer, 1, s) for s in (128, 192, 256, 320)}
+    print("measured peaks by sequence:", peaks)
+    for s in (128, 192, 256):
+        budget = (peaks[s] + peaks[s + 64]) // 2
+        f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer, seq_multiple=64)
+        assert f.largest[0].seq == s, (budget, f.largest[0], peaks)
+
+
+def test_largest_batch_planned(ckptplan_binary):
+    """With a plan: the largest micro-batch fit reports runs within the
+    budget, applied and measured; one more does not, under the plan that
+    holds the least of any (its least budget), applied and measured."""
+    model, optimizer = _model()
+    store = [_measured(model, optimizer, b) for b in (2, 3)]
+    budget = (store[0] + store[1]) // 2
+    f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer)
+    planned = f.largest[1]
+    assert planned.solver == "selective" and planned.batch > f.largest[0].batch == 2, f.largest
+    plan = ckptplan.plan(model, budget, batch=planned.batch, seq=SEQ, optimizer=optimizer)
+    assert plan.peak_bytes == planned.batch_peak_bytes
+    ckptplan.apply(model, plan)
+    within = _measured(model, optimizer, planned.batch, plan=plan)
+    print(f"micro-batch {planned.batch}: measured {within} in a budget of {budget}")
+    assert within <= budget
+    with pytest.raises(ckptplan.CkptplanError) as err:
+        ckptplan.plan(model, budget, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
+    least = err.value.min_budget_bytes
+    assert least is not None and least > budget
+    plan = ckptplan.plan(model, least, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
+    ckptplan.apply(model, plan)
+    beyond = _measured(model, optimizer, planned.batch + 1, plan=plan)
+    print(f"micro-batch {planned.batch + 1}, its least plan: measured {beyond}")
+    assert beyond > budget
+
+
+def test_global_batch_settings(ckptplan_binary):
+    """The settings reaching a global batch: each one's micro-batch times
+    its accumulation is the global batch, and the least change keeps full
+    fine-tuning and AdamW where a smaller micro-batch fits."""
+    model, optimizer = _model()
+    store = [_measured(model, optimizer, b) for b in (2, 3)]
+    budget = (store[0] + store[1]) // 2
+    f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer, global_batch=16)
+    fitting = [s for s in f.settings if s.fits]
+    assert fitting and all(s.micro_batch * s.grad_accum == 16 for s in fitting)
+    least = f.settings[f.least_change]
+    assert least.name == "full, adamw-fused" and least.lora_rank == 0 and least.grad_accum > 1, least
+    assert least.peak_bytes <= budget
+
+
+def test_fit_refuses_bad_arguments(ckptplan_binary):
+    model, _ = _model()
+    with pytest.raises(ckptplan.CkptplanUsageError, match="give seq"):
+        ckptplan.fit(model, "1GiB")
+    with pytest.raises(ckptplan.CkptplanUsageError, match="global_batch must be a positive int"):
+        ckptplan.fit(model, "1GiB", seq=64, global_batch=0)
+    with pytest.raises(ckptplan.CkptplanUsageError, match="does not divide over 3 GPUs"):
+        ckptplan.fit("tiny-llama", "1GiB", gpus=3, global_batch=8)
