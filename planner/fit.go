@@ -46,8 +46,9 @@ import (
 type Builder func(ir.Setup) (*Problem, error)
 
 // ModelBuilder returns the builder of src's model, which must be a model
-// (bundled, YAML or config.json): a graph or chain fixes its sizes.
-func ModelBuilder(src *graphio.Source) (Builder, error) {
+// (bundled, YAML or config.json): a graph or chain fixes its sizes. Its
+// problems cost in time on r (NewTimed), or in FLOPs where r is nil.
+func ModelBuilder(src *graphio.Source, r *costmodel.Roofline) (Builder, error) {
 	if src.Kind != graphio.KindModel {
 		return nil, fmt.Errorf("%s: fit varies a model's batch and sequence, which a graph or profiled chain fixes: give a model or config.json", src.Name)
 	}
@@ -57,7 +58,7 @@ func ModelBuilder(src *graphio.Source) (Builder, error) {
 		m.Training.LoRA.Targets = slices.Clone(s.LoRA.Targets)
 		c := *src
 		c.Model = &m
-		return New(&c)
+		return NewTimed(&c, r)
 	}, nil
 }
 
@@ -96,6 +97,7 @@ func (o FitOptions) withDefaults() FitOptions {
 // reach the global batch, ranked.
 type Fit struct {
 	Model        string    `json:"model"`
+	Unit         string    `json:"unit"` // of the costs: FLOPs, or TimeUnit
 	Device       string    `json:"device,omitempty"`
 	BudgetBytes  mem.Bytes `json:"budget_bytes"`
 	ReserveBytes mem.Bytes `json:"reserve_bytes,omitempty"`
@@ -202,8 +204,9 @@ type SettingFit struct {
 	PeakBytes  mem.Bytes `json:"peak_bytes,omitempty"`
 	SpareBytes mem.Bytes `json:"spare_bytes,omitempty"`
 	Overhead   float64   `json:"overhead"`
-	// CostPerSequence is a GPU's compute (the plan's unit: FLOPs) for
-	// each sequence of its micro-batches, recomputation included.
+	// CostPerSequence is a GPU's cost (the plan's unit: FLOPs, or
+	// picoseconds in time) for each sequence of its micro-batches,
+	// recomputation included.
 	CostPerSequence float64 `json:"cost_per_sequence,omitempty"`
 	// Shortfall says why the setting does not fit at micro-batch 1.
 	Shortfall *Shortfall `json:"shortfall,omitempty"`
@@ -226,7 +229,7 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 	if err != nil {
 		return nil, err
 	}
-	f := &Fit{Model: first.Name, Device: o.Device, BudgetBytes: o.Budget, ReserveBytes: o.Reserve, Solver: o.Strategy.Name,
+	f := &Fit{Model: first.Name, Unit: first.Unit, Device: o.Device, BudgetBytes: o.Budget, ReserveBytes: o.Reserve, Solver: o.Strategy.Name,
 		GPUs: fo.GPUs, GlobalBatch: fo.GlobalBatch, SeqMultiple: fo.SeqMultiple, Setup: base}
 	store := o
 	store.Strategy = StoreAll

@@ -16,7 +16,7 @@ func fitBuilder(t *testing.T, name string) (Builder, ir.Setup) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	build, err := ModelBuilder(src)
+	build, err := ModelBuilder(src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestModelBuilderRefusesAChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ModelBuilder(src); err == nil {
+	if _, err := ModelBuilder(src, nil); err == nil {
 		t.Error("a profiled chain has a builder")
 	}
 }

@@ -109,8 +109,10 @@ type Plan struct {
 	Schema int    `json:"schema" yaml:"schema"`
 	Model  string `json:"model" yaml:"model"`
 	Solver string `json:"solver" yaml:"solver"`
-	Unit   string `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models
+	Unit   string `json:"unit" yaml:"unit"` // unit of the costs: FLOPs for models, TimeUnit in time
 	Device string `json:"device,omitempty" yaml:"device,omitempty"`
+	// Roofline priced the costs in time (Unit TimeUnit); absent for FLOPs.
+	Roofline *costmodel.Roofline `json:"roofline,omitempty" yaml:"roofline,omitempty"`
 	// Runtime is what the plan was made for (Options.Runtime); empty in
 	// plans made before it was recorded.
 	Runtime Runtime `json:"runtime,omitempty" yaml:"runtime,omitempty"`
@@ -392,7 +394,7 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit, SourceFile: p.SourceFile, SourceSHA256: p.SourceSHA256,
-		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes}
+		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes, Roofline: p.Roofline}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s

@@ -20,8 +20,10 @@ type Problem struct {
 	// Load gives them: a plan records both, so that a saved plan finds
 	// its model again (Verify).
 	SourceFile, SourceSHA256 string
-	Unit                     string    // of the costs: FLOPs for models and graphs
-	Static                   mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
+	Unit                     string // of the costs: FLOPs for models and graphs, TimeUnit on a roofline
+	// Roofline prices the costs in time (NewTimed); nil for FLOPs.
+	Roofline *costmodel.Roofline
+	Static   mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
 	// StepPeak is what the optimizer step holds: Static less what the
 	// backward's end frees (costmodel.Static.StepFreedBytes), the
 	// parameter gradients and δ_0 the backward ends with, and the step's
@@ -56,6 +58,9 @@ type Problem struct {
 	offset  float64
 }
 
+// TimeUnit is the unit of costs in time: picoseconds.
+const TimeUnit = "ps"
+
 // cost is the true cost of a schedule the chain costs at chainCost.
 func (p *Problem) cost(chainCost float64) float64 { return chainCost + p.offset }
 
@@ -68,8 +73,18 @@ func (p *Problem) baseline() float64 { return p.cost(baselineCost(p.Chain)) }
 // O(nodes) plus the cost model's work. The stages' keep sets are searched
 // when a strategy that recomputes inside stages first needs them, so a
 // Problem is not safe for concurrent use.
-func New(src *graphio.Source) (*Problem, error) {
-	p, err := newProblem(src)
+func New(src *graphio.Source) (*Problem, error) { return NewTimed(src, nil) }
+
+// NewTimed is New with the costs in time on a roofline, picoseconds
+// (costmodel.Costs.InTime): what a model or graph's stages and solvers
+// then minimize. A profiled chain's costs are as given. nil: FLOPs.
+func NewTimed(src *graphio.Source, r *costmodel.Roofline) (*Problem, error) {
+	if r != nil {
+		if err := r.Check(); err != nil {
+			return nil, err
+		}
+	}
+	p, err := newProblem(src, r)
 	if err != nil {
 		return nil, graphio.InFile(src.Name, err)
 	}
@@ -86,7 +101,7 @@ func New(src *graphio.Source) (*Problem, error) {
 	return p, nil
 }
 
-func newProblem(src *graphio.Source) (*Problem, error) {
+func newProblem(src *graphio.Source, r *costmodel.Roofline) (*Problem, error) {
 	if src.Kind == graphio.KindChain {
 		return chainProblem(src.Chain), nil
 	}
@@ -102,7 +117,7 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 	}
 	// A model, and a traced graph, name their blocks; other graphs are cut
 	// at their cut points.
-	p, err := graphProblem(src.Name, g, src.Kind == graphio.KindModel || src.Kind == graphio.KindGraph && src.Graph.Traced != nil)
+	p, err := graphProblem(src.Name, g, src.Kind == graphio.KindModel || src.Kind == graphio.KindGraph && src.Graph.Traced != nil, r)
 	if err != nil {
 		return nil, err
 	}
@@ -118,17 +133,21 @@ func newProblem(src *graphio.Source) (*Problem, error) {
 
 // graphProblem costs a graph and cuts it into a chain: at its blocks when
 // byBlock, at its cut points otherwise.
-func graphProblem(name string, g *ir.Graph, byBlock bool) (*Problem, error) {
+func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline) (*Problem, error) {
 	c, err := costmodel.Analyze(g)
 	if err != nil {
 		return nil, err
+	}
+	unit := "FLOPs"
+	if r != nil {
+		c, unit = c.InTime(*r), TimeUnit
 	}
 	stages, err := stage.Build(c, byBlock)
 	if err != nil {
 		return nil, err
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
-	p := &Problem{Name: name, Unit: "FLOPs", Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
+	p := &Problem{Name: name, Unit: unit, Roofline: r, Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
 	// The loop holds the loss and its gradient through the backward, and
 	// drops them before the optimizer step.
@@ -163,7 +182,7 @@ func (p *Problem) Accumulating(microbatches int) (*Problem, error) {
 	}
 	g := *p.Costs.Graph
 	g.Setup.GradAccum = int64(microbatches)
-	q, err := graphProblem(p.Name, &g, p.byBlock)
+	q, err := graphProblem(p.Name, &g, p.byBlock, p.Roofline)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
-		p, err := planner.New(src)
+		p, err := pf.problem(src)
 		if err != nil {
 			return err
 		}
@@ -134,6 +134,9 @@ func checkSharder(p ir.Parallel, profile ir.Profile, target string) error {
 // for the engine the target configures: a model's unset sharding is
 // that engine, and another is refused.
 func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (plan *planner.Plan, p *planner.Problem, opt *planner.Options, unverified string, err error) {
+	if pf.objective == "time" || pf.roofline.set {
+		return nil, nil, nil, "", usagef("export writes plans priced in FLOPs, as the engines' settings and the runtime's figures are: --objective time and --roofline apply to plan, compare and fit")
+	}
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
@@ -168,7 +171,7 @@ func planModelFlags(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr 
 			return nil, nil, nil, err
 		}
 	}
-	p, err := planner.New(src)
+	p, err := pf.problem(src)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -212,6 +215,9 @@ func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (pla
 	}
 	if err := plan.Check(); err != nil {
 		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
+	}
+	if plan.Unit == planner.TimeUnit {
+		return nil, nil, "", fmt.Errorf("%s: the plan is priced in time (--objective time); export writes plans priced in FLOPs: plan again without it", arg)
 	}
 	if s := plan.Setup; s != nil {
 		if err := checkSharder(s.Parallel, s.Profile, target); err != nil {
@@ -267,5 +273,5 @@ func planModel(plan *planner.Plan, src *graphio.Source) (*planner.Problem, error
 		}
 		src.Model.Training = *plan.Setup
 	}
-	return planner.New(src)
+	return planner.NewTimed(src, plan.Roofline)
 }

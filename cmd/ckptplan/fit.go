@@ -35,7 +35,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 			return usagef("--%s must be positive, got %d", f.name, f.v)
 		}
 	}
-	build, err := planner.ModelBuilder(src)
+	build, err := planner.ModelBuilder(src, pf.timing)
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -73,7 +73,8 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 
 	var table bytes.Buffer
 	tw := tabwriter.NewWriter(&table, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "solver\tlargest micro-batch at sequence %d\tpeak\textra compute\tlongest sequence at micro-batch 1\tpeak\textra compute\n", s.Seq)
+	x := "extra " + extra(f.Unit)
+	fmt.Fprintf(tw, "solver\tlargest micro-batch at sequence %d\tpeak\t%s\tlongest sequence at micro-batch 1\tpeak\t%s\n", s.Seq, x, x)
 	for _, r := range f.Largest {
 		seq := reachCells(r.Seq, r.SeqMax, r.SeqPeakBytes.String(), r.SeqOverhead)
 		if r.Seq == 0 && r.Batch > 0 {
@@ -94,19 +95,19 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 		gpus = fmt.Sprintf("%d GPUs", f.GPUs)
 	}
 	if f.GlobalBatch > 0 {
-		fmt.Fprintf(w, "\nsettings that reach a global batch of %d sequences of %d tokens over %s, least compute a sequence first:\n", f.GlobalBatch, s.Seq, gpus)
+		fmt.Fprintf(w, "\nsettings that reach a global batch of %d sequences of %d tokens over %s, least %s a sequence first:\n", f.GlobalBatch, s.Seq, gpus, extra(f.Unit))
 	} else {
-		fmt.Fprintf(w, "\nsettings at their largest micro-batch of sequences of %d tokens over %s, least compute a sequence first:\n", s.Seq, gpus)
+		fmt.Fprintf(w, "\nsettings at their largest micro-batch of sequences of %d tokens over %s, least %s a sequence first:\n", s.Seq, gpus, extra(f.Unit))
 	}
 	tw = tabwriter.NewWriter(&table, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "setting\tmicro-batch\tgrad-accum\tpeak\tspare\textra compute\tcompute a sequence\tflags")
+	fmt.Fprintf(tw, "setting\tmicro-batch\tgrad-accum\tpeak\tspare\t%s\t%s a sequence\tflags\n", x, extra(f.Unit))
 	for _, st := range f.Settings {
 		if !st.Fits {
 			fmt.Fprintf(tw, "%s\tdoes not fit: %s\n", st.Name, st.Shortfall)
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%v\t%.1f%%\t%s\t%s\n", st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, st.SpareBytes,
-			100*st.Overhead, flops(int64(st.CostPerSequence)), strings.Join(settingFlags(f.Setup, st), " "))
+			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st), " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -119,7 +120,7 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 		return nil
 	}
 	least := f.Settings[f.LeastChange]
-	fmt.Fprintf(w, "\nleast change that fits: %s\n", describeChange(f.Setup, least))
+	fmt.Fprintf(w, "\nleast change that fits: %s\n", describeChange(f.Setup, least, f.Unit))
 	return nil
 }
 
@@ -170,10 +171,10 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 // describeChange says a setting as the change from base that selects it:
 // "--batch 2 --grad-accum 4 (full, adamw; peak 70.10 GiB, 12.3% extra
 // compute)".
-func describeChange(base ir.Setup, st planner.SettingFit) string {
+func describeChange(base ir.Setup, st planner.SettingFit, unit string) string {
 	flags := strings.Join(settingFlags(base, st), " ")
 	if flags == "" {
 		flags = "none"
 	}
-	return fmt.Sprintf("%s (%s: micro-batch %d, %d a step; peak %v, %.1f%% extra compute)", flags, st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, 100*st.Overhead)
+	return fmt.Sprintf("%s (%s: micro-batch %d, %d a step; peak %v, %.1f%% extra %s)", flags, st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, 100*st.Overhead, extra(unit))
 }

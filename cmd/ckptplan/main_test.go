@@ -93,6 +93,8 @@ func TestPlanGolden(t *testing.T) {
 		{"tiny-gpt2-json", []string{"plan", "tiny-gpt2", "--budget", "4MiB", "--format", "json"}},
 		{"tiny-gpt2-every-k-yaml", []string{"plan", "tiny-gpt2", "--budget", "8MiB", "--solver", "every-k", "--format", "yaml"}},
 		{"llama-3-8b-device-reserve", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--reserve", "3GiB", "--lora-rank", "16", "--seq", "2048", "--solver", "optimal"}},
+		{"llama-3-8b-time", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--lora-rank", "16", "--seq", "8192", "--batch", "2", "--objective", "time"}},
+		{"tiny-llama-roofline", []string{"plan", "tiny-llama", "--budget", "5MiB", "--roofline", "matrix=50e9,bandwidth=10e9,launch=10e-6,sync"}},
 		// QLoRA on a 24 GB GPU: NF4 weights with double quantization,
 		// fp32 adapters on every linear, paged 8-bit AdamW.
 		{"llama-3-8b-qlora-4090", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--seq", "4096", "--lora-rank", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--lora-dtype", "fp32",
@@ -170,6 +172,7 @@ func TestFit(t *testing.T) {
 		{"tiny-llama.stdout", []string{"fit", "tiny-llama", "--budget", "6MiB", "--gpus", "2", "--global-batch", "16", "--seq-multiple", "16"}},
 		{"tiny-llama-largest.stdout", []string{"fit", "tiny-llama", "--budget", "4200KiB"}},
 		{"llama-3-8b.stdout", []string{"fit", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096", "--global-batch", "64"}},
+		{"llama-3-8b-time.stdout", []string{"fit", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096", "--global-batch", "64", "--objective", "time"}},
 		{"tiny-gpt2.json", []string{"fit", "tiny-gpt2", "--budget", "3MiB", "--global-batch", "8", "--format", "json"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -228,6 +231,25 @@ func TestLeastChangeFits(t *testing.T) {
 				t.Errorf("with %v: fits %v, setup %+v: %s", change, plan.Feasible, s, msg)
 			}
 		})
+	}
+}
+
+// TestRooflineFlag checks --roofline's refusals, which the flag package
+// prints with the usage.
+func TestRooflineFlag(t *testing.T) {
+	for value, want := range map[string]string{
+		"matrix=1e9":                                   "roofline: bandwidth must be positive, got 0",
+		"matrix=1e9,bandwidth=fast":                    `bandwidth: "fast" is not a number`,
+		"matrix=1e9,bandwidth=1e9,color=red":           `unknown key "color"`,
+		"matrix=1e9,bandwidth=1e9,matrix-efficiency=2": "an efficiency is a share of a peak, at most 1",
+		"matrix=1e9,bandwidth=1e9,launch=-1":           "launch time must be zero or more",
+		"matrix=1e9,bandwidth":                         `"bandwidth" is not key=value`,
+		"matrix=NaN,bandwidth=1e9":                     "matrix FLOP/s must be positive",
+	} {
+		_, stderr, err := runCmd("plan", "tiny-llama", "--budget", "8MiB", "--roofline", value)
+		if err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("--roofline %s: %v, stderr %q, want %q", value, err, stderr, want)
+		}
 	}
 }
 
@@ -433,6 +455,11 @@ func TestErrors(t *testing.T) {
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--seq-multiple", "0"}, true, "--seq-multiple must be positive, got 0"},
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--gpus", "-2"}, true, "--gpus must be positive, got -2"},
 		{[]string{"fit", "tiny-llama"}, true, "fit: need --budget or --device"},
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures: give a --device ckptplan knows"},
+		{[]string{"plan", "tiny-llama", "--device", "24GiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures"},
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "seconds"}, true, `--objective: unknown value "seconds" (valid: time, flops)`},
+		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "flops", "--roofline", "matrix=1e9,bandwidth=1e9"}, true, "--roofline prices time: it does not apply with --objective flops"},
+		{[]string{"export", "tiny-llama", "--device", "h100-80gb", "--objective", "time", "--to", "hf"}, true, "export writes plans priced in FLOPs"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

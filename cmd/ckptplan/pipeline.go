@@ -149,7 +149,7 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers))
 	}
 	if p.Feasible {
-		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
+		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra %s\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit))
 	}
 	fmt.Fprintln(w)
 	var table bytes.Buffer

@@ -33,6 +33,11 @@ type planFlags struct {
 	k       int
 	modules string // --recompute-modules
 	runtime planner.Runtime
+	// objective and roofline are --objective and --roofline; timing is
+	// the roofline the costs are priced on (load), nil for FLOPs.
+	objective string
+	roofline  rooflineFlag
+	timing    *costmodel.Roofline
 }
 
 // budgetFlag is --budget: a size, where a bare number under a mebibyte
@@ -129,8 +134,48 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
+	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: flops, or time where --roofline is given)")
+	fs.Var(&p.roofline, "roofline", "the device's figures, for time: matrix=FLOP/s,bandwidth=B/s[,fp32=FLOP/s][,launch=SECONDS][,matrix-efficiency=E][,bandwidth-efficiency=E][,sync] (sync: the host runs the ops, as on a CPU; efficiencies default to 1, figures measured as reached) (default: the --device's datasheet figures)")
 	addRuntimeFlag(fs, &p.runtime)
 	return p
+}
+
+// problem builds src's problem, its costs in time or FLOPs as load
+// decided.
+func (p *planFlags) problem(src *graphio.Source) (*planner.Problem, error) {
+	return planner.NewTimed(src, p.timing)
+}
+
+// resolveObjective sets timing from --objective, --roofline and
+// --device.
+func (p *planFlags) resolveObjective() error {
+	var r *costmodel.Roofline
+	if p.roofline.set {
+		r = &p.roofline.r
+	} else if p.device != "" {
+		if d, err := costmodel.LookupDevice(p.device); err == nil {
+			if dr, ok := d.Roofline(); ok {
+				r = &dr
+			}
+		}
+	}
+	switch p.objective {
+	case "", "flops":
+		if p.roofline.set && p.objective == "flops" {
+			return usagef("--roofline prices time: it does not apply with --objective flops")
+		}
+		if p.roofline.set {
+			p.timing = r
+		}
+	case "time":
+		if r == nil {
+			return usagef("--objective time prices each op on a device's figures: give a --device ckptplan knows (%s) or --roofline", strings.Join(costmodel.DeviceNames(), ", "))
+		}
+		p.timing = r
+	default:
+		return usagef("--objective: unknown value %q (valid: time, flops)", p.objective)
+	}
+	return nil
 }
 
 // addRuntimeFlag defines --runtime, what runs the plan.
@@ -173,6 +218,9 @@ func (p *planFlags) load(fs *flag.FlagSet, arg string) (*graphio.Source, *planne
 			return nil, nil, usagef("--device: %v", err)
 		}
 	}
+	if err := p.resolveObjective(); err != nil {
+		return nil, nil, err
+	}
 	src, err := p.setup.load(fs, arg)
 	if err != nil {
 		return nil, nil, err
@@ -200,7 +248,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if pp != nil && *timeline != "" {
 		return usagef("--timeline draws one device's schedule: it does not apply with --pp")
 	}
-	p, err := planner.New(src)
+	p, err := pf.problem(src)
 	if err != nil {
 		return err
 	}
@@ -230,7 +278,29 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		enc.SetIndent(2)
 		return enc.Encode(plan)
 	}
-	return writePlanText(stdout, plan)
+	return writePlanText(stdout, plan, inFLOPs(src, plan))
+}
+
+// inFLOPs says a plan priced in time in FLOPs as well: "; in FLOPs 3.85
+// PFLOP, store-everything 2.95 PFLOP: 30.4% extra compute"; "" for a plan
+// in FLOPs, or where its schedule cannot be priced so.
+func inFLOPs(src *graphio.Source, plan *planner.Plan) string {
+	if plan.Unit != planner.TimeUnit {
+		return ""
+	}
+	fp, err := planner.New(src)
+	if err != nil {
+		return ""
+	}
+	sched, err := fp.Schedule(plan)
+	if err != nil {
+		return ""
+	}
+	again, err := fp.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("; in FLOPs %s, store-everything %s: %.1f%% extra compute", costString(again.Cost, again.Unit), costString(again.BaselineCost, again.Unit), 100*again.Overhead)
 }
 
 // drawTimeline draws a plan's memory over its schedule, with the measured
@@ -270,7 +340,7 @@ func infeasible(src *graphio.Source, prob *planner.Problem, opt *planner.Options
 	if why == "" && p.MinBudgetBytes == 0 {
 		why = fmt.Sprintf(": static memory alone is %v", p.StaticBytes)
 	}
-	err.msg = head + why + leastChange(src, opt, p)
+	err.msg = head + why + leastChange(src, prob, opt, p)
 	return err
 }
 
@@ -308,7 +378,7 @@ func whyNotFit(prob *planner.Problem, opt *planner.Options, p *planner.Plan) str
 // finds it for the same sequences a step over the same GPUs: "; --batch 4
 // --grad-accum 2 fits, the same 8 sequences a step (...)". Without one
 // (a graph, a pipeline, or nothing fits), the settings that hold less.
-func leastChange(src *graphio.Source, opt *planner.Options, p *planner.Plan) string {
+func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Options, p *planner.Plan) string {
 	if p.Setup == nil || src.Kind != graphio.KindModel {
 		return ""
 	}
@@ -317,7 +387,7 @@ func leastChange(src *graphio.Source, opt *planner.Options, p *planner.Plan) str
 	if p.Static != nil && mem.Bytes(p.Static.Total())+p.ReserveBytes < p.BudgetBytes {
 		hints = "; a smaller --batch or --seq holds less"
 	}
-	build, err := planner.ModelBuilder(src)
+	build, err := planner.ModelBuilder(src, prob.Roofline)
 	if err != nil {
 		return hints
 	}
@@ -333,8 +403,8 @@ func leastChange(src *graphio.Source, opt *planner.Options, p *planner.Plan) str
 	if global > 1 {
 		seqs = fmt.Sprintf("the same %d sequences a step", global)
 	}
-	return fmt.Sprintf("; %s fits, %s (%s: peak %v, %.1f%% extra compute), and 'ckptplan fit' ranks the settings that do",
-		flags, seqs, st.Name, st.PeakBytes, 100*st.Overhead)
+	return fmt.Sprintf("; %s fits, %s (%s: peak %v, %.1f%% extra %s), and 'ckptplan fit' ranks the settings that do",
+		flags, seqs, st.Name, st.PeakBytes, 100*st.Overhead, extra(fit.Unit))
 }
 
 // staticHints names the settings s does not use yet that hold less
@@ -385,7 +455,7 @@ func loraString(s *ir.Setup) string {
 	return out
 }
 
-func writePlanText(w io.Writer, p *planner.Plan) error {
+func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v + reserve %v\n", p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.ReserveBytes)
 	if m := p.Peak; m != nil {
 		fmt.Fprintf(w, "peak in the %s: static %v + gradients %v + activations %v + working memory %v\n", m.At, m.StaticBytes, m.GradientsBytes, m.ActivationsBytes, m.TransientBytes)
@@ -410,8 +480,12 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
 		}
 	}
-	fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra compute\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead)
-	if s := p.Setup; s != nil && s.Profile == ir.ProfileTorchEager && slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { return s.Decision == planner.DecisionSelective }) {
+	cost := "cost"
+	if p.Unit == planner.TimeUnit {
+		cost = "step time (estimated on the device's roofline)"
+	}
+	fmt.Fprintf(w, "%s %s, store-everything %s: %.1f%% extra %s%s\n", cost, costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit), also)
+	if s := p.Setup; s != nil && p.Unit != planner.TimeUnit && s.Profile == ir.ProfileTorchEager && slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { return s.Decision == planner.DecisionSelective }) {
 		// The executor (ckptplan run) recomputes what a dropped tensor
 		// needs; PyTorch before 2.4, as this profile runs it, reruns a
 		// selective layer's whole forward, and its exports count that.
@@ -420,7 +494,10 @@ func writePlanText(w io.Writer, p *planner.Plan) error {
 		}
 	}
 	fmt.Fprintf(w, "fits, %v spare", p.BudgetBytes-p.PeakBytes-p.ReserveBytes)
-	if slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }) {
+	switch {
+	case p.Unit == planner.TimeUnit:
+		fmt.Fprint(w, "; 'ckptplan export' writes plans priced in FLOPs, with the same flags but --objective and --roofline")
+	case slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }):
 		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan), ckptplan.apply runs it in Python")
 	}
 	fmt.Fprint(w, "\n\n")
@@ -518,10 +595,36 @@ func layerIndex(name string) (prefix string, i int, ok bool) {
 }
 
 func costString(v float64, unit string) string {
-	if unit == "FLOPs" {
+	switch unit {
+	case "FLOPs":
 		return flops(int64(v))
+	case planner.TimeUnit:
+		return seconds(v * 1e-12)
 	}
 	return fmt.Sprintf("%g %s", v, unit)
+}
+
+// seconds prints a time with a unit that keeps it between 1 and 1000:
+// "1.24 s", "312.50 ms", "45.00 µs".
+func seconds(s float64) string {
+	switch {
+	case s >= 1 || s == 0:
+		return fmt.Sprintf("%.2f s", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.2f ms", s*1e3)
+	case s >= 1e-6:
+		return fmt.Sprintf("%.2f µs", s*1e6)
+	}
+	return fmt.Sprintf("%.0f ns", s*1e9)
+}
+
+// extra names what a plan's overhead is of: "compute" for FLOPs, "time"
+// on a roofline.
+func extra(unit string) string {
+	if unit == planner.TimeUnit {
+		return "time"
+	}
+	return "compute"
 }
 
 func runCompare(stdout, stderr io.Writer, args []string) error {
@@ -532,7 +635,7 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	p, err := planner.New(src)
+	p, err := pf.problem(src)
 	if err != nil {
 		return err
 	}
@@ -593,4 +696,62 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 		}
 	}
 	return out
+}
+
+// rooflineFlag is --roofline: a device's figures as key=value pairs.
+type rooflineFlag struct {
+	set bool
+	r   costmodel.Roofline
+}
+
+func (f *rooflineFlag) String() string {
+	if !f.set {
+		return ""
+	}
+	return fmt.Sprintf("matrix=%g,bandwidth=%g", f.r.MatrixFLOPS, f.r.BandwidthBytes)
+}
+
+func (f *rooflineFlag) Set(s string) error {
+	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, Source: "--roofline " + s}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "sync" {
+			r.Synchronous = true
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("%q is not key=value (keys: matrix, fp32, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", kv)
+		}
+		k = strings.TrimSpace(k)
+		if !slices.Contains([]string{"matrix", "fp32", "bandwidth", "launch", "matrix-efficiency", "bandwidth-efficiency"}, k) {
+			return fmt.Errorf("unknown key %q (keys: matrix, fp32, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", k)
+		}
+		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a number", k, v)
+		}
+		switch k {
+		case "matrix":
+			r.MatrixFLOPS = x
+		case "fp32":
+			r.MatrixFP32FLOPS = x
+		case "bandwidth":
+			r.BandwidthBytes = x
+		case "launch":
+			r.LaunchSeconds = x
+		case "matrix-efficiency":
+			r.MatrixEfficiency = x
+		case "bandwidth-efficiency":
+			r.BandwidthEfficiency = x
+		}
+	}
+	if r.MatrixFP32FLOPS == 0 {
+		r.MatrixFP32FLOPS = r.MatrixFLOPS
+	}
+	if err := r.Check(); err != nil {
+		return err
+	}
+	f.set, f.r = true, r
+	return nil
 }

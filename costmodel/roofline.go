@@ -1,0 +1,216 @@
+package costmodel
+
+// Roofline: the time of a step, op by op.
+//
+// FLOPs rank recomputation badly: a recomputed norm, activation or
+// rotary embedding costs no FLOPs worth counting (flops counts products
+// only) but reads and writes its tensors, often several times, and an
+// attention's softmax is bounded by memory, not by the tensor cores. The
+// roofline model (Williams, Waterman and Patterson, "Roofline: an
+// insightful visual performance model", CACM 2009) prices each op at the
+// larger of its compute time and its memory time:
+//
+//	t = max(FLOPs / (peak · e_c), bytes / (bandwidth · e_m))
+//
+// with products on the matrix units (the device's dense 16-bit peak, or
+// its fp32 peak for an fp32 step) and everything else on its vector
+// units, each at a documented efficiency. An op's bytes are those it
+// reads and writes — its inputs and output — times the kernels PyTorch
+// runs for it in eager mode (an RMSNorm as transformers writes it is six
+// passes over its input: the fp32 copy, the square, the mean, the
+// reciprocal square root's product, the cast back, the weight's
+// product). Its backward reads and writes about twice its forward's
+// bytes. Each kernel also costs its launch: on a GPU the host queues
+// kernels ahead of the device, so an op takes at least its launches'
+// time and no more where its work is longer; on the CPU the host runs
+// the op, and the dispatch adds to the work (Synchronous).
+//
+// A node's time is its forward and backward in picoseconds, integers as
+// FLOPs are, so that the planner's stages, keep sets and solvers price
+// schedules in time exactly as they do in FLOPs (Costs.InTime).
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// Roofline is what prices an op's time on a device.
+type Roofline struct {
+	// MatrixFLOPS is the dense product throughput in 16-bit dtypes and
+	// MatrixFP32FLOPS in fp32 (tf32 is not assumed), FLOP/s.
+	MatrixFLOPS     float64 `json:"matrix_flops" yaml:"matrix_flops"`
+	MatrixFP32FLOPS float64 `json:"matrix_fp32_flops" yaml:"matrix_fp32_flops"`
+	// BandwidthBytes is the memory bandwidth, bytes/s.
+	BandwidthBytes float64 `json:"bandwidth_bytes" yaml:"bandwidth_bytes"`
+	// MatrixEfficiency and BandwidthEfficiency are the shares of those
+	// peaks that training's kernels reach.
+	MatrixEfficiency    float64 `json:"matrix_efficiency" yaml:"matrix_efficiency"`
+	BandwidthEfficiency float64 `json:"bandwidth_efficiency" yaml:"bandwidth_efficiency"`
+	// LaunchSeconds is the host's time to queue (or dispatch) one kernel.
+	LaunchSeconds float64 `json:"launch_seconds" yaml:"launch_seconds"`
+	// Synchronous: the host runs the kernels (a CPU), so that launches add
+	// to an op's work rather than hide behind it.
+	Synchronous bool   `json:"synchronous,omitempty" yaml:"synchronous,omitempty"`
+	Source      string `json:"source,omitempty" yaml:"source,omitempty"`
+}
+
+// The efficiencies of a GPU's roofline: large bf16 products under cuBLAS
+// reach about 70% of the dense peak on A100 and H100 (NVIDIA's
+// "Matrix Multiplication Background" guide, and the 50–60% model FLOPs
+// utilization Megatron-LM reports for whole steps, which include the
+// memory-bound ops priced apart here); elementwise kernels reach about
+// 85% of the memory bandwidth (STREAM-like copies on HBM). A kernel
+// launch through PyTorch's eager dispatcher costs about 5 µs of host
+// time. Estimates, not measurements of one setup: --roofline replaces
+// them.
+const (
+	gpuMatrixEfficiency    = 0.70
+	gpuBandwidthEfficiency = 0.85
+	gpuLaunchSeconds       = 5e-6
+)
+
+// Roofline returns the device's roofline, or false for a device known by
+// its memory alone.
+func (d Device) Roofline() (Roofline, bool) {
+	if d.BF16FLOPS == 0 || d.BandwidthBytes == 0 {
+		return Roofline{}, false
+	}
+	return Roofline{MatrixFLOPS: d.BF16FLOPS, MatrixFP32FLOPS: d.FP32FLOPS, BandwidthBytes: d.BandwidthBytes,
+		MatrixEfficiency: gpuMatrixEfficiency, BandwidthEfficiency: gpuBandwidthEfficiency, LaunchSeconds: gpuLaunchSeconds,
+		Source: d.Source}, true
+}
+
+// Check refuses a roofline that prices nothing.
+func (r Roofline) Check() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"matrix FLOP/s", r.MatrixFLOPS}, {"fp32 matrix FLOP/s", r.MatrixFP32FLOPS}, {"bandwidth", r.BandwidthBytes},
+		{"matrix efficiency", r.MatrixEfficiency}, {"bandwidth efficiency", r.BandwidthEfficiency}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("roofline: %s must be positive, got %g", f.name, f.v)
+		}
+	}
+	if r.MatrixEfficiency > 1 || r.BandwidthEfficiency > 1 {
+		return fmt.Errorf("roofline: an efficiency is a share of a peak, at most 1")
+	}
+	if !(r.LaunchSeconds >= 0) || math.IsInf(r.LaunchSeconds, 0) {
+		return fmt.Errorf("roofline: launch time must be zero or more, got %g", r.LaunchSeconds)
+	}
+	return nil
+}
+
+// kernels is how many kernels PyTorch runs for an op in eager mode, each
+// reading and writing about the op's tensors; 0 for a view.
+func kernels(n *ir.Node) int {
+	switch n.Op {
+	case ir.Input, ir.Reshape, ir.Transpose, ir.Split:
+		return 0
+	case ir.RMSNorm:
+		if n.Attrs.Upcast {
+			return 6
+		}
+		return 4
+	case ir.RoPE:
+		// q·cos + rotate_half(q)·sin: two slices' copies (cat), a
+		// negation, two products and a sum.
+		return 5
+	case ir.CrossEntropy:
+		return 2 // log_softmax, nll_loss
+	case ir.Dropout:
+		return 2 // the mask, the product
+	case ir.Softmax:
+		if n.Attrs.Upcast {
+			return 2 // in fp32, the cast back
+		}
+	}
+	return 1
+}
+
+// matrix reports whether an op runs on the matrix units.
+func matrix(n *ir.Node) bool {
+	switch n.Op {
+	case ir.Linear, ir.ExpertLinear, ir.MatMul, ir.Attention:
+		return true
+	case ir.Aten:
+		return n.Attrs.FLOPs > 0
+	}
+	return false
+}
+
+// NodeTime is a node's forward and backward time, picoseconds.
+type NodeTime struct{ Forward, Backward int64 }
+
+// Times prices every node of c on r.
+func (c *Costs) Times(r Roofline) []NodeTime {
+	g := c.Graph
+	out := make([]NodeTime, len(g.Nodes))
+	fp32 := g.Setup.DType == "fp32" && g.Setup.Autocast == ""
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		k := kernels(n)
+		if k == 0 {
+			continue
+		}
+		var bytes int64
+		for _, in := range n.Inputs {
+			bytes += g.Nodes[in].Bytes()
+		}
+		bytes += c.Nodes[i].OutputBytes + c.ExtraBytes(i)
+		mem := float64(k) * float64(bytes) / (r.BandwidthBytes * r.BandwidthEfficiency)
+		peak := r.MatrixFLOPS
+		if fp32 {
+			peak = r.MatrixFP32FLOPS
+		}
+		price := func(flops int64, memory float64, launches int) int64 {
+			compute := 0.0
+			if matrix(n) {
+				compute = float64(flops) / (peak * r.MatrixEfficiency)
+			}
+			work := max(compute, memory)
+			host := float64(launches) * r.LaunchSeconds
+			t := max(work, host)
+			if r.Synchronous {
+				t = work + host
+			}
+			return int64(math.Round(t * 1e12))
+		}
+		nc := &c.Nodes[i]
+		out[i].Forward = price(nc.ForwardFLOPs, mem, k)
+		if c.RequiresGrad(i) {
+			launches := k
+			if nc.ForwardFLOPs > 0 && nc.BackwardFLOPs > nc.ForwardFLOPs {
+				launches = 2 * k // a product per input that needs a gradient
+			}
+			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches)
+		}
+	}
+	return out
+}
+
+// InTime returns a copy of c whose nodes' and blocks' FLOPs fields hold
+// their times on r, in picoseconds: what the planner's stages and solvers
+// then price schedules in.
+func (c *Costs) InTime(r Roofline) *Costs {
+	t := *c
+	t.Nodes = append([]Node(nil), c.Nodes...)
+	t.Blocks = append([]Block(nil), c.Blocks...)
+	times := c.Times(r)
+	t.ForwardFLOPs, t.BackwardFLOPs = 0, 0
+	for i := range t.Nodes {
+		t.Nodes[i].ForwardFLOPs, t.Nodes[i].BackwardFLOPs = times[i].Forward, times[i].Backward
+		t.ForwardFLOPs += times[i].Forward
+		t.BackwardFLOPs += times[i].Backward
+	}
+	for b := range t.Blocks {
+		blk := &t.Blocks[b]
+		blk.ForwardFLOPs, blk.BackwardFLOPs = 0, 0
+		for _, id := range blk.Nodes {
+			blk.ForwardFLOPs += times[id].Forward
+			blk.BackwardFLOPs += times[id].Backward
+		}
+	}
+	return &t
+}
