@@ -42,6 +42,10 @@ type Roofline struct {
 	// MatrixFP32FLOPS in fp32 (tf32 is not assumed), FLOP/s.
 	MatrixFLOPS     float64 `json:"matrix_flops" yaml:"matrix_flops"`
 	MatrixFP32FLOPS float64 `json:"matrix_fp32_flops" yaml:"matrix_fp32_flops"`
+	// AttentionFLOPS is what a fused attention kernel reaches, FLOP/s as
+	// flops counts them (4·b·h·s²·d forward, causal or not); 0: the
+	// matrix peak at an attention efficiency.
+	AttentionFLOPS float64 `json:"attention_flops,omitempty" yaml:"attention_flops,omitempty"`
 	// BandwidthBytes is the memory bandwidth, bytes/s.
 	BandwidthBytes float64 `json:"bandwidth_bytes" yaml:"bandwidth_bytes"`
 	// MatrixEfficiency and BandwidthEfficiency are the shares of those
@@ -69,6 +73,11 @@ const (
 	gpuMatrixEfficiency    = 0.70
 	gpuBandwidthEfficiency = 0.85
 	gpuLaunchSeconds       = 5e-6
+	// FlashAttention-2 reaches 50–73% of an A100's peak forward and less
+	// backward (Dao, "FlashAttention-2", 2023, figures 5–7); counted at
+	// its full FLOPs, a causal kernel, which skips half, reaches twice
+	// that share.
+	gpuAttentionEfficiency = 0.5
 )
 
 // Roofline returns the device's roofline, or false for a device known by
@@ -77,7 +86,7 @@ func (d Device) Roofline() (Roofline, bool) {
 	if d.BF16FLOPS == 0 || d.BandwidthBytes == 0 {
 		return Roofline{}, false
 	}
-	return Roofline{MatrixFLOPS: d.BF16FLOPS, MatrixFP32FLOPS: d.FP32FLOPS, BandwidthBytes: d.BandwidthBytes,
+	return Roofline{MatrixFLOPS: d.BF16FLOPS, MatrixFP32FLOPS: d.FP32FLOPS, AttentionFLOPS: d.BF16FLOPS * gpuAttentionEfficiency, BandwidthBytes: d.BandwidthBytes,
 		MatrixEfficiency: gpuMatrixEfficiency, BandwidthEfficiency: gpuBandwidthEfficiency, LaunchSeconds: gpuLaunchSeconds,
 		Source: d.Source}, true
 }
@@ -95,6 +104,9 @@ func (r Roofline) Check() error {
 	}
 	if r.MatrixEfficiency > 1 || r.BandwidthEfficiency > 1 {
 		return fmt.Errorf("roofline: an efficiency is a share of a peak, at most 1")
+	}
+	if !(r.AttentionFLOPS >= 0) || math.IsInf(r.AttentionFLOPS, 0) {
+		return fmt.Errorf("roofline: attention FLOP/s must be positive (or 0: the matrix peak's), got %g", r.AttentionFLOPS)
 	}
 	if !(r.LaunchSeconds >= 0) || math.IsInf(r.LaunchSeconds, 0) {
 		return fmt.Errorf("roofline: launch time must be zero or more, got %g", r.LaunchSeconds)
@@ -164,10 +176,17 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 		if fp32 {
 			peak = r.MatrixFP32FLOPS
 		}
+		rate := peak * r.MatrixEfficiency
+		if n.Op == ir.Attention && r.AttentionFLOPS > 0 {
+			rate = r.AttentionFLOPS
+			if fp32 {
+				rate = min(rate, peak*r.MatrixEfficiency)
+			}
+		}
 		price := func(flops int64, memory float64, launches int) int64 {
 			compute := 0.0
 			if matrix(n) {
-				compute = float64(flops) / (peak * r.MatrixEfficiency)
+				compute = float64(flops) / rate
 			}
 			work := max(compute, memory)
 			host := float64(launches) * r.LaunchSeconds

@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
@@ -91,6 +92,40 @@ func BenchmarkPlanLongChain(b *testing.B) {
 				}
 				if _, err := p.Plan(&Options{Budget: all.Peak / 100 * percent}); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFit70B answers fit for llama-3-70b on 80 GiB GPUs: the largest
+// micro-batch and sequence of the base setup, storing everything and
+// planned, and every setting (full, 8-bit AdamW, LoRA, QLoRA; DDP and
+// ZeRO 1 to 3 over 8 GPUs) reaching a global batch of 64 sequences of
+// 4096 tokens, in FLOPs and in time on the H100's roofline.
+func BenchmarkFit70B(b *testing.B) {
+	for _, objective := range []string{"flops", "time"} {
+		b.Run(objective, func(b *testing.B) {
+			src, err := graphio.Load("llama-3-70b")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var r *costmodel.Roofline
+			if objective == "time" {
+				d, _ := costmodel.LookupDevice("h100-80gb")
+				dr, _ := d.Roofline()
+				r = &dr
+			}
+			build, err := ModelBuilder(src, r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			base := src.Model.Training
+			base.Seq = 4096
+			for b.Loop() {
+				fit, err := build.Fit(base, &Options{Device: "h100-80gb"}, FitOptions{GPUs: 8, GlobalBatch: 64})
+				if err != nil || fit.LeastChange < 0 {
+					b.Fatal(err, fit)
 				}
 			}
 		})

@@ -135,7 +135,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
 	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: flops, or time where --roofline is given)")
-	fs.Var(&p.roofline, "roofline", "the device's figures, for time: matrix=FLOP/s,bandwidth=B/s[,fp32=FLOP/s][,launch=SECONDS][,matrix-efficiency=E][,bandwidth-efficiency=E][,sync] (sync: the host runs the ops, as on a CPU; efficiencies default to 1, figures measured as reached) (default: the --device's datasheet figures)")
+	fs.Var(&p.roofline, "roofline", "the device's figures, for time: matrix=FLOP/s,bandwidth=B/s[,fp32=FLOP/s][,attention=FLOP/s][,launch=SECONDS][,matrix-efficiency=E][,bandwidth-efficiency=E][,sync] (sync: the host runs the ops, as on a CPU; efficiencies default to 1, figures measured as reached) (default: the --device's datasheet figures)")
 	addRuntimeFlag(fs, &p.runtime)
 	return p
 }
@@ -721,11 +721,11 @@ func (f *rooflineFlag) Set(s string) error {
 		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("%q is not key=value (keys: matrix, fp32, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", kv)
+			return fmt.Errorf("%q is not key=value (keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", kv)
 		}
 		k = strings.TrimSpace(k)
-		if !slices.Contains([]string{"matrix", "fp32", "bandwidth", "launch", "matrix-efficiency", "bandwidth-efficiency"}, k) {
-			return fmt.Errorf("unknown key %q (keys: matrix, fp32, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", k)
+		if !slices.Contains([]string{"matrix", "fp32", "attention", "bandwidth", "launch", "matrix-efficiency", "bandwidth-efficiency"}, k) {
+			return fmt.Errorf("unknown key %q (keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", k)
 		}
 		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil {
@@ -736,6 +736,8 @@ func (f *rooflineFlag) Set(s string) error {
 			r.MatrixFLOPS = x
 		case "fp32":
 			r.MatrixFP32FLOPS = x
+		case "attention":
+			r.AttentionFLOPS = x
 		case "bandwidth":
 			r.BandwidthBytes = x
 		case "launch":

@@ -67,6 +67,7 @@ class Fit:
     """The binary's answer (``ckptplan fit --format json``)."""
 
     model: str
+    unit: str  # of the costs: "FLOPs", or "ps" (picoseconds) ranked by time
     budget_bytes: int
     reserve_bytes: int
     solver: str
@@ -91,14 +92,15 @@ class Fit:
                                     s.get("peak_bytes", 0), s.get("spare_bytes", 0), s.get("overhead", 0.0),
                                     s.get("cost_per_sequence", 0.0), setup["lora"].get("rank", 0),
                                     setup.get("quant", ""), setup["optimizer"], c.get("zero", 0), s.get("shortfall")))
-        return cls(d["model"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
+        return cls(d["model"], d["unit"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
                    d.get("global_batch", 0), d["seq_multiple"], d["setup"]["seq"], largest, settings, d["least_change"])
 
 
 def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = None, seq: Optional[int] = None,
         batch: int = 1, gpus: Optional[int] = None, global_batch: Optional[int] = None, seq_multiple: int = 64,
         solver: str = "selective", optimizer: Any = None, reserve: Union[str, int, None] = None,
-        padded: bool = False, extra_args: Sequence[str] = ()) -> Fit:
+        padded: bool = False, objective: Optional[str] = None, roofline: Optional[str] = None,
+        extra_args: Sequence[str] = ()) -> Fit:
     """What model's training fits in budget (bytes, or "24GiB") or on
     device (a GPU's name, as ``ckptplan.plan`` takes it): the largest
     micro-batch at seq tokens and the longest sequence at micro-batch 1,
@@ -144,6 +146,10 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
         args += ["--optimizer", optimizer_name(optimizer)]
     if padded:
         args += ["--padded"]
+    if objective is not None:
+        args += ["--objective", objective]
+    if roofline is not None:
+        args += ["--roofline", roofline]
     if isinstance(model, (str, os.PathLike)):
         from . import versions
 

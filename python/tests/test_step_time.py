@@ -1,0 +1,136 @@
+"""Predicted step times against measured ones, on the CPU.
+
+The CPU is the device: its figures are measured here, on the shapes of
+the model at hand, single-threaded — the fp32 product throughput of its
+linears, what sdpa's fused kernel reaches, the bandwidth of an elementwise
+op over an activation, and the host's time per op through autograd — and
+given to the binary as ``--roofline ...,sync`` with ``--objective time``.
+Its predicted time of a forward and backward (the loss included, the
+optimizer step not) is compared with the fastest of several measured
+steps, storing everything and checkpointing every layer, for several
+sizes and sequence lengths.
+
+Timing depends on what else the machine runs: the test is a benchmark,
+run where CKPTPLAN_TIMING=1 (``.ci/run`` does not), and what it prints is
+recorded in docs/validation.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ckptplan  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("CKPTPLAN_TIMING") != "1",
+                                reason="a benchmark: CKPTPLAN_TIMING=1 runs it")
+
+VOCAB = 1000
+TOLERANCE = 0.15
+
+
+def fastest(f, n: int = 9) -> float:
+    """The least of n timed calls of f, after one untimed."""
+    f()
+    best = float("inf")
+    for _ in range(n):
+        t = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def figures(batch: int, seq: int, hidden: int) -> str:
+    """The CPU's roofline, measured on the model's shapes, as --roofline
+    says it."""
+    rows = batch * seq
+    a, w = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
+    matrix = 2 * rows * hidden * 4 * hidden / fastest(lambda: a @ w, 15)
+    x, y = torch.randn(rows * hidden * 4), torch.randn(rows * hidden * 4)
+    z = torch.empty_like(x)
+    bandwidth = 3 * x.numel() * 4 / fastest(lambda: torch.add(x, y, out=z), 15)
+    heads = hidden // 64
+    q, k, v = (torch.randn(batch, heads, seq, 64, requires_grad=True) for _ in range(3))
+
+    def attention():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    # fwd + bwd: three times the forward's 4·b·h·s²·d, as ckptplan counts
+    att = 3 * 4 * batch * heads * seq * seq * 64 / fastest(attention)
+    s = torch.ones(8, requires_grad=True)
+
+    def chain():
+        t = s
+        for _ in range(200):
+            t = t * 1.0001
+        t.sum().backward()
+
+    launch = fastest(chain) / 400  # 200 ops forward, 200 backward
+    return f"matrix={matrix},attention={att},bandwidth={bandwidth},launch={launch},sync"
+
+
+def build(hidden: int, layers: int):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                                   num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128),
+                                   vocab_size=VOCAB, max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(cfg)
+    model.config.use_cache = False
+    return model
+
+
+def predicted(model, batch: int, seq: int, solver: str, roofline: str) -> float:
+    """The binary's step time of the model's config, seconds."""
+    from ckptplan.introspect import describe
+
+    setup = describe(model, batch=batch, seq=seq)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(setup.config, f)
+        out = subprocess.run([ckptplan.binary(), "plan", "--format", "json", "--budget", "64GiB", "--solver", solver,
+                              "--objective", "time", "--roofline", roofline, *setup.flags(), path],
+                             capture_output=True, text=True, check=True).stdout
+    plan = json.loads(out)
+    assert plan["unit"] == "ps"
+    return plan["cost"] * 1e-12
+
+
+def measured(model, batch: int, seq: int, solver: str) -> float:
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    ckptplan.apply(model, ckptplan.plan(model, "64GiB", batch=batch, seq=seq, solver=solver))
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return fastest(step, 5)
+
+
+@pytest.mark.parametrize("hidden,layers,batch,seq", [(256, 4, 2, 256), (256, 4, 2, 512), (512, 4, 2, 256), (512, 2, 1, 1024)])
+def test_step_time(ckptplan_binary, hidden, layers, batch, seq):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build(hidden, layers)
+        roofline = figures(batch, seq, hidden)
+        times = {}
+        for solver in ("none", "every-k"):
+            want, got = predicted(model, batch, seq, solver, roofline), measured(model, batch, seq, solver)
+            times[solver] = (want, got)
+            print(f"h{hidden} x{layers} b{batch} s{seq} {solver}: predicted {want * 1e3:.1f} ms, "
+                  f"measured {got * 1e3:.1f} ms, {want / got:.3f}; {roofline}")
+    finally:
+        torch.set_num_threads(threads)
+    for solver, (want, got) in times.items():
+        assert abs(want / got - 1) <= TOLERANCE, (solver, want, got)
+    # The ranking: recomputing every layer costs more, predicted and measured.
+    assert times["none"][0] < times["every-k"][0] and times["none"][1] < times["every-k"][1], times
