@@ -209,7 +209,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	a.count()
 	a.blocks()
 	if a.overflow {
-		return nil, fmt.Errorf("%s: its FLOPs or bytes pass 2^63 (about 9.2e18): the model, batch or sequence is too large to count", g.Name)
+		return nil, fmt.Errorf("%s: its FLOPs or bytes pass 2^63 (about 9.2e18): the model, batch or sequence is %w", g.Name, ir.ErrTooLarge)
 	}
 	st, err := staticMemory(g)
 	if err != nil {

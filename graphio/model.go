@@ -346,6 +346,13 @@ func (m *Model) validateExperts() error {
 
 // checkSizes rejects models whose largest tensors or parameter count
 // would overflow int64 bytes.
+// tooLarge is a field whose sizes pass what int64 counts: an
+// ir.FieldError that is also ir.ErrTooLarge.
+type tooLarge struct{ fe *ir.FieldError }
+
+func (e tooLarge) Error() string   { return e.fe.Error() }
+func (e tooLarge) Unwrap() []error { return []error{e.fe, ir.ErrTooLarge} }
+
 func (m *Model) checkSizes() error {
 	t := &m.Training
 	for _, s := range []struct {
@@ -359,7 +366,7 @@ func (m *Model) checkSizes() error {
 		{"hidden", ir.Shape{m.Layers, m.Hidden, m.Hidden + m.FFN + m.Vocab, 64}},
 	} {
 		if _, ok := s.shape.Elements(); !ok {
-			return &ir.FieldError{Field: s.field, Msg: fmt.Sprintf("sizes are too large: a tensor of %v elements overflows int64 bytes", s.shape[:len(s.shape)-1])}
+			return tooLarge{&ir.FieldError{Field: s.field, Msg: fmt.Sprintf("sizes are too large: a tensor of %v elements overflows int64 bytes", s.shape[:len(s.shape)-1])}}
 		}
 	}
 	return nil

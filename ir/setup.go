@@ -1,6 +1,7 @@
 package ir
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -196,6 +197,10 @@ type FieldError struct {
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// ErrTooLarge is wrapped by the errors of a model or graph whose sizes
+// pass what int64 counts: no device holds it.
+var ErrTooLarge = errors.New("too large to count")
 
 // ModelDType returns the parsed training dtype.
 func (s *Setup) ModelDType() DType {

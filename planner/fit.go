@@ -122,7 +122,8 @@ type Fit struct {
 // Reach is how far one strategy goes in the base setup: the largest
 // micro-batch at its sequence, and the longest sequence (a multiple of
 // FitOptions.SeqMultiple) at micro-batch 1. A zero size fits not even
-// at its least; Max says the search stopped at its bound.
+// at its least; Max says the search stopped at its bound, or where the
+// next size passes what int64 counts.
 type Reach struct {
 	Solver         string    `json:"solver"`
 	Batch          int64     `json:"batch"`
@@ -265,8 +266,10 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
 	}
 	order := make([]int, len(f.Settings))
 	for i := range order {
@@ -354,10 +357,12 @@ type prober struct {
 	opt   *Options
 	plans map[[2]int64]*Plan // by batch and sequence
 	setup ir.Setup
+	// tooLarge are the sizes past what int64 counts.
+	tooLarge map[[2]int64]bool
 }
 
 func newProber(build Builder, s ir.Setup, opt *Options) *prober {
-	return &prober{build: build, opt: opt, plans: map[[2]int64]*Plan{}, setup: s}
+	return &prober{build: build, opt: opt, plans: map[[2]int64]*Plan{}, setup: s, tooLarge: map[[2]int64]bool{}}
 }
 
 // plan plans the setup at batch and seq; the plan says whether it fits.
@@ -369,6 +374,12 @@ func (p *prober) plan(batch, seq int64) (*Plan, error) {
 	s := p.setup
 	s.Batch, s.Seq = batch, seq
 	prob, err := p.build(s)
+	if errors.Is(err, ir.ErrTooLarge) {
+		// Past what int64 counts, no budget holds it.
+		pl := &Plan{Solver: p.opt.Strategy.Name}
+		p.plans[key], p.tooLarge[key] = pl, true
+		return pl, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -436,7 +447,7 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 	if err != nil {
 		return r, err
 	}
-	r.Batch, r.BatchMax = b, b == fo.MaxBatch
+	r.Batch, r.BatchMax = b, b == fo.MaxBatch || p.tooLarge[[2]int64{b + 1, base.Seq}]
 	if b > 0 {
 		r.BatchPeakBytes, r.BatchOverhead = pl.PeakBytes, pl.Overhead
 	}
@@ -444,7 +455,7 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 	if err != nil {
 		return r, err
 	}
-	r.Seq, r.SeqMax = k*fo.SeqMultiple, k == fo.MaxSeq/fo.SeqMultiple
+	r.Seq, r.SeqMax = k*fo.SeqMultiple, k == fo.MaxSeq/fo.SeqMultiple || p.tooLarge[[2]int64{1, (k + 1) * fo.SeqMultiple}]
 	if k > 0 {
 		r.SeqPeakBytes, r.SeqOverhead = pl.PeakBytes, pl.Overhead
 	}

@@ -21,7 +21,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	global := fs.Int64("global-batch", 0, "sequences a step trains on over every GPU, which each setting reaches by micro-batch and gradient accumulation (default: each setting's largest micro-batch)")
 	multiple := fs.Int64("seq-multiple", 64, "the longest sequence is searched in multiples of this")
 	maxBatch := fs.Int64("max-batch", 1<<16, "the largest micro-batch searched")
-	maxSeq := fs.Int64("max-seq", 1<<20, "the longest sequence searched")
+	maxSeq := fs.Int64("max-seq", 1<<20, "the longest sequence searched (and a GPT-2 model's max_seq)")
 	format := addFormat(fs, "text", "json", "yaml")
 	src, opt, err := pf.parse(fs, args)
 	if err != nil {
@@ -40,6 +40,9 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		return usagef("%v", err)
 	}
 	base := src.Model.Training
+	if m := src.Model; m.Family == "gpt2" && m.MaxSeq > 0 {
+		*maxSeq = min(*maxSeq, m.MaxSeq) // the positions it learns
+	}
 	n := *gpus
 	if n == 0 {
 		n = max(base.Parallel.DP, 1)
@@ -131,7 +134,7 @@ func reachCells(n int64, atMax bool, peak string, overhead float64) string {
 	}
 	size := strconv.FormatInt(n, 10)
 	if atMax {
-		size += " (the search's bound)"
+		size += " (the search's bound)" // --max-batch, --max-seq, or what int64 counts
 	}
 	return fmt.Sprintf("%s\t%s\t%.1f%%", size, peak, 100*overhead)
 }
