@@ -15,7 +15,8 @@ package costmodel
 // with products on the matrix units (the device's dense 16-bit peak, or
 // its fp32 peak for an fp32 step) and everything else on its vector
 // units, each at a documented efficiency. An op's bytes are those it
-// reads and writes — its inputs and output — times the kernels PyTorch
+// reads and writes — its inputs, its output, a product's weight — times
+// the kernels PyTorch
 // runs for it in eager mode (an RMSNorm as transformers writes it is six
 // passes over its input: the fp32 copy, the square, the mean, the
 // reciprocal square root's product, the cast back, the weight's
@@ -171,6 +172,23 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 			bytes += g.Nodes[in].Bytes()
 		}
 		bytes += c.Nodes[i].OutputBytes + c.ExtraBytes(i)
+		// A product reads its weight too; a quantized one (QLoRA) first
+		// dequantizes it, a kernel of its own that reads the packed
+		// weight and writes the training dtype's, in the forward and
+		// again in the backward.
+		var dequant int64
+		quant := quantizedWeights(g, i)
+		switch n.Op {
+		case ir.Linear, ir.ExpertLinear:
+			in := g.Nodes[n.Inputs[0]].Shape.Last()
+			experts := max(n.Attrs.Experts, 1)
+			bytes += experts * in * n.Attrs.Out * n.DType.Size()
+			if g.Setup.Quant != "" {
+				for _, q := range quant {
+					dequant += quantBytes(q, g.Setup.Quant, g.Setup.DoubleQuant) + q.elems*n.DType.Size()
+				}
+			}
+		}
 		mem := float64(k) * float64(bytes) / (r.BandwidthBytes * r.BandwidthEfficiency)
 		peak := r.MatrixFLOPS
 		if fp32 {
@@ -196,14 +214,26 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 			}
 			return int64(math.Round(t * 1e12))
 		}
+		deq := func() int64 {
+			if dequant == 0 {
+				return 0
+			}
+			work := float64(dequant) / (r.BandwidthBytes * r.BandwidthEfficiency)
+			host := float64(len(quant)) * r.LaunchSeconds
+			t := max(work, host)
+			if r.Synchronous {
+				t = work + host
+			}
+			return int64(math.Round(t * 1e12))
+		}
 		nc := &c.Nodes[i]
-		out[i].Forward = price(nc.ForwardFLOPs, mem, k)
+		out[i].Forward = price(nc.ForwardFLOPs, mem, k) + deq()
 		if c.RequiresGrad(i) {
 			launches := k
 			if nc.ForwardFLOPs > 0 && nc.BackwardFLOPs > nc.ForwardFLOPs {
 				launches = 2 * k // a product per input that needs a gradient
 			}
-			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches)
+			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches) + deq()
 		}
 	}
 	return out
