@@ -105,16 +105,20 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 	var too []string
 	var least int64   // the budget every stage fits in
 	reachable := true // every stage fits in some budget
+	static := false   // a stage's static memory alone passes the budget
 	for _, d := range p.Devices {
 		if d.Feasible {
 			continue
 		}
 		need := fmt.Sprintf("static memory alone is %v", d.StaticBytes)
 		if d.MinBudgetBytes > 0 {
-			need = fmt.Sprintf("it needs at least %v", d.MinBudgetBytes)
+			need = fmt.Sprintf("it needs at least %v, static memory %v of it", d.MinBudgetBytes, d.StaticBytes)
 			least = max(least, int64(d.MinBudgetBytes))
 		} else {
 			reachable = false
+		}
+		if d.StaticBytes+p.ReserveBytes >= p.BudgetBytes {
+			static = true
 		}
 		too = append(too, fmt.Sprintf("stage %d (%s)", d.Rank, need))
 	}
@@ -122,7 +126,14 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 	if p.ReserveBytes > 0 {
 		reserve = fmt.Sprintf(", %v of it reserved for what is not a tensor (--reserve)", p.ReserveBytes)
 	}
-	err := &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "))}
+	hint := "; fewer microbatches in flight (a smaller --batch or --seq) hold less"
+	if static {
+		hint = "; more pipeline stages (--pp) hold less"
+		if p.Setup != nil {
+			hint = staticHints(p.Setup, "more pipeline stages (--pp)")
+		}
+	}
+	err := &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "), hint)}
 	if reachable {
 		err.minBudgetBytes = least
 	}

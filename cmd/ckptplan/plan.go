@@ -409,9 +409,9 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 
 // staticHints names the settings s does not use yet that hold less
 // static memory: LoRA, 4-bit weights under it, an 8-bit optimizer,
-// sharding over GPUs.
-func staticHints(s *ir.Setup) string {
-	var hints []string
+// sharding over GPUs; more, placed first, where given.
+func staticHints(s *ir.Setup, more ...string) string {
+	hints := more
 	if s.LoRA.Rank == 0 {
 		hints = append(hints, "LoRA (--lora-rank)")
 	}
