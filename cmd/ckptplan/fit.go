@@ -11,7 +11,6 @@ import (
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/planner"
-	"go.yaml.in/yaml/v3"
 )
 
 func runFit(stdout, stderr io.Writer, args []string) error {
@@ -54,15 +53,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	switch format.value {
-	case "json":
-		return writeJSON(stdout, fit)
-	case "yaml":
-		enc := yaml.NewEncoder(stdout)
-		enc.SetIndent(2)
-		return enc.Encode(fit)
-	}
-	return writeFitText(stdout, fit)
+	return writeFormatted(stdout, format.value, fit, func(w io.Writer) error { return writeFitText(w, fit) })
 }
 
 func writeFitText(w io.Writer, f *planner.Fit) error {

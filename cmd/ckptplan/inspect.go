@@ -11,6 +11,7 @@ import (
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"go.yaml.in/yaml/v3"
 )
 
 // largestShown is how many of the largest tensors inspect lists.
@@ -127,6 +128,20 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// writeFormatted writes v as JSON or YAML, or with text for any other
+// format.
+func writeFormatted(w io.Writer, format string, v any, text func(io.Writer) error) error {
+	switch format {
+	case "json":
+		return writeJSON(w, v)
+	case "yaml":
+		enc := yaml.NewEncoder(w)
+		enc.SetIndent(2)
+		return enc.Encode(v)
+	}
+	return text(w)
 }
 
 func writeInspectText(w io.Writer, r *inspectReport) error {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/ckptplan/ckptplan/export"
 	"github.com/ckptplan/ckptplan/planner"
-	"go.yaml.in/yaml/v3"
 )
 
 // pipelineFlags are plan's pipeline parallel flags.
@@ -79,21 +78,8 @@ func runPipeline(stdout, stderr io.Writer, p *planner.Problem, opt *planner.Opti
 	for _, n := range plan.Notes {
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
-	switch format {
-	case "json":
-		if err := writeJSON(stdout, plan); err != nil {
-			return err
-		}
-	case "yaml":
-		enc := yaml.NewEncoder(stdout)
-		enc.SetIndent(2)
-		if err := enc.Encode(plan); err != nil {
-			return err
-		}
-	default:
-		if err := writePipelineText(stdout, plan); err != nil {
-			return err
-		}
+	if err := writeFormatted(stdout, format, plan, func(w io.Writer) error { return writePipelineText(w, plan) }); err != nil {
+		return err
 	}
 	if !plan.Feasible {
 		return pipelineInfeasible(plan)

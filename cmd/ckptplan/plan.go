@@ -19,7 +19,6 @@ import (
 	"github.com/ckptplan/ckptplan/planner"
 	"github.com/ckptplan/ckptplan/planner/figure"
 	"github.com/ckptplan/ckptplan/solver"
-	"go.yaml.in/yaml/v3"
 )
 
 // planFlags are the flags of plan and compare.
@@ -270,15 +269,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	switch format.value {
-	case "json":
-		return writeJSON(stdout, plan)
-	case "yaml":
-		enc := yaml.NewEncoder(stdout)
-		enc.SetIndent(2)
-		return enc.Encode(plan)
-	}
-	return writePlanText(stdout, plan, inFLOPs(src, plan))
+	return writeFormatted(stdout, format.value, plan, func(w io.Writer) error { return writePlanText(w, plan, inFLOPs(src, plan)) })
 }
 
 // inFLOPs says a plan priced in time in FLOPs as well: "; in FLOPs 3.85

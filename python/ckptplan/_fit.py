@@ -117,7 +117,7 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
     made of, ``ckptplan.CkptplanError`` with the binary's message
     otherwise.
     """
-    from .plan import _check_plan_args, _device, _own_dtype_moments, optimizer_name
+    from .plan import _check_plan_args, _memory_args, _own_dtype_moments
 
     if seq is None and not isinstance(model, (str, os.PathLike)):
         raise _binary.CkptplanUsageError("ckptplan.fit: give seq, the tokens of a sequence, for a live model")
@@ -131,21 +131,12 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
             raise _binary.CkptplanUsageError('ckptplan.fit: give a budget (bytes, or a string such as "24GiB") or a device')
     else:
         _check_plan_args(model, budget, device, batch, seq)
-    args = ["fit", "--format", "json", "--solver", solver, "--seq-multiple", str(seq_multiple)]
-    if budget is not None:
-        args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
-    if device is not None:
-        args += ["--device", _device(device)]
-    if reserve is not None:
-        args += ["--reserve", str(reserve)]
+    args = ["fit", "--format", "json", "--solver", solver, "--seq-multiple", str(seq_multiple),
+            *_memory_args(budget, device, reserve, optimizer, padded)]
     if gpus is not None:
         args += ["--gpus", str(gpus)]
     if global_batch is not None:
         args += ["--global-batch", str(global_batch)]
-    if optimizer is not None:
-        args += ["--optimizer", optimizer_name(optimizer)]
-    if padded:
-        args += ["--padded"]
     if objective is not None:
         args += ["--objective", objective]
     if roofline is not None:

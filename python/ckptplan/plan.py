@@ -321,19 +321,7 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     from . import versions
 
     versions.check()
-    args = ["export", "--to", "json", "--solver", solver]
-    if budget is not None:
-        # An int is bytes: said so, for the binary refuses a bare number
-        # under a mebibyte as a size without its unit.
-        args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
-    if device is not None:
-        args += ["--device", _device(device)]
-    if reserve is not None:
-        args += ["--reserve", str(reserve)]
-    if optimizer is not None:
-        args += ["--optimizer", optimizer_name(optimizer)]
-    if padded:
-        args += ["--padded"]
+    args = ["export", "--to", "json", "--solver", solver, *_memory_args(budget, device, reserve, optimizer, padded)]
     if isinstance(model, (str, os.PathLike)):
         if traced:
             raise _binary.CkptplanUsageError("ckptplan.plan: traced applies to a live model; trace a config with "
@@ -402,6 +390,29 @@ def _replannable(ask, model, args: list, extra_args: Sequence[str], logits_dtype
         return dataclasses.replace(p, padded=padded)
 
     return dataclasses.replace(ask(), replan=replan, padded=padded)
+
+
+def _memory_args(budget, device: Optional[str], reserve, optimizer: Any, padded: bool) -> list[str]:
+    """The binary's flags for the memory a plan fits and what fills it:
+    the budget, the device and its reserve, the optimizer, padding.
+
+    >>> _memory_args(1 << 30, None, None, "adamw-fused", False)
+    ['--budget', '1073741824B', '--optimizer', 'adamw-fused']
+    """
+    args = []
+    if budget is not None:
+        # An int is bytes: said so, for the binary refuses a bare number
+        # under a mebibyte as a size without its unit.
+        args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
+    if device is not None:
+        args += ["--device", _device(device)]
+    if reserve is not None:
+        args += ["--reserve", str(reserve)]
+    if optimizer is not None:
+        args += ["--optimizer", optimizer_name(optimizer)]
+    if padded:
+        args += ["--padded"]
+    return args
 
 
 def _device(device: str) -> str:
