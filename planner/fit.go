@@ -62,6 +62,10 @@ func ModelBuilder(src *graphio.Source, r *costmodel.Roofline) (Builder, error) {
 	}, nil
 }
 
+// MaxGlobalBatch bounds a global batch and the GPUs Fit takes: 2^30
+// sequences, far past any training run's.
+const MaxGlobalBatch = 1 << 30
+
 // FitOptions bound what Fit searches.
 type FitOptions struct {
 	// GPUs are the data-parallel ranks the settings train over; 0 or 1:
@@ -223,6 +227,9 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 		return nil, err
 	}
 	fo = fo.withDefaults()
+	if fo.GlobalBatch > MaxGlobalBatch || fo.GPUs > MaxGlobalBatch {
+		return nil, fmt.Errorf("a global batch over %d GPUs: at most %d of either", fo.GPUs, MaxGlobalBatch)
+	}
 	if fo.GlobalBatch > 0 && fo.GlobalBatch%fo.GPUs != 0 {
 		return nil, fmt.Errorf("a global batch of %d sequences does not divide over %d GPUs", fo.GlobalBatch, fo.GPUs)
 	}
@@ -438,6 +445,24 @@ func (p *prober) largest(limit int64, size func(n int64) (batch, seq int64)) (in
 	return lo, best, nil
 }
 
+// largestDivisor returns the largest divisor of n no larger than m
+// (1 ≤ m), over the divisor pairs (d, n/d) with d ≤ √n.
+func largestDivisor(n, m int64) int64 {
+	best := int64(1)
+	for d := int64(1); d <= n/d; d++ {
+		if n%d != 0 {
+			continue
+		}
+		if d <= m {
+			best = max(best, d)
+		}
+		if q := n / d; q <= m {
+			best = max(best, q)
+		}
+	}
+	return best
+}
+
 // reach searches the base setup's largest micro-batch and longest
 // sequence under one strategy.
 func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, error) {
@@ -498,10 +523,8 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 				if err != nil {
 					return sf, err
 				}
-				for m > 0 && share%m != 0 {
-					m--
-				}
 				if m > 0 {
+					m = largestDivisor(share, m)
 					sf.MicroBatch, sf.GradAccum = m, share/m
 					if pl, err = p.plan(m, s.Seq); err != nil {
 						return sf, err

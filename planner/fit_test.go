@@ -204,3 +204,21 @@ func TestModelBuilderRefusesAChain(t *testing.T) {
 		t.Error("a profiled chain has a builder")
 	}
 }
+
+// TestLargestDivisor checks the divisor search against counting down.
+func TestLargestDivisor(t *testing.T) {
+	for n := int64(1); n <= 200; n++ {
+		for m := int64(1); m <= n+1; m++ {
+			want := min(m, n)
+			for n%want != 0 {
+				want--
+			}
+			if got := largestDivisor(n, m); got != want {
+				t.Fatalf("largestDivisor(%d, %d) = %d, want %d", n, m, got, want)
+			}
+		}
+	}
+	if got := largestDivisor(1<<30-35, 1<<30); got != 1<<30-35 {
+		t.Errorf("a global batch no larger than m is its own divisor: %d", got)
+	}
+}

@@ -34,6 +34,9 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 			return usagef("--%s must be positive, got %d", f.name, f.v)
 		}
 	}
+	if *global > planner.MaxGlobalBatch || *gpus > planner.MaxGlobalBatch {
+		return usagef("--global-batch and --gpus are at most %d", planner.MaxGlobalBatch)
+	}
 	build, err := planner.ModelBuilder(src, pf.timing)
 	if err != nil {
 		return usagef("%v", err)
