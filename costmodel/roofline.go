@@ -156,11 +156,17 @@ func matrix(n *ir.Node) bool {
 // NodeTime is a node's forward and backward time, picoseconds.
 type NodeTime struct{ Forward, Backward int64 }
 
-// Times prices every node of c on r.
-func (c *Costs) Times(r Roofline) []NodeTime {
+// maxTime bounds a step's time in picoseconds (about 53 days), so that
+// sums of it stay in int64.
+const maxTime = 1 << 62
+
+// Times prices every node of c on r; an error wrapping ir.ErrTooLarge
+// where the step's time passes what int64 picoseconds count.
+func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 	g := c.Graph
 	out := make([]NodeTime, len(g.Nodes))
 	fp32 := g.Setup.DType == "fp32" && g.Setup.Autocast == ""
+	var total float64 // picoseconds, every op's forward and backward
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		k := kernels(n)
@@ -212,7 +218,8 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 			if r.Synchronous {
 				t = work + host
 			}
-			return int64(math.Round(t * 1e12))
+			total += 2 * t * 1e12 // this and its share of the sums
+			return int64(min(math.Round(t*1e12), maxTime))
 		}
 		deq := func() int64 {
 			if dequant == 0 {
@@ -224,7 +231,8 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 			if r.Synchronous {
 				t = work + host
 			}
-			return int64(math.Round(t * 1e12))
+			total += 2 * t * 1e12
+			return int64(min(math.Round(t*1e12), maxTime))
 		}
 		nc := &c.Nodes[i]
 		out[i].Forward = price(nc.ForwardFLOPs, mem, k) + deq()
@@ -236,17 +244,24 @@ func (c *Costs) Times(r Roofline) []NodeTime {
 			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches) + deq()
 		}
 	}
-	return out
+	// A schedule reruns forwards: the bound leaves room for them.
+	if !(total < maxTime/4) {
+		return nil, fmt.Errorf("%s: its step takes %.3g s on this roofline, past what ckptplan counts in picoseconds: %w", g.Name, total*1e-12/2, ir.ErrTooLarge)
+	}
+	return out, nil
 }
 
 // InTime returns a copy of c whose nodes' and blocks' FLOPs fields hold
 // their times on r, in picoseconds: what the planner's stages and solvers
 // then price schedules in.
-func (c *Costs) InTime(r Roofline) *Costs {
+func (c *Costs) InTime(r Roofline) (*Costs, error) {
 	t := *c
 	t.Nodes = append([]Node(nil), c.Nodes...)
 	t.Blocks = append([]Block(nil), c.Blocks...)
-	times := c.Times(r)
+	times, err := c.Times(r)
+	if err != nil {
+		return nil, err
+	}
 	t.ForwardFLOPs, t.BackwardFLOPs = 0, 0
 	for i := range t.Nodes {
 		t.Nodes[i].ForwardFLOPs, t.Nodes[i].BackwardFLOPs = times[i].Forward, times[i].Backward
@@ -261,5 +276,5 @@ func (c *Costs) InTime(r Roofline) *Costs {
 			blk.BackwardFLOPs += times[id].Backward
 		}
 	}
-	return &t
+	return &t, nil
 }

@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"errors"
 	"math"
 	"testing"
 
@@ -24,7 +25,10 @@ func TestRooflineTimes(t *testing.T) {
 	ps := func(s float64) int64 { return int64(math.Round(s * 1e12)) }
 	seen := map[ir.Op]bool{}
 	for _, r := range []Roofline{gpu, cpu} {
-		times := c.Times(r)
+		times, err := c.Times(r)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for i := range g.Nodes {
 			n := &g.Nodes[i]
 			var want int64
@@ -67,7 +71,15 @@ func TestRooflineTimes(t *testing.T) {
 			t.Errorf("no %s in tiny-llama", op)
 		}
 	}
-	timed := c.InTime(gpu)
+	timed, err := c.InTime(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := gpu
+	slow.MatrixFLOPS, slow.MatrixFP32FLOPS, slow.BandwidthBytes = 1e-3, 1e-3, 1e-3
+	if _, err := c.InTime(slow); !errors.Is(err, ir.ErrTooLarge) {
+		t.Errorf("a step of years in picoseconds: %v", err)
+	}
 	var sum int64
 	for _, b := range timed.Blocks {
 		sum += b.ForwardFLOPs

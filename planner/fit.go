@@ -39,6 +39,7 @@ import (
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
 )
 
 // A Builder builds a model's problem under a training setup: what Fit
@@ -163,11 +164,16 @@ func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
 	if c.Optimizer != "" {
 		s.Optimizer = c.Optimizer
 	}
-	if gpus > 1 {
-		s.Parallel.DP = gpus
-	}
+	s.Parallel.DP = gpus
 	if c.Zero != 0 {
 		s.Parallel.Zero = max(c.Zero, 0)
+	}
+	if gpus == 1 {
+		s.Parallel.Zero, s.Parallel.NoSync = 0, false
+	}
+	// The base's engine where it runs the stage: DeepSpeed runs 1 to 3,
+	// FSDP2 only 3; otherwise the stage's default.
+	if sh := s.Parallel.Sharding; s.Parallel.Zero == 0 || sh == ir.ShardingFSDP2 && s.Parallel.Zero != 3 {
 		s.Parallel.Sharding = ""
 	}
 	return s
@@ -337,14 +343,28 @@ func settings(base ir.Setup, gpus int64) []Change {
 		if m.full && !costmodel.Bitsandbytes(base.Optimizer) {
 			opts = append(opts, ir.OptimizerAdamW8bit)
 		}
+		// The base's own stage first (0 keeps it), then the others.
 		zeros := []int64{0}
+		var others []int64
 		switch {
 		case gpus > 1 && m.full:
-			zeros = []int64{-1, 1, 2, 3}
+			others = []int64{-1, 1, 2, 3}
 		case gpus > 1 && m.lora:
-			zeros = []int64{-1, 3}
+			others = []int64{-1, 3}
 		case gpus > 1:
-			zeros = []int64{-1}
+			others = []int64{-1}
+		}
+		own := base.Parallel.Zero
+		if own <= 0 {
+			own = -1
+		}
+		for _, z := range others {
+			if z != own || m.c.Quant != "" && base.Quant == "" {
+				zeros = append(zeros, z)
+			}
+		}
+		if gpus > 1 && m.c.Quant != "" && base.Quant == "" {
+			zeros = zeros[1:] // QLoRA from a full base: plain data parallelism
 		}
 		for _, z := range zeros {
 			for _, opt := range opts {
@@ -381,16 +401,16 @@ func (p *prober) plan(batch, seq int64) (*Plan, error) {
 	s := p.setup
 	s.Batch, s.Seq = batch, seq
 	prob, err := p.build(s)
-	if errors.Is(err, ir.ErrTooLarge) {
+	var pl *Plan
+	if err == nil {
+		pl, err = prob.Plan(p.opt)
+	}
+	if errors.Is(err, ir.ErrTooLarge) || errors.Is(err, solver.ErrTooLarge) {
 		// Past what int64 counts, no budget holds it.
-		pl := &Plan{Solver: p.opt.Strategy.Name}
+		pl = &Plan{Solver: p.opt.Strategy.Name}
 		p.plans[key], p.tooLarge[key] = pl, true
 		return pl, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	pl, err := prob.Plan(p.opt)
 	if err != nil {
 		return nil, err
 	}
@@ -404,13 +424,16 @@ func (p *prober) plan(batch, seq int64) (*Plan, error) {
 // in n; the search doubles, then bisects.
 func (p *prober) largest(limit int64, size func(n int64) (batch, seq int64)) (int64, *Plan, error) {
 	at := func(n int64) (*Plan, error) { b, s := size(n); return p.plan(b, s) }
+	if limit < 1 {
+		return 0, nil, nil
+	}
 	pl, err := at(1)
 	if err != nil || !pl.Feasible {
 		return 0, pl, err
 	}
 	lo, best := int64(1), pl
 	hi := int64(0) // the least size known not to fit; 0: none yet
-	for n := int64(2); ; n *= 2 {
+	for n := int64(2); ; n = min(n, limit/2+1) * 2 {
 		if n > limit {
 			n = limit
 		}
@@ -507,9 +530,12 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 		// is searched so.
 		one := s
 		one.GradAccum = 1
-		whole, err := newProber(build, one, opt).plan(share, s.Seq)
-		if err != nil {
-			return sf, err
+		whole := &Plan{}
+		if share <= fo.MaxBatch {
+			var err error
+			if whole, err = newProber(build, one, opt).plan(share, s.Seq); err != nil {
+				return sf, err
+			}
 		}
 		pl = whole
 		sf.MicroBatch, sf.GradAccum = share, 1
@@ -519,7 +545,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 				acc := s
 				acc.GradAccum = 2
 				p := newProber(build, acc, opt)
-				m, _, err := p.largest(share-1, func(n int64) (int64, int64) { return n, s.Seq })
+				m, _, err := p.largest(min(share-1, fo.MaxBatch), func(n int64) (int64, int64) { return n, s.Seq })
 				if err != nil {
 					return sf, err
 				}
@@ -537,8 +563,11 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 		sf.MicroBatch, sf.GradAccum = 0, 0
 		one := s
 		one.Batch = 1
-		if fo.GlobalBatch > fo.GPUs {
+		switch {
+		case fo.GlobalBatch > fo.GPUs:
 			one.GradAccum = 2
+		case fo.GlobalBatch > 0:
+			one.GradAccum = 1
 		}
 		prob, err := build(one)
 		if err != nil {

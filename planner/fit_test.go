@@ -222,3 +222,39 @@ func TestLargestDivisor(t *testing.T) {
 		t.Errorf("a global batch no larger than m is its own divisor: %d", got)
 	}
 }
+
+// TestFitKeepsTheBase checks the settings against the base they change:
+// one GPU plans one rank whatever the base's ranks; the base's own stage
+// is the least change where it fits; no micro-batch passes MaxBatch.
+func TestFitKeepsTheBase(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	sharded := base
+	sharded.Parallel.DP, sharded.Parallel.Zero = 4, 3
+	fit, err := build.Fit(sharded, &Options{Budget: 6 << 20}, FitOptions{GPUs: 1, GlobalBatch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range fit.Settings {
+		if p := st.Setup.Parallel; p.DP != 1 || p.Zero != 0 {
+			t.Errorf("one GPU: %s plans %+v", st.Name, p)
+		}
+	}
+	zero2 := base
+	zero2.Batch, zero2.Parallel.DP, zero2.Parallel.Zero = 16, 4, 2
+	fit, err = build.Fit(zero2, &Options{Budget: 4 << 20}, FitOptions{GPUs: 4, GlobalBatch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fit.LeastChange < 0 || fit.Settings[fit.LeastChange].Name != "full, adamw-fused, ZeRO 2 over 4" {
+		t.Errorf("least change %d of %+v", fit.LeastChange, fit.Settings)
+	}
+	fit, err = build.Fit(base, &Options{Budget: 6 << 20}, FitOptions{GlobalBatch: 64, MaxBatch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range fit.Settings {
+		if st.MicroBatch > 3 || st.Fits && st.MicroBatch*st.GradAccum != 64 {
+			t.Errorf("--max-batch 3: %s at %d × %d", st.Name, st.MicroBatch, st.GradAccum)
+		}
+	}
+}

@@ -140,7 +140,10 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 	}
 	unit := "FLOPs"
 	if r != nil {
-		c, unit = c.InTime(*r), TimeUnit
+		if c, err = c.InTime(*r); err != nil {
+			return nil, err
+		}
+		unit = TimeUnit
 	}
 	stages, err := stage.Build(c, byBlock)
 	if err != nil {

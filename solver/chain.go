@@ -86,6 +86,10 @@ func (c *Chain) Unsaved(i int) bool {
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }
 
+// ErrTooLarge is wrapped by Validate's errors for a chain whose sizes or
+// costs pass what the solvers count exactly.
+var ErrTooLarge = errors.New("too large to count")
+
 // Validate checks the lengths and signs of the chain's slices.
 func (c *Chain) Validate() error {
 	l := c.Len()
@@ -193,10 +197,10 @@ func (c *Chain) checkTotals() error {
 	add(c.LossHeldBytes())
 	cost += c.LossBackward
 	if !(bytes < 1<<62) {
-		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly", bytes)
+		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly: %w", bytes, ErrTooLarge)
 	}
 	if !(cost*float64(c.Len()+1) < 1e300) {
-		return fmt.Errorf("chain costs add up to %.3g, too large to compare (or not finite)", cost)
+		return fmt.Errorf("chain costs add up to %.3g, too large to compare (or not finite): %w", cost, ErrTooLarge)
 	}
 	return nil
 }

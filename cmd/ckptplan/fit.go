@@ -45,6 +45,9 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	if m := src.Model; m.Family == "gpt2" && m.MaxSeq > 0 {
 		*maxSeq = min(*maxSeq, m.MaxSeq) // the positions it learns
 	}
+	if *multiple > *maxSeq {
+		return usagef("--seq-multiple %d is longer than the longest sequence searched, %d (--max-seq, or a GPT-2 model's max_seq)", *multiple, *maxSeq)
+	}
 	n := *gpus
 	if n == 0 {
 		n = max(base.Parallel.DP, 1)

@@ -455,6 +455,8 @@ func TestErrors(t *testing.T) {
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--seq-multiple", "0"}, true, "--seq-multiple must be positive, got 0"},
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--gpus", "-2"}, true, "--gpus must be positive, got -2"},
 		{[]string{"fit", "tiny-llama"}, true, "fit: need --budget or --device"},
+		{[]string{"fit", "tiny-gpt2", "--budget", "1GiB", "--seq-multiple", "2048"}, true, "--seq-multiple 2048 is longer than the longest sequence searched, 128"},
+		{[]string{"plan", "tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1,bandwidth=1"}, false, "past what ckptplan counts in picoseconds"},
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--global-batch", "2305843009213693951"}, true, "--global-batch and --gpus are at most 1073741824"},
 		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, false, "stage 0 (it needs at least 2.63 MiB, static memory 2.01 MiB of it); stage 1 (it needs at least 2.59 MiB, static memory 2.01 MiB of it); more pipeline stages (--pp), LoRA (--lora-rank),"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures: give a --device ckptplan knows"},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -383,7 +384,11 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 		return hints
 	}
 	gpus := max(base.Parallel.DP, 1)
-	global := base.Batch * max(base.GradAccum, 1) * gpus
+	accum := max(base.GradAccum, 1)
+	if base.Batch > planner.MaxGlobalBatch/accum/gpus {
+		return hints // past any global batch fit searches
+	}
+	global := base.Batch * accum * gpus
 	fit, err := build.Fit(base, opt, planner.FitOptions{GPUs: gpus, GlobalBatch: global})
 	if err != nil || fit.LeastChange < 0 {
 		return hints
@@ -704,6 +709,7 @@ func (f *rooflineFlag) String() string {
 
 func (f *rooflineFlag) Set(s string) error {
 	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, Source: "--roofline " + s}
+	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "sync" {
@@ -718,7 +724,14 @@ func (f *rooflineFlag) Set(s string) error {
 		if !slices.Contains([]string{"matrix", "fp32", "attention", "bandwidth", "launch", "matrix-efficiency", "bandwidth-efficiency"}, k) {
 			return fmt.Errorf("unknown key %q (keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", k)
 		}
+		if seen[k] {
+			return fmt.Errorf("%s is given twice", k)
+		}
+		seen[k] = true
 		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if errors.Is(err, strconv.ErrRange) {
+			return fmt.Errorf("%s: %s is out of range", k, v)
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %q is not a number", k, v)
 		}
@@ -739,7 +752,7 @@ func (f *rooflineFlag) Set(s string) error {
 			r.BandwidthEfficiency = x
 		}
 	}
-	if r.MatrixFP32FLOPS == 0 {
+	if !seen["fp32"] {
 		r.MatrixFP32FLOPS = r.MatrixFLOPS
 	}
 	if err := r.Check(); err != nil {

@@ -30,22 +30,25 @@ __all__ = ["Fit", "Reach", "Setting", "fit"]
 class Reach:
     """How far one solver goes: the largest micro-batch at the sequence
     planned (0: not even one), and the longest sequence at micro-batch 1,
-    a multiple of ``Fit.seq_multiple``; their peaks in bytes."""
+    a multiple of ``Fit.seq_multiple``; their peaks in bytes. ``batch_max``
+    and ``seq_max``: the search stopped at its bound, not at the budget."""
 
     solver: str
     batch: int
     batch_peak_bytes: int
     seq: int
     seq_peak_bytes: int
+    batch_max: bool = False
+    seq_max: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One setting and what it reaches: ``micro_batch`` ×
     ``grad_accum`` × the GPUs is the global batch (without one,
-    ``micro_batch`` is the largest that fits). ``flags`` are the
-    ``ckptplan plan`` flags of the change; ``shortfall`` says why a setting
-    that does not fit does not."""
+    ``micro_batch`` is the largest that fits). ``zero`` is the ZeRO stage it
+    trains with (0: none); ``shortfall`` says why a setting that does not
+    fit does not (the binary's JSON of it)."""
 
     name: str
     fits: bool
@@ -82,16 +85,16 @@ class Fit:
     @classmethod
     def from_json(cls, text: Union[str, bytes]) -> "Fit":
         d = json.loads(text)
-        largest = [Reach(r["solver"], r["batch"], r.get("batch_peak_bytes", 0), r["seq"], r.get("seq_peak_bytes", 0))
-                   for r in d["largest"]]
+        largest = [Reach(r["solver"], r["batch"], r.get("batch_peak_bytes", 0), r["seq"], r.get("seq_peak_bytes", 0),
+                         bool(r.get("batch_max")), bool(r.get("seq_max"))) for r in d["largest"]]
         settings = []
         for s in d["settings"]:
-            c = s.get("change", {})
             setup = s["setup"]
             settings.append(Setting(s["name"], s["fits"], s.get("micro_batch", 0), s.get("grad_accum", 0),
                                     s.get("peak_bytes", 0), s.get("spare_bytes", 0), s.get("overhead", 0.0),
                                     s.get("cost_per_sequence", 0.0), setup["lora"].get("rank", 0),
-                                    setup.get("quant", ""), setup["optimizer"], c.get("zero", 0), s.get("shortfall")))
+                                    setup.get("quant", ""), setup["optimizer"], setup["parallel"].get("zero", 0),
+                                    s.get("shortfall")))
         return cls(d["model"], d["unit"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
                    d.get("global_batch", 0), d["seq_multiple"], d["setup"]["seq"], largest, settings, d["least_change"])
 
@@ -117,8 +120,10 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
     made of, ``ckptplan.CkptplanError`` with the binary's message
     otherwise.
     """
+    from . import versions
     from .plan import _check_plan_args, _memory_args, _own_dtype_moments
 
+    versions.check()
     if seq is None and not isinstance(model, (str, os.PathLike)):
         raise _binary.CkptplanUsageError("ckptplan.fit: give seq, the tokens of a sequence, for a live model")
     for name, value in (("gpus", gpus), ("global_batch", global_batch), ("seq_multiple", seq_multiple)):
@@ -142,8 +147,6 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
     if roofline is not None:
         args += ["--roofline", roofline]
     if isinstance(model, (str, os.PathLike)):
-        from . import versions
-
         more = ["--batch", str(batch)] + (["--seq", str(seq)] if seq is not None else [])
         if not any(a == "--transformers" or a.startswith("--transformers=") for a in extra_args):
             more += ["--transformers", versions.transformers_release()]
