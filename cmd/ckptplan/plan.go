@@ -709,6 +709,10 @@ func (f *rooflineFlag) String() string {
 
 func (f *rooflineFlag) Set(s string) error {
 	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, Source: "--roofline " + s}
+	fields := map[string]*float64{"matrix": &r.MatrixFLOPS, "fp32": &r.MatrixFP32FLOPS, "attention": &r.AttentionFLOPS,
+		"bandwidth": &r.BandwidthBytes, "launch": &r.LaunchSeconds, "matrix-efficiency": &r.MatrixEfficiency,
+		"bandwidth-efficiency": &r.BandwidthEfficiency}
+	const keys = "keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync"
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
@@ -718,11 +722,12 @@ func (f *rooflineFlag) Set(s string) error {
 		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("%q is not key=value (keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", kv)
+			return fmt.Errorf("%q is not key=value (%s)", kv, keys)
 		}
 		k = strings.TrimSpace(k)
-		if !slices.Contains([]string{"matrix", "fp32", "attention", "bandwidth", "launch", "matrix-efficiency", "bandwidth-efficiency"}, k) {
-			return fmt.Errorf("unknown key %q (keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync)", k)
+		field, known := fields[k]
+		if !known {
+			return fmt.Errorf("unknown key %q (%s)", k, keys)
 		}
 		if seen[k] {
 			return fmt.Errorf("%s is given twice", k)
@@ -735,22 +740,7 @@ func (f *rooflineFlag) Set(s string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %q is not a number", k, v)
 		}
-		switch k {
-		case "matrix":
-			r.MatrixFLOPS = x
-		case "fp32":
-			r.MatrixFP32FLOPS = x
-		case "attention":
-			r.AttentionFLOPS = x
-		case "bandwidth":
-			r.BandwidthBytes = x
-		case "launch":
-			r.LaunchSeconds = x
-		case "matrix-efficiency":
-			r.MatrixEfficiency = x
-		case "bandwidth-efficiency":
-			r.BandwidthEfficiency = x
-		}
+		*field = x
 	}
 	if !seen["fp32"] {
 		r.MatrixFP32FLOPS = r.MatrixFLOPS
