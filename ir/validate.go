@@ -87,8 +87,12 @@ func TopoOrder(nodes []Node) ([]int, error) {
 // is what Infer says, no tensor's bytes overflow int64, and Output names a
 // node. It returns the first problem found.
 func Validate(g *Graph) error {
-	if _, err := TopoOrder(g.Nodes); err != nil {
-		return err
+	if !inOrder(g.Nodes) {
+		// Name the missing input or the cycle; a graph that is acyclic but
+		// out of order is refused below, at its first late input.
+		if _, err := TopoOrder(g.Nodes); err != nil {
+			return err
+		}
 	}
 	seen := make(map[string]bool, len(g.Nodes))
 	for i := range g.Nodes {
@@ -108,6 +112,19 @@ func Validate(g *Graph) error {
 		return fmt.Errorf("graph %s has no output", g.Name)
 	}
 	return nil
+}
+
+// inOrder reports whether every input of every node exists and precedes it,
+// which makes the graph acyclic without a sort.
+func inOrder(nodes []Node) bool {
+	for i := range nodes {
+		for _, in := range nodes[i].Inputs {
+			if in < 0 || in >= i {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func validateNode(g *Graph, n *Node) error {

@@ -78,27 +78,50 @@ func newSearch(st *Stage) *search {
 // signatures have the same candidates, costs, names and keep sets.
 func (k *search) signature() string {
 	g := k.c.Graph
-	var b strings.Builder
+	var b []byte
+	flag := func(v bool) {
+		if v {
+			b = append(b, " 1"...)
+		} else {
+			b = append(b, " 0"...)
+		}
+	}
 	for _, id := range k.st.Nodes {
 		n := &g.Nodes[id]
-		fmt.Fprintf(&b, "%q %d %v %v %+v %d %d %v [", strings.TrimPrefix(n.Name, k.st.prefix), n.Op, n.DType, n.Shape, n.Attrs,
-			k.c.Nodes[id].ForwardFLOPs, k.c.Nodes[id].BackwardFLOPs, k.c.RequiresGrad(id))
+		b = strconv.AppendQuote(b, strings.TrimPrefix(n.Name, k.st.prefix))
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(n.Op), 10)
+		b = n.Tensor().AppendKey(b)
+		b = n.Attrs.AppendKey(append(b, ' '))
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, k.c.Nodes[id].ForwardFLOPs, 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, k.c.Nodes[id].BackwardFLOPs, 10)
+		flag(k.c.RequiresGrad(id))
+		b = append(b, " ["...)
 		for _, src := range n.Inputs {
 			if p, ok := k.pos[src]; ok {
-				fmt.Fprintf(&b, "%d ", p)
+				b = strconv.AppendInt(b, int64(p), 10)
 			} else {
-				fmt.Fprintf(&b, "x%v ", k.c.OutputStorage(src) == k.st.Input)
+				b = append(b, 'x')
+				flag(k.c.OutputStorage(src) == k.st.Input)
 			}
+			b = append(b, ' ')
 		}
-		b.WriteString("] {")
+		b = append(b, "] {"...)
 		for _, s := range k.c.Owned(id) {
 			st := &k.c.Storages[s]
 			_, cand := k.st.index[s]
-			fmt.Fprintf(&b, "%s %d %v %v,", st.Role, st.Bytes, cand, s == k.st.Output)
+			b = append(b, st.Role.String()...)
+			b = append(b, ' ')
+			b = strconv.AppendInt(b, st.Bytes, 10)
+			flag(cand)
+			flag(s == k.st.Output)
+			b = append(b, ',')
 		}
-		b.WriteString("}\n")
+		b = append(b, "}\n"...)
 	}
-	return b.String()
+	return string(b)
 }
 
 // available reports whether storage s is live at backward time without a

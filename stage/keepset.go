@@ -32,13 +32,18 @@ func MegatronPolicy(m costmodel.Module) string {
 // MegatronPolicyModules returns the modules of a MegatronPolicy name,
 // and whether it is one.
 func MegatronPolicyModules(name string) (costmodel.Module, bool) {
-	for m := costmodel.Module(1); m <= costmodel.AllModules; m++ {
-		if MegatronPolicy(m) == name {
-			return m, true
-		}
-	}
-	return 0, false
+	m, ok := megatronModules[name]
+	return m, ok
 }
+
+// megatronModules maps each MegatronPolicy name to its modules.
+var megatronModules = func() map[string]costmodel.Module {
+	out := map[string]costmodel.Module{}
+	for m := costmodel.Module(1); m <= costmodel.AllModules; m++ {
+		out[MegatronPolicy(m)] = m
+	}
+	return out
+}()
 
 // megatronPolicies names every set of modules but the default.
 func megatronPolicies() []string {
