@@ -217,7 +217,8 @@ type SettingFit struct {
 	Overhead   float64   `json:"overhead"`
 	// CostPerSequence is a GPU's cost (the plan's unit: FLOPs, or
 	// picoseconds in time) for each sequence of its micro-batches,
-	// recomputation included.
+	// recomputation included; in time, with its share of the optimizer
+	// step.
 	CostPerSequence float64 `json:"cost_per_sequence,omitempty"`
 	// Shortfall says why the setting does not fit at micro-batch 1.
 	Shortfall *Shortfall `json:"shortfall,omitempty"`
@@ -581,5 +582,14 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 	sf.PeakBytes, sf.Overhead = pl.PeakBytes, pl.Overhead
 	sf.SpareBytes = pl.BudgetBytes - pl.ReserveBytes - pl.PeakBytes
 	sf.CostPerSequence = pl.Cost / float64(sf.MicroBatch)
+	if pl.Unit == TimeUnit {
+		// The plan stands for every micro-batch of the step, which ends
+		// with one optimizer step.
+		cost, base := pl.stepOf(sf.GradAccum)
+		sf.CostPerSequence = cost / float64(sf.MicroBatch*sf.GradAccum)
+		if base > 0 {
+			sf.Overhead = cost/base - 1
+		}
+	}
 	return sf, nil
 }

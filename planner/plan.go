@@ -142,10 +142,16 @@ type Plan struct {
 	StepPeakBytes mem.Bytes `json:"step_peak_bytes,omitempty" yaml:"step_peak_bytes,omitempty"`
 	Cost          float64   `json:"cost" yaml:"cost"`
 	BaselineCost  float64   `json:"baseline_cost" yaml:"baseline_cost"`
-	Overhead      float64   `json:"overhead" yaml:"overhead"`
-	Stages        []Stage   `json:"stages" yaml:"stages"`
-	Schedule      []Step    `json:"schedule" yaml:"schedule"`
-	Notes         []string  `json:"notes,omitempty" yaml:"notes,omitempty"`
+	// Overhead is the extra cost over storing everything's, as a share of
+	// it; in time, of its whole step: every micro-batch's forward and
+	// backward and the optimizer step (StepCost).
+	Overhead float64 `json:"overhead" yaml:"overhead"`
+	// UpdateCost is the optimizer step's time, once a step after the
+	// micro-batches' forwards and backwards; time plans only.
+	UpdateCost float64  `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
+	Stages     []Stage  `json:"stages" yaml:"stages"`
+	Schedule   []Step   `json:"schedule" yaml:"schedule"`
+	Notes      []string `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
 
 // Moment is a moment of the step and what is live then, which adds up
@@ -392,9 +398,35 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 	return plan, nil
 }
 
+// MicroBatches is how many micro-batches a step of the plan's setup runs
+// before its optimizer step: its gradient accumulation, at least 1.
+func (p *Plan) MicroBatches() int64 {
+	if p.Setup == nil {
+		return 1
+	}
+	return max(p.Setup.GradAccum, 1)
+}
+
+// StepCost returns the cost of a whole step under the plan and under
+// storing everything: in FLOPs, one micro-batch's forward and backward
+// (Cost and BaselineCost); in time, every micro-batch's and the optimizer
+// step.
+func (p *Plan) StepCost() (cost, baseline float64) {
+	if p.Unit != TimeUnit {
+		return p.Cost, p.BaselineCost
+	}
+	return p.stepOf(p.MicroBatches())
+}
+
+// stepOf returns the time of a step of m micro-batches, under the plan
+// and under storing everything.
+func (p *Plan) stepOf(m int64) (cost, baseline float64) {
+	return p.Cost*float64(m) + p.UpdateCost, p.BaselineCost*float64(m) + p.UpdateCost
+}
+
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit, SourceFile: p.SourceFile, SourceSHA256: p.SourceSHA256,
-		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes, Roofline: p.Roofline}
+		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes, Roofline: p.Roofline, UpdateCost: p.UpdateCost}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s
@@ -424,8 +456,8 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	plan.PeakBytes = p.stepPeak(r.Peak)
 	plan.Peak = p.moment(sched, r)
 	plan.Cost = p.cost(r.Cost)
-	if plan.BaselineCost > 0 {
-		plan.Overhead = plan.Cost/plan.BaselineCost - 1
+	if cost, base := plan.StepCost(); base > 0 {
+		plan.Overhead = cost/base - 1
 	}
 	p.decide(plan.Stages, sched)
 	p.hostBytes(plan.Stages)

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -23,7 +24,10 @@ type Problem struct {
 	Unit                     string // of the costs: FLOPs for models and graphs, TimeUnit on a roofline
 	// Roofline prices the costs in time (NewTimed); nil for FLOPs.
 	Roofline *costmodel.Roofline
-	Static   mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
+	// UpdateCost is the optimizer step's time on the roofline, once a
+	// step (costmodel.UpdateOf); 0 in FLOPs.
+	UpdateCost float64
+	Static     mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
 	// StepPeak is what the optimizer step holds: Static less what the
 	// backward's end frees (costmodel.Static.StepFreedBytes), the
 	// parameter gradients and δ_0 the backward ends with, and the step's
@@ -151,6 +155,9 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 	}
 	out := mem.Bytes(c.Storages[c.OutputStorage(g.Output)].Bytes)
 	p := &Problem{Name: name, Unit: unit, Roofline: r, Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
+	if r != nil {
+		p.UpdateCost = math.Round(r.Seconds(costmodel.UpdateOf(g)) * 1e12)
+	}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
 	// The loop holds the loss and its gradient through the backward, and
 	// drops them before the optimizer step.

@@ -476,11 +476,17 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 			fmt.Fprintf(w, "static: %s\n", staticParts(s, st))
 		}
 	}
-	cost := "cost"
 	if p.Unit == planner.TimeUnit {
-		cost = "step time (estimated on the device's roofline)"
+		step, base := p.StepCost()
+		parts := "forward and backward " + costString(p.Cost, p.Unit)
+		if m := p.MicroBatches(); m > 1 {
+			parts = fmt.Sprintf("%d micro-batches' forward and backward of %s each", m, costString(p.Cost, p.Unit))
+		}
+		fmt.Fprintf(w, "step time (estimated on the device's roofline) %s: %s, optimizer step %s; store-everything %s: %.1f%% extra %s%s\n",
+			costString(step, p.Unit), parts, costString(p.UpdateCost, p.Unit), costString(base, p.Unit), 100*p.Overhead, extra(p.Unit), also)
+	} else {
+		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra %s%s\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit), also)
 	}
-	fmt.Fprintf(w, "%s %s, store-everything %s: %.1f%% extra %s%s\n", cost, costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit), also)
 	if s := p.Setup; s != nil && p.Unit != planner.TimeUnit && s.Profile == ir.ProfileTorchEager && slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { return s.Decision == planner.DecisionSelective }) {
 		// The executor (ckptplan run) recomputes what a dropped tensor
 		// needs; PyTorch before 2.4, as this profile runs it, reruns a

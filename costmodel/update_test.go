@@ -1,0 +1,84 @@
+package costmodel
+
+import (
+	"testing"
+
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
+)
+
+// TestUpdateOf counts tiny-llama's optimizer steps by hand. It trains
+// T = 262,720 parameters in 39 tensors: the embedding (512·64), four
+// layers of q and o (64·64), k and v (64·32), gate, up and down (64·192)
+// and two norms (64), the final norm and the head (512·64). Every tensor
+// has an even size, so two ZeRO ranks hold half each.
+func TestUpdateOf(t *testing.T) {
+	const T, tensors = 262720, 39
+	for _, tc := range []struct {
+		name    string
+		set     func(*ir.Setup)
+		bytes   int64
+		kernels int64
+	}{
+		// weight 2 passes, gradient 1, moments 4, fp32
+		{"fused", func(s *ir.Setup) { s.Optimizer = ir.OptimizerAdamWFused }, T * (2*4 + 4 + 4*4), 1},
+		// weight 4, gradient 3, moments and temporary 14
+		{"foreach", func(s *ir.Setup) { s.Optimizer = ir.OptimizerAdamW }, T * (4*4 + 3*4 + 14*4), 10},
+		{"for-loop", func(s *ir.Setup) { s.Optimizer = ir.OptimizerAdamWForLoop }, T * (4*4 + 3*4 + 14*4), 10 * tensors},
+		{"sgd", func(s *ir.Setup) { s.Optimizer = ir.OptimizerSGD }, T * (2*4 + 4), 1},
+		// byte-wide moments, a kernel a tensor
+		{"8-bit", func(s *ir.Setup) { s.Optimizer = ir.OptimizerAdamW8bit }, T * (2*4 + 4 + 4*1), tensors},
+		{"paged", func(s *ir.Setup) { s.Optimizer = ir.OptimizerPagedAdamW }, T * (2*4 + 4 + 4*4), tensors},
+		{"none", func(s *ir.Setup) { s.Optimizer = ir.OptimizerNone }, 0, 0},
+		{"zero-1", func(s *ir.Setup) {
+			s.Optimizer = ir.OptimizerAdamWFused
+			s.Parallel.DP, s.Parallel.Zero = 2, 1
+		}, T / 2 * (2*4 + 4 + 4*4), 1},
+		// bf16 weights and gradients; an fp32 master updated, then cast
+		// into the weight (4 + 2 bytes)
+		{"bf16 master", func(s *ir.Setup) {
+			s.Optimizer, s.DType = ir.OptimizerAdamWFused, "bf16"
+		}, T * (2*4 + 2 + 4*4 + 4 + 2), 1},
+		// bf16 moments, no master
+		{"bf16 own dtype", func(s *ir.Setup) {
+			s.Optimizer, s.DType, s.MasterWeights = ir.OptimizerAdamWFused, "bf16", ir.MasterNone
+		}, T * (2*2 + 2 + 4*2), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, err := graphio.Load("tiny-llama")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.set(&src.Model.Training)
+			g, err := graphio.Build(src.Model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u := UpdateOf(g)
+			if u.Bytes != tc.bytes || u.Kernels != tc.kernels {
+				t.Errorf("UpdateOf = %d bytes, %d kernels; want %d, %d", u.Bytes, u.Kernels, tc.bytes, tc.kernels)
+			}
+		})
+	}
+}
+
+// TestUpdateSeconds prices an update: its traffic over the bandwidth, at
+// least its launches on a GPU, and the two added on a CPU.
+func TestUpdateSeconds(t *testing.T) {
+	r := Roofline{BandwidthBytes: 1e9, BandwidthEfficiency: 0.5, LaunchSeconds: 1e-3}
+	for _, tc := range []struct {
+		u    Update
+		sync bool
+		want float64
+	}{
+		{Update{Bytes: 1e6, Kernels: 1}, false, 2e-3},
+		{Update{Bytes: 1e6, Kernels: 3}, false, 3e-3},
+		{Update{Bytes: 1e6, Kernels: 3}, true, 5e-3},
+		{Update{}, true, 0},
+	} {
+		r.Synchronous = tc.sync
+		if got := r.Seconds(tc.u); got != tc.want {
+			t.Errorf("Seconds(%+v), synchronous %v = %g, want %g", tc.u, tc.sync, got, tc.want)
+		}
+	}
+}
