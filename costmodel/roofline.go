@@ -53,6 +53,11 @@ type Roofline struct {
 	// peaks that training's kernels reach.
 	MatrixEfficiency    float64 `json:"matrix_efficiency" yaml:"matrix_efficiency"`
 	BandwidthEfficiency float64 `json:"bandwidth_efficiency" yaml:"bandwidth_efficiency"`
+	// LinkBytes is the bandwidth a GPU's collectives run at, bytes/s one
+	// way, and LinkEfficiency the share of it NCCL's bus bandwidth
+	// reaches (Collectives); 0: collectives are not priced.
+	LinkBytes      float64 `json:"link_bytes,omitempty" yaml:"link_bytes,omitempty"`
+	LinkEfficiency float64 `json:"link_efficiency,omitempty" yaml:"link_efficiency,omitempty"`
 	// LaunchSeconds is the host's time to queue (or dispatch) one kernel.
 	LaunchSeconds float64 `json:"launch_seconds" yaml:"launch_seconds"`
 	// Synchronous: the host runs the kernels (a CPU), so that launches add
@@ -74,6 +79,10 @@ const (
 	gpuMatrixEfficiency    = 0.70
 	gpuBandwidthEfficiency = 0.85
 	gpuLaunchSeconds       = 5e-6
+	// NCCL's collectives reach a bus bandwidth (nccl-tests' busbw) near
+	// the link's one-way figure on large messages, less on the buckets a
+	// training step sends: 80%, an estimate as the others are.
+	gpuLinkEfficiency = 0.8
 	// FlashAttention-2 reaches 50–73% of an A100's peak forward and less
 	// backward (Dao, "FlashAttention-2", 2023, figures 5–7); counted at
 	// its full FLOPs, a causal kernel, which skips half, reaches twice
@@ -89,7 +98,7 @@ func (d Device) Roofline() (Roofline, bool) {
 	}
 	return Roofline{MatrixFLOPS: d.BF16FLOPS, MatrixFP32FLOPS: d.FP32FLOPS, AttentionFLOPS: d.BF16FLOPS * gpuAttentionEfficiency, BandwidthBytes: d.BandwidthBytes,
 		MatrixEfficiency: gpuMatrixEfficiency, BandwidthEfficiency: gpuBandwidthEfficiency, LaunchSeconds: gpuLaunchSeconds,
-		Source: d.Source}, true
+		LinkBytes: d.LinkBytes, LinkEfficiency: gpuLinkEfficiency, Source: d.Source}, true
 }
 
 // Check refuses a roofline that prices nothing.
@@ -108,6 +117,12 @@ func (r Roofline) Check() error {
 	}
 	if !(r.AttentionFLOPS >= 0) || math.IsInf(r.AttentionFLOPS, 0) {
 		return fmt.Errorf("roofline: attention FLOP/s must be positive (or 0: the matrix peak's), got %g", r.AttentionFLOPS)
+	}
+	if !(r.LinkBytes >= 0) || math.IsInf(r.LinkBytes, 0) {
+		return fmt.Errorf("roofline: link bandwidth must be positive (or 0: collectives not priced), got %g", r.LinkBytes)
+	}
+	if r.LinkBytes > 0 && (!(r.LinkEfficiency > 0) || r.LinkEfficiency > 1) {
+		return fmt.Errorf("roofline: link efficiency is a share of the link, above 0 and at most 1, got %g", r.LinkEfficiency)
 	}
 	if !(r.LaunchSeconds >= 0) || math.IsInf(r.LaunchSeconds, 0) {
 		return fmt.Errorf("roofline: launch time must be zero or more, got %g", r.LaunchSeconds)

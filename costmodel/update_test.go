@@ -82,3 +82,38 @@ func TestUpdateSeconds(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectivesOf counts tiny-llama's collectives over 4 ranks by hand:
+// its T trained fp32 parameters are 4T bytes of weights and as many of
+// gradients, of which an all-gather or reduce-scatter moves 3/4 through
+// each rank's link and an all-reduce twice that.
+func TestCollectivesOf(t *testing.T) {
+	const T = 262720
+	const once = 4 * T * 3 / 4
+	for _, tc := range []struct {
+		dp, zero int64
+		noSync   bool
+		want     Collectives
+	}{
+		{1, 0, false, Collectives{}},
+		{4, 0, false, Collectives{Reduce: 2 * once}},
+		{4, 0, true, Collectives{Reduce: 2 * once, OnceAStep: true}},
+		{4, 1, false, Collectives{Reduce: 2 * once, AfterStep: once}},
+		{4, 2, false, Collectives{Reduce: once, AfterStep: once}},
+		{4, 3, false, Collectives{Gather: 2 * once, Reduce: once}},
+	} {
+		src, err := graphio.Load("tiny-llama")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &src.Model.Training.Parallel
+		p.DP, p.Zero, p.NoSync = tc.dp, tc.zero, tc.noSync
+		g, err := graphio.Build(src.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := CollectivesOf(g); got != tc.want {
+			t.Errorf("dp %d, zero %d, no_sync %v: %+v, want %+v", tc.dp, tc.zero, tc.noSync, got, tc.want)
+		}
+	}
+}

@@ -144,14 +144,19 @@ type Plan struct {
 	BaselineCost  float64   `json:"baseline_cost" yaml:"baseline_cost"`
 	// Overhead is the extra cost over storing everything's, as a share of
 	// it; in time, of its whole step: every micro-batch's forward and
-	// backward and the optimizer step (StepCost).
+	// backward, the collectives they do not hide and the optimizer step
+	// (StepCost).
 	Overhead float64 `json:"overhead" yaml:"overhead"`
 	// UpdateCost is the optimizer step's time, once a step after the
 	// micro-batches' forwards and backwards; time plans only.
-	UpdateCost float64  `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
-	Stages     []Stage  `json:"stages" yaml:"stages"`
-	Schedule   []Step   `json:"schedule" yaml:"schedule"`
-	Notes      []string `json:"notes,omitempty" yaml:"notes,omitempty"`
+	UpdateCost float64 `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
+	// Comm is the data-parallel collectives' time, of which StepCost
+	// counts what computation does not hide; time plans over several
+	// ranks only.
+	Comm     *Comm    `json:"comm,omitempty" yaml:"comm,omitempty"`
+	Stages   []Stage  `json:"stages" yaml:"stages"`
+	Schedule []Step   `json:"schedule" yaml:"schedule"`
+	Notes    []string `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
 
 // Moment is a moment of the step and what is live then, which adds up
@@ -419,14 +424,52 @@ func (p *Plan) StepCost() (cost, baseline float64) {
 }
 
 // stepOf returns the time of a step of m micro-batches, under the plan
-// and under storing everything.
+// and under storing everything: each micro-batch's forward and backward,
+// the collectives' time they do not hide, and the optimizer step.
 func (p *Plan) stepOf(m int64) (cost, baseline float64) {
-	return p.Cost*float64(m) + p.UpdateCost, p.BaselineCost*float64(m) + p.UpdateCost
+	var forward float64
+	for _, st := range p.Stages {
+		forward += st.Forward
+	}
+	step := func(micro float64) float64 {
+		return micro*float64(m) + p.Comm.Exposed(micro, micro-forward, m) + p.UpdateCost
+	}
+	return step(p.Cost), step(p.BaselineCost)
+}
+
+// Comm is the time of a step's data-parallel collectives on one rank
+// (costmodel.Collectives), in the plan's unit.
+type Comm struct {
+	// Gather is ZeRO-3's all-gathers of every micro-batch, hidden behind
+	// its forward and backward where they are longer.
+	Gather float64 `json:"gather,omitempty" yaml:"gather,omitempty"`
+	// Reduce is the gradients' reduction of every micro-batch (of the
+	// last with OnceAStep), hidden behind its backward.
+	Reduce    float64 `json:"reduce,omitempty" yaml:"reduce,omitempty"`
+	OnceAStep bool    `json:"once_a_step,omitempty" yaml:"once_a_step,omitempty"`
+	// AfterStep is ZeRO 1 and 2's all-gather of the updated weights after
+	// the optimizer step: nothing hides it.
+	AfterStep float64 `json:"after_step,omitempty" yaml:"after_step,omitempty"`
+}
+
+// Exposed returns the collectives' time a step of m micro-batches, each
+// of micro time with backward of it, does not hide: on each micro-batch
+// what exceeds its forward and backward, or of the reductions what exceeds
+// its backward, whichever is more; then the gather after the step.
+func (c *Comm) Exposed(micro, backward float64, m int64) float64 {
+	if c == nil {
+		return 0
+	}
+	over := func(gather, reduce float64) float64 { return max(0, gather+reduce-micro, reduce-backward) }
+	if c.OnceAStep {
+		return float64(m-1)*over(c.Gather, 0) + over(c.Gather, c.Reduce) + c.AfterStep
+	}
+	return float64(m)*over(c.Gather, c.Reduce) + c.AfterStep
 }
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {
 	plan := &Plan{Schema: SchemaVersion, Model: p.Name, Solver: strategy, Unit: p.Unit, SourceFile: p.SourceFile, SourceSHA256: p.SourceSHA256,
-		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes, Roofline: p.Roofline, UpdateCost: p.UpdateCost}
+		BudgetBytes: budget, StaticBytes: p.Static, StepPeakBytes: p.StepPeak, BaselineCost: p.baseline(), Notes: p.Notes, Roofline: p.Roofline, UpdateCost: p.UpdateCost, Comm: p.Comm}
 	if p.Costs != nil && p.Costs.Graph.Setup.Batch > 0 {
 		s := p.Costs.Graph.Setup
 		plan.Setup = &s

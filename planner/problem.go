@@ -27,7 +27,10 @@ type Problem struct {
 	// UpdateCost is the optimizer step's time on the roofline, once a
 	// step (costmodel.UpdateOf); 0 in FLOPs.
 	UpdateCost float64
-	Static     mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
+	// Comm is the data-parallel collectives' time; nil in FLOPs or
+	// without them.
+	Comm   *Comm
+	Static mem.Bytes // static bytes of one rank held the whole step: weights, optimizer state, and gradients unless the chain makes them
 	// StepPeak is what the optimizer step holds: Static less what the
 	// backward's end frees (costmodel.Static.StepFreedBytes), the
 	// parameter gradients and δ_0 the backward ends with, and the step's
@@ -157,6 +160,10 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 	p := &Problem{Name: name, Unit: unit, Roofline: r, Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
 	if r != nil {
 		p.UpdateCost = math.Round(r.Seconds(costmodel.UpdateOf(g)) * 1e12)
+		if cs := costmodel.CollectivesOf(g); cs != (costmodel.Collectives{}) && r.LinkBytes > 0 {
+			ps := func(b int64) float64 { return math.Round(r.CommSeconds(b) * 1e12) }
+			p.Comm = &Comm{Gather: ps(cs.Gather), Reduce: ps(cs.Reduce), AfterStep: ps(cs.AfterStep), OnceAStep: cs.OnceAStep}
+		}
 	}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
 	// The loop holds the loss and its gradient through the backward, and

@@ -94,6 +94,11 @@ func TestPlanGolden(t *testing.T) {
 		{"tiny-gpt2-every-k-yaml", []string{"plan", "tiny-gpt2", "--budget", "8MiB", "--solver", "every-k", "--format", "yaml"}},
 		{"llama-3-8b-device-reserve", []string{"plan", "llama-3-8b", "--device", "rtx-4090", "--reserve", "3GiB", "--lora-rank", "16", "--seq", "2048", "--solver", "optimal"}},
 		{"llama-3-8b-time", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--lora-rank", "16", "--seq", "8192", "--batch", "2", "--objective", "time"}},
+		// ZeRO 3's gathers over PCIe outlast the compute they overlap;
+		// over NVLink, ZeRO 1's reductions hide behind the backwards and
+		// its gather after the step does not.
+		{"llama-3-8b-zero3-pcie-time", []string{"plan", "llama-3-8b", "--device", "h100-pcie", "--dp", "8", "--zero", "3", "--seq", "1024", "--batch", "1", "--objective", "time"}},
+		{"llama-3-8b-zero1-time", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dp", "8", "--zero", "1", "--seq", "4096", "--batch", "2", "--grad-accum", "2", "--objective", "time"}},
 		{"tiny-llama-roofline", []string{"plan", "tiny-llama", "--budget", "5MiB", "--roofline", "matrix=50e9,bandwidth=10e9,launch=10e-6,sync"}},
 		// QLoRA on a 24 GB GPU: NF4 weights with double quantization,
 		// fp32 adapters on every linear, paged 8-bit AdamW.
@@ -173,6 +178,7 @@ func TestFit(t *testing.T) {
 		{"tiny-llama-largest.stdout", []string{"fit", "tiny-llama", "--budget", "4200KiB"}},
 		{"llama-3-8b.stdout", []string{"fit", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096", "--global-batch", "64"}},
 		{"llama-3-8b-time.stdout", []string{"fit", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096", "--global-batch", "64", "--objective", "time"}},
+		{"llama-3-8b-gpus-time.stdout", []string{"fit", "llama-3-8b", "--device", "h100-pcie", "--gpus", "8", "--seq", "4096", "--global-batch", "64", "--objective", "time"}},
 		{"tiny-gpt2.json", []string{"fit", "tiny-gpt2", "--budget", "3MiB", "--global-batch", "8", "--format", "json"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -482,6 +482,9 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 		if m := p.MicroBatches(); m > 1 {
 			parts = fmt.Sprintf("%d micro-batches' forward and backward of %s each", m, costString(p.Cost, p.Unit))
 		}
+		if p.Comm != nil {
+			parts += ", collectives not hidden " + costString(step-p.Cost*float64(p.MicroBatches())-p.UpdateCost, p.Unit)
+		}
 		fmt.Fprintf(w, "step time (estimated on the device's roofline) %s: %s, optimizer step %s; store-everything %s: %.1f%% extra %s%s\n",
 			costString(step, p.Unit), parts, costString(p.UpdateCost, p.Unit), costString(base, p.Unit), 100*p.Overhead, extra(p.Unit), also)
 	} else {
@@ -714,11 +717,11 @@ func (f *rooflineFlag) String() string {
 }
 
 func (f *rooflineFlag) Set(s string) error {
-	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, Source: "--roofline " + s}
+	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, LinkEfficiency: 1, Source: "--roofline " + s}
 	fields := map[string]*float64{"matrix": &r.MatrixFLOPS, "fp32": &r.MatrixFP32FLOPS, "attention": &r.AttentionFLOPS,
 		"bandwidth": &r.BandwidthBytes, "launch": &r.LaunchSeconds, "matrix-efficiency": &r.MatrixEfficiency,
-		"bandwidth-efficiency": &r.BandwidthEfficiency}
-	const keys = "keys: matrix, fp32, attention, bandwidth, launch, matrix-efficiency, bandwidth-efficiency; or sync"
+		"bandwidth-efficiency": &r.BandwidthEfficiency, "link": &r.LinkBytes, "link-efficiency": &r.LinkEfficiency}
+	const keys = "keys: matrix, fp32, attention, bandwidth, launch, link, matrix-efficiency, bandwidth-efficiency, link-efficiency; or sync"
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)

@@ -1,0 +1,90 @@
+package costmodel
+
+// Data parallelism's collectives and their time.
+//
+// Data-parallel ranks exchange gradients, and under ZeRO weights, with
+// NCCL's collectives. nccl-tests (docs/PERFORMANCE.md) times a collective
+// of S bytes over n ranks by its bus bandwidth: an all-reduce moves
+// 2(n−1)/n · S through each rank's link, an all-gather or a reduce-scatter
+// (n−1)/n · S, where S is the whole buffer (all-gather's output,
+// reduce-scatter's input). Collectives counts those bus bytes for one
+// rank's step:
+//
+//   - DDP and ZeRO stage 1 all-reduce the gradients;
+//   - stage 2 reduce-scatters them, and stage 3 too, after gathering
+//     every weight for the forward and again for the backward;
+//   - stages 1 and 2 all-gather the updated trained weights after the
+//     optimizer step.
+//
+// Gradients are reduced every micro-batch, or once a step after its last
+// micro-batch's backward where Parallel.NoSync says so (DDP's no_sync).
+// Stage 3 gathers every micro-batch. Weights are counted in the dtype they
+// are held in, gradients in theirs; quantized weights (QLoRA) are
+// gathered as the training dtype's, an upper bound.
+
+import "github.com/ckptplan/ckptplan/ir"
+
+// Collectives is what one rank's data-parallel collectives move through
+// its link in a step, in bus bytes: their time is these over the link's
+// bus bandwidth.
+type Collectives struct {
+	// Gather is stage 3's all-gathers of every micro-batch, which
+	// prefetching overlaps with its forward and backward.
+	Gather int64
+	// Reduce is the gradients' reduction of every micro-batch, or, with
+	// Parallel.NoSync, of the last; it overlaps with that backward.
+	Reduce int64
+	// AfterStep is stages 1 and 2's all-gather of the updated weights,
+	// after the optimizer step, overlapping nothing.
+	AfterStep int64
+	// OnceAStep says Reduce happens after the last micro-batch only.
+	OnceAStep bool
+}
+
+// CollectivesOf returns what g's data-parallel collectives move on one
+// rank: nothing on one rank, or under the megatron profile, whose
+// runtime's own data parallelism is not modelled.
+func CollectivesOf(g *ir.Graph) Collectives {
+	s := g.Setup
+	n := s.Parallel.DP
+	if n <= 1 || s.Profile == Megatron {
+		return Collectives{}
+	}
+	var weights, trained, grads int64 // on this tensor-parallel rank, whole
+	for i := range g.Nodes {
+		p, tr := tpShard(g, i, g.Params(i)), tpShard(g, i, g.TrainableParams(i))
+		size, trainSize, gradSize := paramSizes(g, i)
+		weights += (p-tr)*size + tr*trainSize
+		trained += tr * trainSize
+		grads += tr * gradSize
+	}
+	// an all-gather or a reduce-scatter; in float64, as n may be large
+	once := func(bytes int64) int64 { return int64(float64(bytes) * float64(n-1) / float64(n)) }
+	c := Collectives{OnceAStep: s.Parallel.NoSync}
+	switch z := s.Parallel.Zero; {
+	case z >= 3:
+		c.Gather = 2 * once(weights)
+		c.Reduce = once(grads)
+	case z == 2:
+		c.Reduce = once(grads)
+		c.AfterStep = once(trained)
+	default:
+		c.Reduce = 2 * once(grads)
+		if z == 1 {
+			c.AfterStep = once(trained)
+		}
+	}
+	if grads == 0 {
+		return Collectives{}
+	}
+	return c
+}
+
+// CommSeconds is the time of bus bytes on r's link; 0 where r has no
+// link.
+func (r Roofline) CommSeconds(busBytes int64) float64 {
+	if r.LinkBytes == 0 {
+		return 0
+	}
+	return float64(busBytes) / (r.LinkBytes * r.LinkEfficiency)
+}
