@@ -182,6 +182,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 	out := make([]NodeTime, len(g.Nodes))
 	fp32 := g.Setup.DType == "fp32" && g.Setup.Autocast == ""
 	var total float64 // picoseconds, every op's forward and backward
+	tp := tensorParallel{c: c, r: r, reduced: map[int]bool{}}
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
 		k := kernels(n)
@@ -222,7 +223,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 				rate = min(rate, peak*r.MatrixEfficiency)
 			}
 		}
-		price := func(flops int64, memory float64, launches int) int64 {
+		price := func(flops int64, memory float64, launches int, comm float64) int64 {
 			compute := 0.0
 			if matrix(n) {
 				compute = float64(flops) / rate
@@ -233,6 +234,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 			if r.Synchronous {
 				t = work + host
 			}
+			t += comm // the next op waits for it
 			total += 2 * t * 1e12 // this and its share of the sums
 			return int64(min(math.Round(t*1e12), maxTime))
 		}
@@ -250,13 +252,14 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 			return int64(min(math.Round(t*1e12), maxTime))
 		}
 		nc := &c.Nodes[i]
-		out[i].Forward = price(nc.ForwardFLOPs, mem, k) + deq()
+		fwdComm, bwdComm := tp.comm(i)
+		out[i].Forward = price(nc.ForwardFLOPs, mem, k, fwdComm) + deq()
 		if c.RequiresGrad(i) {
 			launches := k
 			if nc.ForwardFLOPs > 0 && nc.BackwardFLOPs > nc.ForwardFLOPs {
 				launches = 2 * k // a product per input that needs a gradient
 			}
-			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches) + deq()
+			out[i].Backward = price(nc.BackwardFLOPs, 2*mem, launches, bwdComm) + deq()
 		}
 	}
 	// A schedule reruns forwards: the bound leaves room for them.
@@ -264,6 +267,51 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 		return nil, fmt.Errorf("%s: its step takes %.3g s on this roofline, past what ckptplan counts in picoseconds: %w", g.Name, total*1e-12/2, ir.ErrTooLarge)
 	}
 	return out, nil
+}
+
+// tensorParallel prices Megatron-LM's tensor-parallel all-reduces
+// (Shoeybi et al. 2019, §3): the output of a row-parallel linear (whose
+// input is split over the ranks: the attention's output projection, the
+// MLP's down projection) and of the vocabulary-parallel embedding in the
+// forward, and in the backward the gradient of the input of the
+// column-parallel linears that read a replicated tensor (the q, k and v
+// projections together, gate and up together, the head), once a tensor.
+// Under sequence parallelism each becomes a reduce-scatter and an
+// all-gather, which move as much. They are on the critical path: the op
+// after waits for them, so they add to the op's time, and a recomputed
+// forward reruns them.
+type tensorParallel struct {
+	c       *Costs
+	r       Roofline
+	reduced map[int]bool // tensors whose gradient's all-reduce is priced
+}
+
+// comm returns node i's all-reduce time in its forward and its backward.
+func (t tensorParallel) comm(i int) (forward, backward float64) {
+	g := t.c.Graph
+	ranks := g.Setup.Parallel.TP
+	if ranks <= 1 || t.r.LinkBytes == 0 {
+		return 0, 0
+	}
+	allReduce := func(bytes int64) float64 {
+		return t.r.CommSeconds(int64(float64(bytes) * 2 * float64(ranks-1) / float64(ranks)))
+	}
+	n := &g.Nodes[i]
+	switch n.Op {
+	case ir.Embedding:
+		return allReduce(n.Bytes()), 0
+	case ir.Linear:
+		in := n.Inputs[0]
+		inSplit, outSplit := t.c.Storages[t.c.OutputStorage(in)].Sharded, t.c.Storages[t.c.OutputStorage(i)].Sharded
+		switch {
+		case inSplit && !outSplit:
+			return allReduce(n.Bytes()), 0
+		case !inSplit && outSplit && t.c.RequiresGrad(in) && !t.reduced[in]:
+			t.reduced[in] = true
+			return 0, allReduce(g.Nodes[in].Bytes())
+		}
+	}
+	return 0, 0
 }
 
 // InTime returns a copy of c whose nodes' and blocks' FLOPs fields hold

@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"math"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -114,6 +115,46 @@ func TestCollectivesOf(t *testing.T) {
 		}
 		if got := CollectivesOf(g); got != tc.want {
 			t.Errorf("dp %d, zero %d, no_sync %v: %+v, want %+v", tc.dp, tc.zero, tc.noSync, got, tc.want)
+		}
+	}
+}
+
+// TestTensorParallelTime prices tiny-llama's all-reduces over two
+// tensor-parallel ranks: each moves its tensor (2·32·64 fp32, 16 KiB)
+// through the link, 2(n−1)/n of it. The forward reduces the embedding's
+// output and every layer's output and down projections (9); the backward
+// the gradients of every layer's two normalized inputs and the head's
+// (9).
+func TestTensorParallelTime(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Parallel.TP = 2
+	c := analyzeModel(t, src.Model)
+	r := Roofline{MatrixFLOPS: 1e12, MatrixFP32FLOPS: 1e11, BandwidthBytes: 1e10, MatrixEfficiency: 1, BandwidthEfficiency: 1, LaunchSeconds: 1e-6}
+	without, err := c.Times(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.LinkBytes, r.LinkEfficiency = 1e9, 1
+	with, err := c.Times(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const each = 16384 * 1e12 / 1e9 // ps
+	var fwd, bwd, nodes float64
+	for i := range with {
+		fwd += float64(with[i].Forward - without[i].Forward)
+		bwd += float64(with[i].Backward - without[i].Backward)
+		nodes++
+	}
+	for _, x := range []struct {
+		name      string
+		got, want float64
+	}{{"forward", fwd, 9 * each}, {"backward", bwd, 9 * each}} {
+		if math.Abs(x.got-x.want) > nodes { // a picosecond of rounding a node
+			t.Errorf("%s: the all-reduces add %g ps, want %g", x.name, x.got, x.want)
 		}
 	}
 }

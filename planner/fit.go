@@ -147,12 +147,16 @@ type Change struct {
 	LoRARank  int64        `json:"lora_rank,omitempty"`
 	Quant     ir.Quant     `json:"quant,omitempty"` // with double quantization
 	Optimizer ir.Optimizer `json:"optimizer,omitempty"`
-	// Zero is the ZeRO stage over the GPUs, -1 for plain data
-	// parallelism; 0 keeps the base's.
+	// Zero is the ZeRO stage over the data-parallel ranks, -1 for plain
+	// data parallelism; 0 keeps the base's.
 	Zero int64 `json:"zero,omitempty"`
+	// TP is the tensor-parallel ranks, which share each data-parallel
+	// rank's sequences; 0 keeps the base's.
+	TP int64 `json:"tp,omitempty"`
 }
 
-// apply returns base changed, over gpus data-parallel ranks.
+// apply returns base changed, over gpus GPUs: its tensor-parallel ranks
+// times its data-parallel ones.
 func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
 	s := base
 	if c.LoRARank > 0 {
@@ -164,11 +168,16 @@ func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
 	if c.Optimizer != "" {
 		s.Optimizer = c.Optimizer
 	}
-	s.Parallel.DP = gpus
+	if c.TP > 0 {
+		s.Parallel.TP = c.TP
+	}
+	s.Parallel.TP = max(s.Parallel.TP, 1)
+	s.Parallel.SP = s.Parallel.SP && s.Parallel.TP > 1
+	s.Parallel.DP = max(gpus/s.Parallel.TP, 1)
 	if c.Zero != 0 {
 		s.Parallel.Zero = max(c.Zero, 0)
 	}
-	if gpus == 1 {
+	if s.Parallel.DP == 1 {
 		s.Parallel.Zero, s.Parallel.NoSync = 0, false
 	}
 	// The base's engine where it runs the stage: DeepSpeed runs 1 to 3,
@@ -192,6 +201,9 @@ func (c Change) Name(s ir.Setup) string {
 		parts = append(parts, "full")
 	}
 	parts = append(parts, string(s.Optimizer))
+	if s.Parallel.TP > 1 {
+		parts = append(parts, fmt.Sprintf("TP %d", s.Parallel.TP))
+	}
 	switch p := s.Parallel; {
 	case p.DP > 1 && p.Zero > 0:
 		parts = append(parts, fmt.Sprintf("ZeRO %d over %d", p.Zero, p.DP))
@@ -217,8 +229,9 @@ type SettingFit struct {
 	Overhead   float64   `json:"overhead"`
 	// CostPerSequence is a GPU's cost (the plan's unit: FLOPs, or
 	// picoseconds in time) for each sequence of its micro-batches,
-	// recomputation included; in time, with its share of the optimizer
-	// step.
+	// recomputation included, times the tensor-parallel ranks that share
+	// them; in time, with its share of the step's collectives and
+	// optimizer step.
 	CostPerSequence float64 `json:"cost_per_sequence,omitempty"`
 	// Shortfall says why the setting does not fit at micro-batch 1.
 	Shortfall *Shortfall `json:"shortfall,omitempty"`
@@ -240,6 +253,9 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 	if fo.GlobalBatch > 0 && fo.GlobalBatch%fo.GPUs != 0 {
 		return nil, fmt.Errorf("a global batch of %d sequences does not divide over %d GPUs", fo.GlobalBatch, fo.GPUs)
 	}
+	if tp := max(base.Parallel.TP, 1); fo.GPUs > 1 && fo.GPUs%tp != 0 {
+		return nil, fmt.Errorf("%d GPUs do not divide into tensor-parallel groups of %d", fo.GPUs, tp)
+	}
 	first, err := build(base)
 	if err != nil {
 		return nil, err
@@ -253,7 +269,11 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 		strategies = strategies[:1]
 	}
 	f.Largest = make([]Reach, len(strategies))
-	changes := settings(base, fo.GPUs)
+	changes := settings(base, fo.GPUs, func(c Change) bool {
+		// a degree the model's heads do not divide
+		_, err := build(c.apply(base, fo.GPUs))
+		return err == nil
+	})
 	f.Settings = make([]SettingFit, len(changes))
 	errs := make([]error, len(strategies)+len(changes))
 	var wg sync.WaitGroup
@@ -320,7 +340,7 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 // an 8-bit optimizer where the full model trains, and over several GPUs
 // data parallelism and ZeRO 1 to 3 (LoRA: DDP and ZeRO 3, which also
 // shards the frozen weights; QLoRA: DDP).
-func settings(base ir.Setup, gpus int64) []Change {
+func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 	rank := base.LoRA.Rank
 	if rank == 0 {
 		rank = 16
@@ -371,6 +391,22 @@ func settings(base ir.Setup, gpus int64) []Change {
 			for _, opt := range opts {
 				c := m.c
 				c.Optimizer, c.Zero = opt, z
+				out = append(out, c)
+			}
+		}
+		if !m.full {
+			continue
+		}
+		// Tensor parallelism within a node of up to 8 GPUs, with ZeRO 1
+		// (Megatron-LM's distributed optimizer) over the data-parallel
+		// ranks left.
+		for tp := int64(2); tp <= min(gpus, 8); tp *= 2 {
+			c := m.c
+			c.TP, c.Zero = tp, 1
+			if gpus/tp == 1 {
+				c.Zero = -1
+			}
+			if gpus%tp == 0 && tp != base.Parallel.TP && valid(c) {
 				out = append(out, c)
 			}
 		}
@@ -517,7 +553,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
 	var pl *Plan
-	switch share := fo.GlobalBatch / fo.GPUs; {
+	switch share := fo.GlobalBatch / s.Parallel.DP; {
 	case fo.GlobalBatch == 0:
 		p := newProber(build, s, opt)
 		m, best, err := p.largest(fo.MaxBatch, func(n int64) (int64, int64) { return n, s.Seq })
@@ -581,12 +617,15 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 	sf.Fits = true
 	sf.PeakBytes, sf.Overhead = pl.PeakBytes, pl.Overhead
 	sf.SpareBytes = pl.BudgetBytes - pl.ReserveBytes - pl.PeakBytes
-	sf.CostPerSequence = pl.Cost / float64(sf.MicroBatch)
+	// A GPU's cost a sequence: the tensor-parallel ranks share each
+	// sequence's.
+	tp := float64(s.Parallel.TP)
+	sf.CostPerSequence = pl.Cost * tp / float64(sf.MicroBatch)
 	if pl.Unit == TimeUnit {
 		// The plan stands for every micro-batch of the step, which ends
 		// with one optimizer step.
 		cost, base := pl.stepOf(sf.GradAccum)
-		sf.CostPerSequence = cost / float64(sf.MicroBatch*sf.GradAccum)
+		sf.CostPerSequence = cost * tp / float64(sf.MicroBatch*sf.GradAccum)
 		if base > 0 {
 			sf.Overhead = cost/base - 1
 		}

@@ -92,18 +92,21 @@ func TestFitGlobalBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		share := tt.global / tt.gpus
 		tried := map[string]bool{}
 		for _, st := range fit.Settings {
 			tried[st.Name] = true
+			// tensor-parallel ranks share their data-parallel rank's
+			// sequences
+			dp := tt.gpus / max(st.Setup.Parallel.TP, 1)
+			share := tt.global / dp
 			if !st.Fits {
 				if st.Shortfall == nil || fits(t, build, st.Setup, 1, base.Seq, opt) && share == 1 {
 					t.Errorf("%+v: %s does not fit, and says %v", tt, st.Name, st.Shortfall)
 				}
 				continue
 			}
-			if st.MicroBatch*st.GradAccum*tt.gpus != tt.global || st.Setup.Parallel.DP != max(tt.gpus, 1) && tt.gpus > 1 {
-				t.Errorf("%+v: %s: micro-batch %d × %d × %d GPUs", tt, st.Name, st.MicroBatch, st.GradAccum, tt.gpus)
+			if st.MicroBatch*st.GradAccum*dp != tt.global || st.Setup.Parallel.DP != max(dp, 1) && tt.gpus > 1 {
+				t.Errorf("%+v: %s: micro-batch %d × %d × %d data-parallel ranks", tt, st.Name, st.MicroBatch, st.GradAccum, dp)
 				continue
 			}
 			s := st.Setup
@@ -130,6 +133,10 @@ func TestFitGlobalBatch(t *testing.T) {
 			want = []string{"full, adamw-fused, DDP over %d", "full, adamw8bit, ZeRO 3 over %d", "LoRA r16, adamw-fused, ZeRO 3 over %d", "QLoRA r16 (nf4), adamw-fused, DDP over %d"}
 			for i := range want {
 				want[i] = fmt.Sprintf(want[i], tt.gpus)
+			}
+			want = append(want, fmt.Sprintf("full, adamw-fused, TP %d", tt.gpus))
+			if tt.gpus == 4 {
+				want = append(want, "full, adamw-fused, TP 2, ZeRO 1 over 2")
 			}
 		}
 		for _, name := range want {

@@ -153,6 +153,12 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 	if s.Optimizer != base.Optimizer {
 		out = append(out, "--optimizer", string(s.Optimizer))
 	}
+	if s.Parallel.TP != max(base.Parallel.TP, 1) {
+		out = append(out, "--tp", strconv.FormatInt(s.Parallel.TP, 10))
+	}
+	if s.Parallel.SP != base.Parallel.SP {
+		out = append(out, "--sp="+strconv.FormatBool(s.Parallel.SP))
+	}
 	if s.Parallel.DP != max(base.Parallel.DP, 1) {
 		out = append(out, "--dp", strconv.FormatInt(s.Parallel.DP, 10))
 	}

@@ -47,8 +47,9 @@ class Setting:
     """One setting and what it reaches: ``micro_batch`` ×
     ``grad_accum`` × the GPUs is the global batch (without one,
     ``micro_batch`` is the largest that fits). ``zero`` is the ZeRO stage it
-    trains with (0: none); ``shortfall`` says why a setting that does not
-    fit does not (the binary's JSON of it)."""
+    trains with (0: none), ``tp`` the tensor-parallel ranks that share each
+    data-parallel rank's sequences; ``shortfall`` says why a setting that
+    does not fit does not (the binary's JSON of it)."""
 
     name: str
     fits: bool
@@ -63,6 +64,7 @@ class Setting:
     optimizer: str
     zero: int
     shortfall: Optional[dict]
+    tp: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Fit:
                                     s.get("peak_bytes", 0), s.get("spare_bytes", 0), s.get("overhead", 0.0),
                                     s.get("cost_per_sequence", 0.0), setup["lora"].get("rank", 0),
                                     setup.get("quant", ""), setup["optimizer"], setup["parallel"].get("zero", 0),
-                                    s.get("shortfall")))
+                                    s.get("shortfall"), max(setup["parallel"].get("tp", 1), 1)))
         return cls(d["model"], d["unit"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
                    d.get("global_batch", 0), d["seq_multiple"], d["setup"]["seq"], largest, settings, d["least_change"])
 
