@@ -234,7 +234,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 			if r.Synchronous {
 				t = work + host
 			}
-			t += comm // the next op waits for it
+			t += comm             // the next op waits for it
 			total += 2 * t * 1e12 // this and its share of the sums
 			return int64(min(math.Round(t*1e12), maxTime))
 		}
