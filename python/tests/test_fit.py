@@ -121,3 +121,14 @@ def test_fit_refuses_bad_arguments(ckptplan_binary):
         ckptplan.fit(model, "1GiB", seq=64, global_batch=0)
     with pytest.raises(ckptplan.CkptplanUsageError, match="does not divide over 3 GPUs"):
         ckptplan.fit("tiny-llama", "1GiB", gpus=3, global_batch=8)
+
+
+def test_fit_over_gpus_names_tensor_parallelism(ckptplan_binary):
+    """Over two GPUs, tiny-llama's settings include tensor parallelism
+    over both (its 4 heads divide by 2), whose data-parallel ranks share
+    the global batch: one, here."""
+    f = ckptplan.fit("tiny-llama", "64MiB", gpus=2, global_batch=8)
+    tp = [s for s in f.settings if s.tp == 2]
+    assert [s.name for s in tp] == ["full, adamw-fused, TP 2"], [s.name for s in f.settings]
+    assert tp[0].fits and tp[0].micro_batch * tp[0].grad_accum == 8 and tp[0].zero == 0
+    assert all(s.tp == 1 for s in f.settings if s not in tp)
