@@ -679,8 +679,56 @@ func (p *Problem) resolveKeepSet(plan *Plan, i int, name string) (int, bool) {
 				return j, true
 			}
 		}
+		// One the search did not find (a plan priced in time, read in
+		// FLOPs): made from the record of what it keeps.
+		order := st.SavedOrder()
+		if len(rec.Held) > 0 || len(order) != len(rec.Saved) {
+			return 0, false
+		}
+		keep := map[int]bool{}
+		for k, s := range order {
+			if p.Costs.StorageName(s) != rec.Saved[k].Name {
+				return 0, false
+			}
+			keep[s] = rec.Saved[k].Keep
+		}
+		j, ok := st.KeepSetOf(func(s int) bool { return keep[s] })
+		if ok && j > len(p.Chain.Options[i]) {
+			p.Chain.Options = chainOptions(p.Stages, p.zero)
+		}
+		return j, ok
 	}
 	return 0, false
+}
+
+// InFLOPs returns a plan priced in time as the same schedule priced in
+// FLOPs, with its problem: what exports and the runtime, whose figures
+// are FLOPs, take. A plan in FLOPs is returned as it is.
+func (p *Problem) InFLOPs(plan *Plan) (*Problem, *Plan, error) {
+	if plan.Unit != TimeUnit {
+		return p, plan, nil
+	}
+	if p.Costs == nil {
+		return nil, nil, errors.New("a profiled chain's plan is priced in the chain's unit")
+	}
+	fp, err := graphProblem(p.Name, p.Costs.Graph, p.byBlock, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	fp.SourceFile, fp.SourceSHA256, fp.Notes = p.SourceFile, p.SourceSHA256, p.Notes
+	sched, err := fp.Schedule(plan)
+	if err != nil {
+		return nil, nil, err
+	}
+	again, err := fp.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !again.Feasible {
+		return nil, nil, fmt.Errorf("the schedule needs %v in FLOPs, the plan %v", again.MinBudgetBytes, plan.PeakBytes)
+	}
+	again.Device, again.Runtime, again.ReserveBytes = plan.Device, plan.Runtime, plan.ReserveBytes
+	return fp, again, nil
 }
 
 // ReadPlan reads a plan saved as JSON (ckptplan plan --format json). A

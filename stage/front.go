@@ -480,6 +480,34 @@ func (st *Stage) keepAll() KeepSet {
 	return KeepSet{Name: "keep-all", kept: b, TapeBytes: st.TapeBytes}
 }
 
+// KeepSetOf returns the index of the stage's keep set that keeps, of
+// its candidates, those keep says: one the search found, or, where it
+// found none (a keep set another objective's front holds), one made here
+// and appended, offered by name only, as a runtime's policy is. false
+// where keep names no keep set the stage can run: one that drops what a
+// kept output needs. The stage's keep sets must have been searched.
+func (st *Stage) KeepSetOf(keep func(storage int) bool) (int, bool) {
+	b := newBitset(len(st.Saved))
+	for j, s := range st.Saved {
+		if keep(s) {
+			b.set(j)
+		}
+	}
+	for i := range st.KeepSets {
+		if ks := &st.KeepSets[i]; len(ks.held) == 0 && ks.kept.key() == b.key() {
+			return i, true
+		}
+	}
+	k := newSearch(st)
+	if k.closeOutputs(b).key() != b.key() {
+		return 0, false
+	}
+	ks := k.keepSet(namedBits{kept: b}, costmodel.FindModules(st.c.Graph))
+	ks.Named = true
+	st.KeepSets = append(st.KeepSets, ks)
+	return len(st.KeepSets) - 1, true
+}
+
 // keepSet turns kept candidates into a KeepSet with its name, costs and
 // transients.
 func (k *search) keepSet(nb namedBits, mods *costmodel.ModuleMap) KeepSet {

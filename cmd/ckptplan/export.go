@@ -45,6 +45,9 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		if strings.HasSuffix(arg, ".json") {
 			return usagef("export --pp plans the pipeline from a model, not from a saved plan")
 		}
+		if pf.objective == "time" || pf.roofline.set {
+			return usagef("export --pp plans the pipeline in FLOPs: --objective time and --roofline do not apply")
+		}
 		src, opt, err := pf.load(fs, arg)
 		if err != nil {
 			return err
@@ -66,6 +69,16 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 	plan, p, opt, unverified, err := exportPlan(fs, pf, arg, to.value, stderr)
 	if err != nil {
 		return err
+	}
+	if plan.Unit == planner.TimeUnit {
+		// The engines' settings and the runtime's figures are FLOPs: the
+		// same schedule, priced so.
+		if p == nil {
+			return fmt.Errorf("%s: a plan priced in time is exported from its model, which is not here as it was", arg)
+		}
+		if p, plan, err = p.InFLOPs(plan); err != nil {
+			return fmt.Errorf("%s: the plan in FLOPs: %w", arg, err)
+		}
 	}
 	e, err := export.FromPlan(plan)
 	if err != nil {
@@ -134,9 +147,6 @@ func checkSharder(p ir.Parallel, profile ir.Profile, target string) error {
 // for the engine the target configures: a model's unset sharding is
 // that engine, and another is refused.
 func exportPlan(fs *flag.FlagSet, pf *planFlags, arg, target string, stderr io.Writer) (plan *planner.Plan, p *planner.Problem, opt *planner.Options, unverified string, err error) {
-	if pf.objective == "time" || pf.roofline.set {
-		return nil, nil, nil, "", usagef("export writes plans priced in FLOPs, as the engines' settings and the runtime's figures are: --objective time and --roofline apply to plan, compare and fit")
-	}
 	if strings.HasSuffix(arg, ".json") {
 		data, err := graphio.ReadInput(arg)
 		if err != nil {
@@ -215,9 +225,6 @@ func readPlanFile(fs *flag.FlagSet, arg string, data []byte, target string) (pla
 	}
 	if err := plan.Check(); err != nil {
 		return nil, nil, "", fmt.Errorf("%s: %w", arg, err)
-	}
-	if plan.Unit == planner.TimeUnit {
-		return nil, nil, "", fmt.Errorf("%s: the plan is priced in time (--objective time); export writes plans priced in FLOPs: plan again without it", arg)
 	}
 	if s := plan.Setup; s != nil {
 		if err := checkSharder(s.Parallel, s.Profile, target); err != nil {

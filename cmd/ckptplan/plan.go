@@ -270,25 +270,17 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	return writeFormatted(stdout, format.value, plan, func(w io.Writer) error { return writePlanText(w, plan, inFLOPs(src, plan)) })
+	return writeFormatted(stdout, format.value, plan, func(w io.Writer) error { return writePlanText(w, plan, inFLOPs(p, plan)) })
 }
 
 // inFLOPs says a plan priced in time in FLOPs as well: "; in FLOPs 3.85
 // PFLOP, store-everything 2.95 PFLOP: 30.4% extra compute"; "" for a plan
 // in FLOPs, or where its schedule cannot be priced so.
-func inFLOPs(src *graphio.Source, plan *planner.Plan) string {
+func inFLOPs(p *planner.Problem, plan *planner.Plan) string {
 	if plan.Unit != planner.TimeUnit {
 		return ""
 	}
-	fp, err := planner.New(src)
-	if err != nil {
-		return ""
-	}
-	sched, err := fp.Schedule(plan)
-	if err != nil {
-		return ""
-	}
-	again, err := fp.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	_, again, err := p.InFLOPs(plan)
 	if err != nil {
 		return ""
 	}
@@ -501,7 +493,7 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 	fmt.Fprintf(w, "fits, %v spare", p.BudgetBytes-p.PeakBytes-p.ReserveBytes)
 	switch {
 	case p.Unit == planner.TimeUnit:
-		fmt.Fprint(w, "; 'ckptplan export' writes plans priced in FLOPs, with the same flags but --objective and --roofline")
+		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes its schedule, priced in FLOPs, for a trainer")
 	case slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }):
 		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan), ckptplan.apply runs it in Python")
 	}
