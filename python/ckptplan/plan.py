@@ -266,7 +266,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
          solver: str = "selective", device: Optional[str] = None,
          reserve: Union[str, int, None] = None, logits_dtype: Optional[str] = None,
          autocast: Optional[str] = None, optimizer: Optional[str] = None,
-         extra_args: Sequence[str] = (), traced: Optional[bool] = None, padded: bool = False) -> Plan:
+         extra_args: Sequence[str] = (), traced: Optional[bool] = None, padded: bool = False,
+         objective: Optional[str] = None, roofline: Optional[str] = None) -> Plan:
     """Plan model's activations for one training step of batch sequences of
     seq tokens within budget (bytes, or a string such as "24GiB"; default:
     the device's memory).
@@ -295,6 +296,13 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
 
+    objective: "flops" (the default) chooses the plan with the least
+    recomputed FLOPs; "time" the one with the least step time on the
+    device's roofline (a GPU ckptplan knows, or roofline, the binary's
+    ``--roofline matrix=…,bandwidth=…`` figures). A plan made for time is
+    applied as any other; its figures are FLOPs, as the runtime counts
+    them.
+
     padded: whether the step's batches carry an attention mask that pads
     shorter sequences (a collator pads each batch to its longest): under
     sdpa transformers then hands every layer the model's mask, which from
@@ -322,6 +330,10 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
 
     versions.check()
     args = ["export", "--to", "json", "--solver", solver, *_memory_args(budget, device, reserve, optimizer, padded)]
+    if objective is not None:
+        args += ["--objective", objective]
+    if roofline is not None:
+        args += ["--roofline", roofline]
     if isinstance(model, (str, os.PathLike)):
         if traced:
             raise _binary.CkptplanUsageError("ckptplan.plan: traced applies to a live model; trace a config with "

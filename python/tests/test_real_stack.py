@@ -476,6 +476,30 @@ def test_plans_hold(ckptplan_binary, family, attention, dtype, dropout, lora, au
     assert ("selective" if solver == "selective" and (family not in MOE or traced(family)) else "checkpoint") in modes
 
 
+def test_time_plans_hold(ckptplan_binary):
+    """A plan chosen for step time on a roofline (here a CPU's figures)
+    applies as a FLOPs plan does: each layer holds what it says, the
+    gradients are those of the run without a plan, and the FLOPs
+    recomputed in backward are its figure."""
+    ref = build("llama", "sdpa", "fp32")
+    base = copy.deepcopy(ref)
+    torch.manual_seed(2)
+    base_flops = measure(base, batch()).backward_flops
+    store = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="none")
+    every = ckptplan.plan(ref, "1GiB", optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, solver="every-k")
+    budget = (every.peak_bytes + store.peak_bytes) // 2
+    plan = ckptplan.plan(ref, budget, optimizer=OPTIMIZER, batch=BATCH, seq=SEQ, objective="time",
+                         roofline="matrix=5e10,bandwidth=2e10,launch=1e-5,sync")
+    assert plan.peak_bytes <= budget and {"selective", "checkpoint"} & {l.mode for l in plan.layers}, plan.layers
+    model = copy.deepcopy(ref)
+    apply(model, plan)
+    torch.manual_seed(2)
+    m = measure(model, batch())
+    assert grads_equal(model, base)
+    assert [got.kept_bytes for got in m.layers] == [l.kept_bytes for l in plan.layers]
+    assert m.recomputed_flops == plan.recompute_flops == m.backward_flops - base_flops
+
+
 @pytest.mark.newer
 @pytest.mark.parametrize("family,attention,kv,n", [(f, a, kv, n) for f in ("llama", "gemma") for a in ("eager", "sdpa")
                                                    for kv in (1, 2, 4) for n in (1, 2)])
