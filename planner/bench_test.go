@@ -100,8 +100,8 @@ func BenchmarkPlanLongChain(b *testing.B) {
 
 // BenchmarkFit70B answers fit for llama-3-70b on 80 GiB GPUs: the largest
 // micro-batch and sequence of the base setup, storing everything and
-// planned, and every setting (full, 8-bit AdamW, LoRA, QLoRA; DDP and
-// ZeRO 1 to 3 over 8 GPUs) reaching a global batch of 64 sequences of
+// planned, and every setting (full, 8-bit AdamW, LoRA, QLoRA; DDP,
+// ZeRO 1 to 3 and tensor parallelism over 8 GPUs) reaching a global batch of 64 sequences of
 // 4096 tokens, in FLOPs and in time on the H100's roofline.
 func BenchmarkFit70B(b *testing.B) {
 	for _, objective := range []string{"flops", "time"} {
