@@ -339,7 +339,9 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 // full fine-tuning (where base is), LoRA and QLoRA (rank 16, or base's),
 // an 8-bit optimizer where the full model trains, and over several GPUs
 // data parallelism and ZeRO 1 to 3 (LoRA: DDP and ZeRO 3, which also
-// shards the frozen weights; QLoRA: DDP).
+// shards the frozen weights; QLoRA: DDP) and, for full fine-tuning,
+// tensor parallelism over 2, 4 or 8 of them where valid says the model
+// takes it.
 func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 	rank := base.LoRA.Rank
 	if rank == 0 {
