@@ -228,12 +228,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 			if matrix(n) {
 				compute = float64(flops) / rate
 			}
-			work := max(compute, memory)
-			host := float64(launches) * r.LaunchSeconds
-			t := max(work, host)
-			if r.Synchronous {
-				t = work + host
-			}
+			t := r.withLaunches(max(compute, memory), int64(launches))
 			t += comm             // the next op waits for it
 			total += 2 * t * 1e12 // this and its share of the sums
 			return int64(min(math.Round(t*1e12), maxTime))
@@ -242,12 +237,7 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 			if dequant == 0 {
 				return 0
 			}
-			work := float64(dequant) / (r.BandwidthBytes * r.BandwidthEfficiency)
-			host := float64(len(quant)) * r.LaunchSeconds
-			t := max(work, host)
-			if r.Synchronous {
-				t = work + host
-			}
+			t := r.Seconds(Update{Bytes: dequant, Kernels: int64(len(quant))})
 			total += 2 * t * 1e12
 			return int64(min(math.Round(t*1e12), maxTime))
 		}
@@ -267,6 +257,17 @@ func (c *Costs) Times(r Roofline) ([]NodeTime, error) {
 		return nil, fmt.Errorf("%s: its step takes %.3g s on this roofline, past what ckptplan counts in picoseconds: %w", g.Name, total*1e-12/2, ir.ErrTooLarge)
 	}
 	return out, nil
+}
+
+// withLaunches returns the time of work seconds run by launches kernels:
+// on a GPU at least the launches' time, the host queueing ahead of the
+// device; on a CPU (Synchronous) the two added, the host running both.
+func (r Roofline) withLaunches(work float64, launches int64) float64 {
+	host := float64(launches) * r.LaunchSeconds
+	if r.Synchronous {
+		return work + host
+	}
+	return max(work, host)
 }
 
 // tensorParallel prices Megatron-LM's tensor-parallel all-reduces

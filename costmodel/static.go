@@ -211,13 +211,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		return Static{}, fmt.Errorf("graph %s has no dtype", g.Name)
 	}
 	dp := max(s.Parallel.DP, 1)
-	opt, ok := optimizers[s.Optimizer]
+	opt, ownDType, ok := optimizerOf(s)
 	if !ok {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, ir.Join(ir.Optimizers(), ", "))
-	}
-	ownDType := s.MasterWeights == ir.MasterNone && opt.master // PyTorch's, over 16-bit weights: moments in their dtype
-	if ownDType {
-		opt.master = false
 	}
 	var params, trainable, weights, grads, moments, masters, dequant, tensors int64
 	var trainedShard int64 // the trained parameters on this tensor-parallel rank
@@ -475,6 +471,19 @@ func (g Gather) LayerBytes() int64 { return max(g.ForwardBytes(), g.BackwardByte
 // gloo's temporary beside the root's weights, where no layer's buffer is
 // held yet.
 func (g Gather) StartBytes() int64 { return max(2*g.RootWeights-g.LayerWeights, 0) }
+
+// optimizerOf returns the optimizer a setup trains with, and ownDType
+// where it keeps its moments in the weights' dtype with no master copy
+// (PyTorch's own optimizers over 16-bit weights, MasterNone); false for
+// an optimizer ckptplan does not know.
+func optimizerOf(s ir.Setup) (opt optimizer, ownDType, ok bool) {
+	opt, ok = optimizers[s.Optimizer]
+	ownDType = s.MasterWeights == ir.MasterNone && opt.master
+	if ownDType {
+		opt.master = false
+	}
+	return opt, ownDType, ok
+}
 
 // An optimizer is what an optimizer keeps for the weights it trains.
 type optimizer struct {

@@ -71,11 +71,7 @@ func updatePasses(opt optimizer, name ir.Optimizer) passes {
 // UpdateOf returns what the optimizer step of g moves on one rank.
 func UpdateOf(g *ir.Graph) Update {
 	s := g.Setup
-	opt := optimizers[s.Optimizer]
-	ownDType := s.MasterWeights == ir.MasterNone && opt.master
-	if ownDType {
-		opt.master = false
-	}
+	opt, ownDType, _ := optimizerOf(s)
 	p := updatePasses(opt, s.Optimizer)
 	if p == (passes{}) {
 		return Update{}
@@ -116,13 +112,8 @@ func UpdateOf(g *ir.Graph) Update {
 	return u
 }
 
-// Seconds is the time of u on r: its traffic over the bandwidth, or its
-// launches' time where that is longer (on a CPU, the two added).
+// Seconds is the time of memory-bound kernels moving u.Bytes on r: their
+// traffic over the bandwidth, with their launches (withLaunches).
 func (r Roofline) Seconds(u Update) float64 {
-	work := float64(u.Bytes) / (r.BandwidthBytes * r.BandwidthEfficiency)
-	host := float64(u.Kernels) * r.LaunchSeconds
-	if r.Synchronous {
-		return work + host
-	}
-	return max(work, host)
+	return r.withLaunches(float64(u.Bytes)/(r.BandwidthBytes*r.BandwidthEfficiency), u.Kernels)
 }

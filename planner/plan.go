@@ -427,14 +427,26 @@ func (p *Plan) StepCost() (cost, baseline float64) {
 // and under storing everything: each micro-batch's forward and backward,
 // the collectives' time they do not hide, and the optimizer step.
 func (p *Plan) stepOf(m int64) (cost, baseline float64) {
-	var forward float64
+	step := func(micro float64) float64 { return micro*float64(m) + p.commOf(micro, m) + p.UpdateCost }
+	return step(p.Cost), step(p.BaselineCost)
+}
+
+// CommCost is the time of the plan's step that its collectives add: what
+// its micro-batches' forwards and backwards do not hide of them.
+func (p *Plan) CommCost() float64 { return p.commOf(p.Cost, p.MicroBatches()) }
+
+// commOf returns what micro-batches of micro time each, m of them, do not
+// hide of the collectives; a micro-batch's backward is its time less
+// one forward of every stage.
+func (p *Plan) commOf(micro float64, m int64) float64 {
+	if p.Comm == nil {
+		return 0
+	}
+	forward := 0.0
 	for _, st := range p.Stages {
 		forward += st.Forward
 	}
-	step := func(micro float64) float64 {
-		return micro*float64(m) + p.Comm.Exposed(micro, micro-forward, m) + p.UpdateCost
-	}
-	return step(p.Cost), step(p.BaselineCost)
+	return p.Comm.Exposed(micro, micro-forward, m)
 }
 
 // Comm is the time of a step's data-parallel collectives on one rank
@@ -693,7 +705,7 @@ func (p *Problem) resolveKeepSet(plan *Plan, i int, name string) (int, bool) {
 			keep[s] = rec.Saved[k].Keep
 		}
 		j, ok := st.KeepSetOf(func(s int) bool { return keep[s] })
-		if ok && j > len(p.Chain.Options[i]) {
+		if ok && j > len(p.Chain.Options[i]) { // made now: the chain has no option for it yet
 			p.Chain.Options = chainOptions(p.Stages, p.zero)
 		}
 		return j, ok

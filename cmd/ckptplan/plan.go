@@ -475,7 +475,7 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 			parts = fmt.Sprintf("%d micro-batches' forward and backward of %s each", m, costString(p.Cost, p.Unit))
 		}
 		if p.Comm != nil {
-			parts += ", collectives not hidden " + costString(step-p.Cost*float64(p.MicroBatches())-p.UpdateCost, p.Unit)
+			parts += ", collectives not hidden " + costString(p.CommCost(), p.Unit)
 		}
 		fmt.Fprintf(w, "step time (estimated on the device's roofline) %s: %s, optimizer step %s; store-everything %s: %.1f%% extra %s%s\n",
 			costString(step, p.Unit), parts, costString(p.UpdateCost, p.Unit), costString(base, p.Unit), 100*p.Overhead, extra(p.Unit), also)
