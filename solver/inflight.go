@@ -47,6 +47,7 @@ package solver
 // to prune them, for fronts of F states and C_i choices of stage i.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -363,26 +364,51 @@ func paretoFront(states []point, grain mem.Bytes) []point {
 		}
 		return (v + grain - 1) / grain * grain
 	}
-	in := make([]point, len(states))
+	// By cost, then a, then b, then the order given: a point is kept
+	// unless an earlier kept one has no larger a and no larger b. A front
+	// pruned again at a coarser grain comes in cost order already, so
+	// only its runs of equal cost are sorted, by their rounded a and b;
+	// with costs in time nearly every run is one point long.
+	type ranked struct {
+		point
+		at int
+	}
+	in := make([]ranked, len(states))
+	byCost := true
 	for i, s := range states {
 		s.a, s.b = up(s.a), up(s.b)
-		in[i] = s
+		in[i] = ranked{s, i}
+		byCost = byCost && (i == 0 || states[i-1].cost <= s.cost)
 	}
-	// By cost, then a, then b: a point is kept unless an earlier kept one
-	// has no larger a and no larger b.
-	sort.SliceStable(in, func(i, j int) bool {
-		if in[i].cost != in[j].cost {
-			return in[i].cost < in[j].cost
+	order := func(x, y ranked) int {
+		switch {
+		case x.cost != y.cost:
+			return cmp.Compare(x.cost, y.cost)
+		case x.a != y.a:
+			return cmp.Compare(x.a, y.a)
+		case x.b != y.b:
+			return cmp.Compare(x.b, y.b)
 		}
-		if in[i].a != in[j].a {
-			return in[i].a < in[j].a
+		return cmp.Compare(x.at, y.at)
+	}
+	if !byCost {
+		slices.SortFunc(in, order)
+	}
+	for i := 0; byCost && i < len(in); {
+		j := i + 1
+		for j < len(in) && in[j].cost == in[i].cost {
+			j++
 		}
-		return in[i].b < in[j].b
-	})
+		if j-i > 1 {
+			slices.SortFunc(in[i:j], order)
+		}
+		i = j
+	}
 	var out []point
 	// stair holds the kept (a, b) pairs with b strictly falling as a rises.
 	var stair []point
-	for _, s := range in {
+	for _, r := range in {
+		s := r.point
 		// The kept point with the largest a ≤ s.a has the least b among
 		// those with a ≤ s.a.
 		k := sort.Search(len(stair), func(i int) bool { return stair[i].a > s.a })
