@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -93,5 +94,40 @@ func TestExportTimePlan(t *testing.T) {
 	}
 	if selective == 0 {
 		t.Fatal("the time plan has no selective layer: the test checks nothing of keep sets")
+	}
+}
+
+// TestDefaultObjective: a plan is priced in time where the device's
+// figures are known (a named GPU, or --roofline), in FLOPs for a bare
+// budget, a device known by its memory, --objective flops, and a
+// pipeline, whose bubble time does not price.
+func TestDefaultObjective(t *testing.T) {
+	roofline := "matrix=1e12,bandwidth=1e11"
+	for _, tc := range []struct {
+		args []string
+		unit string
+	}{
+		{[]string{"--device", "h100-80gb"}, "ps"},
+		{[]string{"--device", "rtx-4090", "--seq", "512", "--budget", "23GiB"}, "ps"},
+		{[]string{"--budget", "60GiB", "--roofline", roofline}, "ps"},
+		{[]string{"--budget", "60GiB"}, "FLOPs"},
+		{[]string{"--device", "80GiB"}, "FLOPs"},
+		{[]string{"--device", "h100-80gb", "--objective", "flops"}, "FLOPs"},
+		{[]string{"--device", "h100-80gb", "--pp", "2"}, "FLOPs"},
+		{[]string{"--budget", "60GiB", "--pp", "2", "--roofline", roofline}, "ps"},
+		{[]string{"--device", "h100-80gb", "--pp", "2", "--objective", "time"}, "ps"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"plan", "llama-3-8b", "--lora-rank", "16", "--seq", "2048", "--format", "json"}, tc.args...)
+		if err := run(&stdout, &stderr, args); err != nil {
+			t.Fatalf("%v: %v\n%s", tc.args, err, stderr.String())
+		}
+		var plan struct{ Unit string }
+		if err := json.Unmarshal(stdout.Bytes(), &plan); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if plan.Unit != tc.unit {
+			t.Errorf("%v: unit %q, want %q", tc.args, plan.Unit, tc.unit)
+		}
 	}
 }

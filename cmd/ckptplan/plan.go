@@ -134,7 +134,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
-	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: flops, or time where --roofline is given)")
+	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: time with --roofline, or with a --device whose figures ckptplan knows except under --pp; flops otherwise)")
 	fs.Var(&p.roofline, "roofline", "the device's figures, for time: matrix=FLOP/s,bandwidth=B/s[,fp32=FLOP/s][,attention=FLOP/s][,launch=SECONDS][,matrix-efficiency=E][,bandwidth-efficiency=E][,sync] (sync: the host runs the ops, as on a CPU; efficiencies default to 1, figures measured as reached) (default: the --device's datasheet figures)")
 	addRuntimeFlag(fs, &p.runtime)
 	return p
@@ -160,12 +160,13 @@ func (p *planFlags) resolveObjective() error {
 		}
 	}
 	switch p.objective {
-	case "", "flops":
-		if p.roofline.set && p.objective == "flops" {
-			return usagef("--roofline prices time: it does not apply with --objective flops")
-		}
+	case "":
+		// Time where the device's figures are known; FLOPs for a bare
+		// budget or a device known by its memory alone.
+		p.timing = r
+	case "flops":
 		if p.roofline.set {
-			p.timing = r
+			return usagef("--roofline prices time: it does not apply with --objective flops")
 		}
 	case "time":
 		if r == nil {
@@ -247,6 +248,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	if pp != nil && *timeline != "" {
 		return usagef("--timeline draws one device's schedule: it does not apply with --pp")
+	}
+	if pp != nil && pf.objective == "" && !pf.roofline.set {
+		// A pipeline's bubble and its sends are not priced in time: by
+		// default it is planned in FLOPs, as export --pp plans it.
+		pf.timing = nil
 	}
 	p, err := pf.problem(src)
 	if err != nil {
@@ -491,11 +497,12 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 		}
 	}
 	fmt.Fprintf(w, "fits, %v spare", p.BudgetBytes-p.PeakBytes-p.ReserveBytes)
-	switch {
-	case p.Unit == planner.TimeUnit:
-		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes its schedule, priced in FLOPs, for a trainer")
-	case slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }):
-		fmt.Fprint(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan), ckptplan.apply runs it in Python")
+	priced := ""
+	if p.Unit == planner.TimeUnit {
+		priced = " with its figures in FLOPs, as runtimes count them"
+	}
+	if slices.ContainsFunc(p.Stages, func(s planner.Stage) bool { _, _, ok := layerIndex(s.Name); return ok }) {
+		fmt.Fprintf(w, "; 'ckptplan export' with the same flags writes it for a trainer (--to hf, pytorch, fsdp2, deepspeed, megatron, torchtitan)%s; ckptplan.apply runs it in Python", priced)
 	}
 	fmt.Fprint(w, "\n\n")
 	selective := false

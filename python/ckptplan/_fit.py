@@ -111,7 +111,9 @@ def fit(model, budget: Union[str, int, None] = None, *, device: Optional[str] = 
     micro-batch at seq tokens and the longest sequence at micro-batch 1,
     storing everything and planned with solver; and the settings that
     reach global_batch sequences a step over gpus GPUs, ranked by the
-    compute a GPU spends on a sequence.
+    time a GPU spends on a sequence (on a device whose figures ckptplan
+    knows, or roofline) or its compute; objective="flops" ranks by
+    compute on any device.
 
     model is a live transformers or PEFT model, or what ``ckptplan.plan``
     reads by path or name. batch is the setup's micro-batch, which the

@@ -296,12 +296,13 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
 
-    objective: "flops" (the default) chooses the plan with the least
-    recomputed FLOPs; "time" the one with the least step time on the
+    objective: "time" chooses the plan with the least step time on the
     device's roofline (a GPU ckptplan knows, or roofline, the binary's
-    ``--roofline matrix=…,bandwidth=…`` figures). A plan made for time is
-    applied as any other; its figures are FLOPs, as the runtime counts
-    them.
+    ``--roofline matrix=…,bandwidth=…`` figures): the default where one of
+    them is given; "flops" the one with the least recomputed FLOPs: the
+    default for a bare budget, and for device="auto", which the binary
+    knows by its memory alone. A plan made for time is applied as any
+    other; its figures are FLOPs, as the runtime counts them.
 
     padded: whether the step's batches carry an attention mask that pads
     shorter sequences (a collator pads each batch to its longest): under
