@@ -551,6 +551,17 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 
 // fitSetting searches one setting: the micro-batch and accumulation that
 // reach the global batch, or its largest micro-batch.
+// ddpNoSync reports whether a setting reduces its gradients once a step
+// where it accumulates them: plain data parallelism does, as the Hugging
+// Face Trainer runs it (Accelerate's accumulate enters DDP's no_sync on
+// every micro-batch but the last), which holds no more memory, DDP's
+// gradients being whole already. ZeRO's stages reduce every micro-batch
+// (DeepSpeed) or would hold their gradients whole (FSDP2's
+// set_requires_gradient_sync), so they keep the base's.
+func ddpNoSync(s ir.Setup) bool {
+	return s.Parallel.DP > 1 && s.Parallel.Zero == 0 && s.GradAccum > 1
+}
+
 func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
@@ -583,6 +594,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 			if share > 1 {
 				acc := s
 				acc.GradAccum = 2
+				acc.Parallel.NoSync = acc.Parallel.NoSync || ddpNoSync(acc)
 				p := newProber(build, acc, opt)
 				m, _, err := p.largest(min(share-1, fo.MaxBatch), func(n int64) (int64, int64) { return n, s.Seq })
 				if err != nil {
@@ -591,6 +603,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 				if m > 0 {
 					m = largestDivisor(share, m)
 					sf.MicroBatch, sf.GradAccum = m, share/m
+					sf.Setup.Parallel.NoSync = acc.Parallel.NoSync
 					if pl, err = p.plan(m, s.Seq); err != nil {
 						return sf, err
 					}

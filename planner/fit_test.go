@@ -110,6 +110,12 @@ func TestFitGlobalBatch(t *testing.T) {
 				continue
 			}
 			s := st.Setup
+			// Plain data parallelism that accumulates reduces once a
+			// step, as the Hugging Face Trainer runs it; ZeRO keeps the
+			// base's every micro-batch.
+			if p := s.Parallel; p.NoSync != (p.DP > 1 && p.Zero == 0 && st.GradAccum > 1) {
+				t.Errorf("%+v: %s: no_sync %v over %d ranks, ZeRO %d, %d micro-batches", tt, st.Name, p.NoSync, p.DP, p.Zero, st.GradAccum)
+			}
 			if !fits(t, build, s, st.MicroBatch, s.Seq, opt) {
 				t.Errorf("%+v: %s at micro-batch %d does not fit", tt, st.Name, st.MicroBatch)
 			}

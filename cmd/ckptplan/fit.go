@@ -165,6 +165,12 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 	if s.Parallel.Zero != base.Parallel.Zero {
 		out = append(out, "--zero", strconv.FormatInt(s.Parallel.Zero, 10))
 	}
+	switch {
+	case s.Parallel.NoSync && !base.Parallel.NoSync:
+		out = append(out, "--no-sync")
+	case !s.Parallel.NoSync && base.Parallel.NoSync:
+		out = append(out, "--no-sync=false")
+	}
 	if s.Batch != base.Batch {
 		out = append(out, "--batch", strconv.FormatInt(s.Batch, 10))
 	}
