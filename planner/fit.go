@@ -401,8 +401,12 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 		}
 		// Tensor parallelism within a node of up to 8 GPUs, with ZeRO 1
 		// (Megatron-LM's distributed optimizer) over the data-parallel
-		// ranks left.
-		for tp := int64(2); tp <= min(gpus, 8); tp *= 2 {
+		// ranks left; from a base with tensor parallelism, none too.
+		first := int64(2)
+		if base.Parallel.TP > 1 {
+			first = 1
+		}
+		for tp := first; tp <= min(gpus, 8); tp *= 2 {
 			c := m.c
 			c.TP, c.Zero = tp, 1
 			if gpus/tp == 1 {

@@ -271,3 +271,24 @@ func TestFitKeepsTheBase(t *testing.T) {
 		}
 	}
 }
+
+// TestFitFromTensorParallelism: from a base that splits over tensor
+// parallelism, fit tries the other degrees and none at all.
+func TestFitFromTensorParallelism(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	base.Parallel.TP = 2
+	fit, err := build.Fit(base, &Options{Budget: 6 << 20}, FitOptions{GPUs: 4, GlobalBatch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps := map[int64]bool{}
+	for _, st := range fit.Settings {
+		tps[st.Setup.Parallel.TP] = true
+		if st.Setup.Parallel.DP*st.Setup.Parallel.TP != 4 {
+			t.Errorf("%s: TP %d × DP %d over 4 GPUs", st.Name, st.Setup.Parallel.TP, st.Setup.Parallel.DP)
+		}
+	}
+	if !tps[1] || !tps[2] || !tps[4] {
+		t.Errorf("tensor-parallel degrees tried: %v, want 1, 2 and 4", tps)
+	}
+}
