@@ -131,3 +131,36 @@ func BenchmarkFit70B(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPipeline175B plans GPT-3 175B over 8 pipeline stages of TP 8
+// with sequence parallelism, 64 microbatches, on an H100's 80 GB with the
+// selective strategy (plan gpt3-175b --tp 8 --sp --pp 8 --microbatches 64
+// --device h100-80gb): in FLOPs, and in time on the H100's roofline,
+// whose distinct costs make the in-flight solver's fronts far wider.
+func BenchmarkPipeline175B(b *testing.B) {
+	for _, objective := range []string{"flops", "time"} {
+		b.Run(objective, func(b *testing.B) {
+			src, err := graphio.Load("gpt3-175b")
+			if err != nil {
+				b.Fatal(err)
+			}
+			src.Model.Training.Parallel.TP, src.Model.Training.Parallel.SP = 8, true
+			var r *costmodel.Roofline
+			if objective == "time" {
+				d, _ := costmodel.LookupDevice("h100-80gb")
+				dr, _ := d.Roofline()
+				r = &dr
+			}
+			p, err := NewTimed(src, r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				plan, err := p.PlanPipeline(&Options{Device: "h100-80gb", Strategy: Selective}, Pipeline{Stages: 8, Microbatches: 64})
+				if err != nil || !plan.Feasible {
+					b.Fatal(err, plan.Feasible)
+				}
+			}
+		})
+	}
+}
