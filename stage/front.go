@@ -402,6 +402,7 @@ type namedBits struct {
 type searched struct {
 	found []namedBits
 	sets  []KeepSet
+	at    map[int]int // the first stage's nodes' positions
 }
 
 // keepSets returns the keep sets of a stage: the policies, then the points
@@ -449,9 +450,13 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 		}
 		if i := len(out); i < len(found.sets) {
 			// The same stage but for its nodes' names: the same sizes and
-			// transients, its own nodes to rerun.
+			// transients, and its own nodes to rerun, at the positions of
+			// the first stage's (the signature lists the nodes in order).
 			ks := found.sets[i]
-			ks.Recompute = k.rerun(nb, mods)
+			ks.Recompute = make([]int, len(ks.Recompute))
+			for j, id := range found.sets[i].Recompute {
+				ks.Recompute[j] = st.Nodes[found.at[id]]
+			}
 			out = append(out, ks)
 			continue
 		}
@@ -459,6 +464,10 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 	}
 	if len(found.sets) == 0 {
 		found.sets = out
+		found.at = make(map[int]int, len(st.Nodes))
+		for j, id := range st.Nodes {
+			found.at[id] = j
+		}
 	}
 	// A runtime's own policy, which holds storages of this stage's own:
 	// computed per stage, offered only by name.

@@ -542,3 +542,36 @@ func nodeNamed(t *testing.T, g *ir.Graph, name string) int {
 	t.Fatalf("no node %s", name)
 	return -1
 }
+
+// TestSharedKeepSetsRerunTheirOwnNodes: a stage whose signature an earlier
+// stage has takes that stage's keep sets, with its own nodes to rerun; they
+// are the nodes its own search reruns.
+func TestSharedKeepSetsRerunTheirOwnNodes(t *testing.T) {
+	for _, tt := range []struct {
+		model string
+		edit  func(*ir.Setup)
+	}{
+		{"tiny-llama", nil},
+		{"tiny-gpt2", nil},
+		{"llama-3-8b", nil},
+		{"mixtral-8x7b", nil},
+		{"gemma-2-9b", nil},
+		{"llama-3-8b", func(s *ir.Setup) { s.Profile = "megatron"; s.Attention = "eager" }},
+		{"llama-3-8b", func(s *ir.Setup) { s.LoRA.Rank = 16 }},
+	} {
+		shared := build(t, tt.model, tt.edit)
+		c := shared[0].c
+		mods := costmodel.FindModules(c.Graph)
+		for i, st := range shared {
+			sets := st.keepSets(mods, map[string]*searched{})
+			if len(sets) != len(st.KeepSets) {
+				t.Fatalf("%s stage %d: %d keep sets shared, %d its own", tt.model, i, len(st.KeepSets), len(sets))
+			}
+			for j := range sets {
+				if !slices.Equal(sets[j].Recompute, st.KeepSets[j].Recompute) {
+					t.Errorf("%s stage %d keep set %q: reruns %v shared, %v its own", tt.model, i, sets[j].Name, st.KeepSets[j].Recompute, sets[j].Recompute)
+				}
+			}
+		}
+	}
+}
