@@ -35,6 +35,7 @@ import warnings
 from typing import Any, Optional, Union
 
 from ._binary import CkptplanUsageError
+from ._gpus import cuda_device
 from .plan import Plan, plan as make_plan
 
 # How many examples prepare_trainer reads to find the longest sequence.
@@ -90,7 +91,9 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     elif rows == 1:
         seq *= batch
     if budget is None and device is None:
-        device = f"{_cuda_memory(model)}B"  # a GPU of its memory: the reserve is taken, as for a named one
+        # the GPU, named where ckptplan knows it, its reserve taken as
+        # for a named one; the budget the memory it reports
+        device, budget = cuda_device(_cuda_properties(model))
     extra = []
     accumulate = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
     if accumulate > 1:
@@ -145,7 +148,7 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
             raise CkptplanUsageError(
                 'ckptplan.prepare_accelerator: the accelerator runs on the CPU: give a budget (bytes, or a string '
                 'such as "24GiB") or a device (a GPU name such as "h100-80gb")')
-        device = f"{torch.cuda.get_device_properties(where).total_memory}B"
+        device, budget = cuda_device(torch.cuda.get_device_properties(where))
     extra = []
     accumulate = int(accelerator.gradient_accumulation_steps or 1)
     if accumulate > 1:
@@ -225,8 +228,8 @@ def _lengths(data: Any) -> list[int]:
     return out
 
 
-def _cuda_memory(model: Any) -> int:
-    """The memory of the CUDA device model's parameters are on."""
+def _cuda_properties(model: Any) -> Any:
+    """torch.cuda's properties of the device model's parameters are on."""
     import torch
 
     params = [p for p in model.parameters() if p.is_cuda]
@@ -234,7 +237,7 @@ def _cuda_memory(model: Any) -> int:
         raise CkptplanUsageError(
             'ckptplan.prepare_trainer: the model is not on a GPU: give a budget (bytes, or a string such as '
             '"24GiB") or a device (a GPU name such as "h100-80gb")')
-    return torch.cuda.get_device_properties(params[0].device).total_memory
+    return torch.cuda.get_device_properties(params[0].device)
 
 
 def _autocast(args: Any, model: Any) -> Optional[str]:

@@ -282,8 +282,10 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
 
     solver: selective (default), optimal, every-k, ...; device: a GPU name
     (``ckptplan plan -h`` lists them), its memory ("24GiB"), or "auto" for
-    the GPU PyTorch runs on, whose memory is the budget and whose default
-    reserve for what is not a tensor is taken unless reserve says otherwise; logits_dtype: fp32 (what
+    the GPU PyTorch runs on — named where ckptplan knows it by the name
+    CUDA reports, else known by its memory — whose memory is the budget
+    and whose default reserve for what is not a tensor is taken unless
+    reserve says otherwise; logits_dtype: fp32 (what
     transformers' loss does, the default) or model; autocast: "bf16" when
     the step runs under torch.autocast with fp32 weights; optimizer: the
     optimizer whose state and step the plan counts: a name (adamw, the
@@ -300,8 +302,8 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     device's roofline (a GPU ckptplan knows, or roofline, the binary's
     ``--roofline matrix=…,bandwidth=…`` figures): the default where one of
     them is given; "flops" the one with the least recomputed FLOPs: the
-    default for a bare budget, and for device="auto", which the binary
-    knows by its memory alone. A plan made for time is applied as any
+    default for a bare budget, and for a device known by its memory
+    alone. A plan made for time is applied as any
     other; its figures are FLOPs, as the runtime counts them.
 
     padded: whether the step's batches carry an attention mask that pads
@@ -418,7 +420,10 @@ def _memory_args(budget, device: Optional[str], reserve, optimizer: Any, padded:
         # under a mebibyte as a size without its unit.
         args += ["--budget", f"{budget}B" if isinstance(budget, int) else budget]
     if device is not None:
-        args += ["--device", _device(device)]
+        name, memory = _device(device)
+        args += ["--device", name]
+        if budget is None and memory is not None:
+            args += ["--budget", f"{memory}B"]
     if reserve is not None:
         args += ["--reserve", str(reserve)]
     if optimizer is not None:
@@ -428,23 +433,27 @@ def _memory_args(budget, device: Optional[str], reserve, optimizer: Any, padded:
     return args
 
 
-def _device(device: str) -> str:
-    """What --device gets for plan's device: a GPU's name as it is; for
-    "auto", the memory of the GPU PyTorch runs on (torch.cuda, CUDA's or
-    ROCm's), which the binary plans as a GPU of that memory.
+def _device(device: str) -> tuple[str, Optional[int]]:
+    """What --device gets for plan's device, and the memory the budget
+    is where none is given: a GPU's name as it is, with the binary's
+    memory for it; for "auto", the GPU PyTorch runs on (torch.cuda, CUDA's
+    or ROCm's): ckptplan's name for it where it knows it (its figures
+    price the plan in time), else its memory, and the memory it reports
+    (``_gpus.cuda_device``).
 
     >>> _device("h100-80gb")
-    'h100-80gb'
+    ('h100-80gb', None)
     """
     if device != "auto":
-        return device
+        return device, None
     import torch
+
+    from ._gpus import cuda_device
 
     if not torch.cuda.is_available():
         raise _binary.CkptplanUsageError('ckptplan.plan: device="auto" plans for the GPU PyTorch runs on, and PyTorch '
                                          'sees none: give a budget, or a GPU\'s name (such as "h100-80gb")')
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return f"{props.total_memory}B"
+    return cuda_device(torch.cuda.get_device_properties(torch.cuda.current_device()))
 
 
 def _check_plan_args(model, budget, device, batch, seq) -> None:

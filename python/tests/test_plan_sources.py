@@ -12,6 +12,8 @@ targets, rank, dtype and dropout.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
 import pytest
 
@@ -126,6 +128,37 @@ def test_auto_device_plans_for_the_gpu_pytorch_runs_on(ckptplan_binary, monkeypa
     auto = ckptplan.plan("tiny-llama", batch=2, seq=32, device="auto")
     named = ckptplan.plan("tiny-llama", batch=2, seq=32, device="h100-80gb")
     assert (auto.budget_bytes, auto.reserve_bytes) == (named.budget_bytes, named.reserve_bytes) == (81559 << 20, (1024 + 81559 // 20) << 20)
+
+
+@pytest.mark.parametrize("name,known", [("NVIDIA H100 80GB HBM3", True), ("NVIDIA H100 80GB HBM3 MIG 7g.80gb", False)])
+def test_auto_device_names_a_gpu_ckptplan_knows(ckptplan_binary, monkeypatch, name, known):
+    """device="auto" on a GPU ckptplan knows by name plans it as the named
+    one, in time on its figures; on one it knows by its memory alone (a
+    MIG slice has a share of the compute), in FLOPs."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name=name, total_memory=81559 << 20))
+    lora = ["--lora-rank", "16"]
+    auto = ckptplan.plan("llama-3-8b", batch=2, seq=8192, device="auto", extra_args=lora)
+    timed = ckptplan.plan("llama-3-8b", batch=2, seq=8192, device="h100-80gb", extra_args=lora)
+    flops = ckptplan.plan("llama-3-8b", batch=2, seq=8192, device="h100-80gb", objective="flops", extra_args=lora)
+    assert timed.layers != flops.layers  # the two objectives plan this setup apart
+    assert auto.layers == (timed if known else flops).layers
+    assert auto.budget_bytes == 81559 << 20
+
+
+def test_known_gpus_are_the_binarys(ckptplan_binary):
+    """Every device the package names a GPU by is one the binary knows."""
+    from ckptplan import _gpus
+
+    usage = subprocess.run([ckptplan_binary, "plan", "-h"], capture_output=True, text=True).stderr
+    listed = re.search(r"GPU, whose memory is the budget and sets the reserve: ([a-z0-9 |-]+), or its memory", usage)
+    assert listed, usage
+    names = {n.strip() for n in listed.group(1).split("|")}
+    assert {device for _, device in _gpus._KNOWN} <= names
 
 
 def test_auto_device_without_a_gpu_is_refused(ckptplan_binary, monkeypatch):
