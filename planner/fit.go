@@ -553,8 +553,6 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 	return r, nil
 }
 
-// fitSetting searches one setting: the micro-batch and accumulation that
-// reach the global batch, or its largest micro-batch.
 // ddpNoSync reports whether a setting reduces its gradients once a step
 // where it accumulates them: plain data parallelism does, as the Hugging
 // Face Trainer runs it (Accelerate's accumulate enters DDP's no_sync on
@@ -566,6 +564,8 @@ func ddpNoSync(s ir.Setup) bool {
 	return s.Parallel.DP > 1 && s.Parallel.Zero == 0 && s.GradAccum > 1
 }
 
+// fitSetting searches one setting: the micro-batch and accumulation that
+// reach the global batch, or its largest micro-batch.
 func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
