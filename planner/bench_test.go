@@ -98,6 +98,17 @@ func BenchmarkPlanLongChain(b *testing.B) {
 	}
 }
 
+// h100Roofline is the H100's roofline for the time objective, nil for
+// FLOPs.
+func h100Roofline(objective string) *costmodel.Roofline {
+	if objective != "time" {
+		return nil
+	}
+	d, _ := costmodel.LookupDevice("h100-80gb")
+	r, _ := d.Roofline()
+	return &r
+}
+
 // BenchmarkFit70B answers fit for llama-3-70b on 80 GiB GPUs: the largest
 // micro-batch and sequence of the base setup, storing everything and
 // planned, and every setting (full, 8-bit AdamW, LoRA, QLoRA; DDP,
@@ -110,12 +121,7 @@ func BenchmarkFit70B(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var r *costmodel.Roofline
-			if objective == "time" {
-				d, _ := costmodel.LookupDevice("h100-80gb")
-				dr, _ := d.Roofline()
-				r = &dr
-			}
+			r := h100Roofline(objective)
 			build, err := ModelBuilder(src, r)
 			if err != nil {
 				b.Fatal(err)
@@ -145,12 +151,7 @@ func BenchmarkPipeline175B(b *testing.B) {
 				b.Fatal(err)
 			}
 			src.Model.Training.Parallel.TP, src.Model.Training.Parallel.SP = 8, true
-			var r *costmodel.Roofline
-			if objective == "time" {
-				d, _ := costmodel.LookupDevice("h100-80gb")
-				dr, _ := d.Roofline()
-				r = &dr
-			}
+			r := h100Roofline(objective)
 			p, err := NewTimed(src, r)
 			if err != nil {
 				b.Fatal(err)

@@ -364,23 +364,20 @@ func paretoFront(states []point, grain mem.Bytes) []point {
 		}
 		return (v + grain - 1) / grain * grain
 	}
-	// By cost, then a, then b, then the order given: a point is kept
-	// unless an earlier kept one has no larger a and no larger b. A front
-	// pruned again at a coarser grain comes in cost order already, so
-	// only its runs of equal cost are sorted, by their rounded a and b;
-	// with costs in time nearly every run is one point long.
+	// By cost, then a, then b, then the order given (a stable sort, as
+	// pdqsort over the positions: several times faster on the wide fronts
+	// of costs in time): a point is kept unless an earlier kept one has
+	// no larger a and no larger b.
 	type ranked struct {
 		point
 		at int
 	}
 	in := make([]ranked, len(states))
-	byCost := true
 	for i, s := range states {
 		s.a, s.b = up(s.a), up(s.b)
 		in[i] = ranked{s, i}
-		byCost = byCost && (i == 0 || states[i-1].cost <= s.cost)
 	}
-	order := func(x, y ranked) int {
+	slices.SortFunc(in, func(x, y ranked) int {
 		switch {
 		case x.cost != y.cost:
 			return cmp.Compare(x.cost, y.cost)
@@ -390,20 +387,7 @@ func paretoFront(states []point, grain mem.Bytes) []point {
 			return cmp.Compare(x.b, y.b)
 		}
 		return cmp.Compare(x.at, y.at)
-	}
-	if !byCost {
-		slices.SortFunc(in, order)
-	}
-	for i := 0; byCost && i < len(in); {
-		j := i + 1
-		for j < len(in) && in[j].cost == in[i].cost {
-			j++
-		}
-		if j-i > 1 {
-			slices.SortFunc(in[i:j], order)
-		}
-		i = j
-	}
+	})
 	var out []point
 	// stair holds the kept (a, b) pairs with b strictly falling as a rises.
 	var stair []point

@@ -48,11 +48,11 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		if pf.objective == "time" || pf.roofline.set {
 			return usagef("export --pp plans the pipeline in FLOPs: --objective time and --roofline do not apply")
 		}
-		pf.objective = "flops"
 		src, opt, err := pf.load(fs, arg)
 		if err != nil {
 			return err
 		}
+		pf.forPipeline()
 		p, err := pf.problem(src)
 		if err != nil {
 			return err

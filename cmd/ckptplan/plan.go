@@ -179,6 +179,14 @@ func (p *planFlags) resolveObjective() error {
 	return nil
 }
 
+// forPipeline plans a pipeline in FLOPs unless time was asked for: its
+// bubble and its sends are not priced in time.
+func (p *planFlags) forPipeline() {
+	if p.objective == "" && !p.roofline.set {
+		p.timing = nil
+	}
+}
+
 // addRuntimeFlag defines --runtime, what runs the plan.
 func addRuntimeFlag(fs *flag.FlagSet, r *planner.Runtime) {
 	*r = planner.PerLayer
@@ -249,10 +257,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if pp != nil && *timeline != "" {
 		return usagef("--timeline draws one device's schedule: it does not apply with --pp")
 	}
-	if pp != nil && pf.objective == "" && !pf.roofline.set {
-		// A pipeline's bubble and its sends are not priced in time: by
-		// default it is planned in FLOPs, as export --pp plans it.
-		pf.timing = nil
+	if pp != nil {
+		pf.forPipeline()
 	}
 	p, err := pf.problem(src)
 	if err != nil {
