@@ -17,7 +17,10 @@ package costmodel
 //     optimizer step.
 //
 // Gradients are reduced every micro-batch, or once a step after its last
-// micro-batch's backward where Parallel.NoSync says so (DDP's no_sync).
+// micro-batch's backward where Parallel.NoSync says so (DDP's no_sync),
+// and always under stage 1: DeepSpeed's engine reduces stage 0's and 1's
+// gradients only at the gradient accumulation boundary (engine.py,
+// allreduce_gradients), stage 2's as each micro-batch's backward makes them.
 // Stage 3 gathers every micro-batch. Weights are counted in the dtype they
 // are held in, gradients in theirs; quantized weights (QLoRA) are
 // gathered as the training dtype's, an upper bound.
@@ -60,8 +63,9 @@ func CollectivesOf(g *ir.Graph) Collectives {
 	}
 	// an all-gather or a reduce-scatter; in float64, as n may be large
 	once := func(bytes int64) int64 { return int64(float64(bytes) * float64(n-1) / float64(n)) }
-	c := Collectives{OnceAStep: s.Parallel.NoSync}
-	switch z := s.Parallel.Zero; {
+	z := s.Parallel.Zero
+	c := Collectives{OnceAStep: s.Parallel.NoSync || z == 1}
+	switch {
 	case z >= 3:
 		c.Gather = 2 * once(weights)
 		c.Reduce = once(grads)

@@ -99,7 +99,7 @@ func TestCollectivesOf(t *testing.T) {
 		{1, 0, false, Collectives{}},
 		{4, 0, false, Collectives{Reduce: 2 * once}},
 		{4, 0, true, Collectives{Reduce: 2 * once, OnceAStep: true}},
-		{4, 1, false, Collectives{Reduce: 2 * once, AfterStep: once}},
+		{4, 1, false, Collectives{Reduce: 2 * once, AfterStep: once, OnceAStep: true}},
 		{4, 2, false, Collectives{Reduce: once, AfterStep: once}},
 		{4, 3, false, Collectives{Gather: 2 * once, Reduce: once}},
 	} {

@@ -557,9 +557,10 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 // where it accumulates them: plain data parallelism does, as the Hugging
 // Face Trainer runs it (Accelerate's accumulate enters DDP's no_sync on
 // every micro-batch but the last), which holds no more memory, DDP's
-// gradients being whole already. ZeRO's stages reduce every micro-batch
-// (DeepSpeed) or would hold their gradients whole (FSDP2's
-// set_requires_gradient_sync), so they keep the base's.
+// gradients being whole already. ZeRO's stages keep the base's: DeepSpeed
+// reduces stage 1's once a step on its own (costmodel.CollectivesOf) and
+// stage 2's every micro-batch, and FSDP2 would hold its gradients whole
+// (set_requires_gradient_sync).
 func ddpNoSync(s ir.Setup) bool {
 	return s.Parallel.DP > 1 && s.Parallel.Zero == 0 && s.GradAccum > 1
 }
