@@ -70,6 +70,29 @@ func updatePasses(opt optimizer, name ir.Optimizer) passes {
 
 // UpdateOf returns what the optimizer step of g moves on one rank.
 func UpdateOf(g *ir.Graph) Update {
+	return updateOf(g, func(int) bool { return true })
+}
+
+// UpdateOfNodes is UpdateOf for a pipeline device that holds the given
+// nodes' weights, and a tied weight's copy (as StaticOf counts them).
+// Nodes out of g's range are ignored.
+func UpdateOfNodes(g *ir.Graph, nodes []int) Update {
+	held := make([]bool, len(g.Nodes))
+	for _, i := range nodes {
+		if i >= 0 && i < len(g.Nodes) {
+			held[i] = true
+			if t := g.Nodes[i].Attrs.Tied; t != "" {
+				if j, ok := g.Lookup(t); ok {
+					held[j] = true
+				}
+			}
+		}
+	}
+	return updateOf(g, func(i int) bool { return held[i] })
+}
+
+// updateOf is UpdateOf over the nodes held says.
+func updateOf(g *ir.Graph, held func(int) bool) Update {
 	s := g.Setup
 	opt, ownDType, _ := optimizerOf(s)
 	p := updatePasses(opt, s.Optimizer)
@@ -83,6 +106,9 @@ func UpdateOf(g *ir.Graph) Update {
 	var u Update
 	var tensors int64
 	for i := range g.Nodes {
+		if !held(i) {
+			continue
+		}
 		for _, t := range trainableTensors(g, i) {
 			t = ceilDiv(tpShard(g, i, t), shard)
 			_, w, grad := paramSizes(g, i)

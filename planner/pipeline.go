@@ -73,11 +73,14 @@ type PipelinePlan struct {
 	Feasible bool `json:"feasible" yaml:"feasible"`
 	// PeakBytes is the largest device's peak.
 	PeakBytes mem.Bytes `json:"peak_bytes" yaml:"peak_bytes"`
-	// Cost and BaselineCost are the whole step's, every microbatch on
-	// every device.
+	// Cost and BaselineCost are the whole step's: in FLOPs, every
+	// microbatch on every device; in time, the schedule's (Makespan, its
+	// bubble and sends included) and then the optimizer step, UpdateCost:
+	// the slowest device's, as they step together.
 	Cost         float64      `json:"cost" yaml:"cost"`
 	BaselineCost float64      `json:"baseline_cost" yaml:"baseline_cost"`
 	Overhead     float64      `json:"overhead" yaml:"overhead"`
+	UpdateCost   float64      `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
 	Devices      []DevicePlan `json:"devices" yaml:"devices"`
 	Notes        []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
@@ -97,7 +100,8 @@ type DevicePlan struct {
 	Static              *costmodel.Static `json:"-" yaml:"-"`
 	ActivationPeakBytes mem.Bytes         `json:"activation_peak_bytes" yaml:"activation_peak_bytes"`
 	PeakBytes           mem.Bytes         `json:"peak_bytes" yaml:"peak_bytes"`
-	// Cost and BaselineCost are the device's, for every microbatch.
+	// Cost and BaselineCost are the device's own work, every microbatch's
+	// forward and backward, without the time it waits.
 	Cost         float64 `json:"cost" yaml:"cost"`
 	BaselineCost float64 `json:"baseline_cost" yaml:"baseline_cost"`
 	Overhead     float64 `json:"overhead" yaml:"overhead"`
@@ -204,40 +208,54 @@ type PipeOp struct {
 // Megatron-LM's 1F1B (v = 1) and interleaved schedules. The pipeline is
 // one a plan records (its Virtual filled in).
 func (pp Pipeline) Order(rank int) []PipeOp {
-	p, m, v := pp.Stages, pp.Microbatches, pp.Virtual
-	total := m * v
-	warmup := min(p-rank-1, m)
-	if v > 1 {
-		warmup = min((p-rank-1)*2+(v-1)*p, total)
-		if m == p {
-			warmup = total
-		}
-	}
-	// The k-th forward and backward of the device: chunks in groups of p
-	// microbatches, the backwards through the chunks in reverse.
-	fwd := func(k int) PipeOp {
-		g := k % (p * v)
-		return PipeOp{true, g / p, k/(p*v)*p + g%p}
-	}
-	bwd := func(k int) PipeOp {
-		g := k % (p * v)
-		return PipeOp{false, v - 1 - g/p, k/(p*v)*p + g%p}
-	}
-	if v == 1 {
-		fwd = func(k int) PipeOp { return PipeOp{true, 0, k} }
-		bwd = func(k int) PipeOp { return PipeOp{false, 0, k} }
-	}
-	var order []PipeOp
-	for k := 0; k < warmup; k++ {
-		order = append(order, fwd(k))
-	}
-	for k := 0; k < total-warmup; k++ {
-		order = append(order, fwd(warmup+k), bwd(k))
-	}
-	for k := total - warmup; k < total; k++ {
-		order = append(order, bwd(k))
+	warmup := pp.warmup(rank)
+	order := make([]PipeOp, 2*pp.Microbatches*pp.Virtual)
+	for i := range order {
+		order[i] = pp.opAt(rank, warmup, i)
 	}
 	return order
+}
+
+// warmup is how many forwards device rank runs before its first backward.
+func (pp Pipeline) warmup(rank int) int {
+	p, m, v := pp.Stages, pp.Microbatches, pp.Virtual
+	if v == 1 {
+		return min(p-rank-1, m)
+	}
+	if m == p {
+		return m * v
+	}
+	return min((p-rank-1)*2+(v-1)*p, m*v)
+}
+
+// opAt is the i-th op of device rank's order, of its 2·m·v: warmup
+// forwards, then a forward and a backward in turn, then the remaining
+// backwards. Under the interleaved schedule the k-th forward and backward
+// take the chunks in groups of p microbatches, the backwards through the
+// chunks in reverse.
+func (pp Pipeline) opAt(rank, warmup, i int) PipeOp {
+	p, v, total := pp.Stages, pp.Virtual, pp.Microbatches*pp.Virtual
+	forward, k := true, i
+	switch {
+	case i < warmup:
+	case i < 2*total-warmup:
+		j := i - warmup
+		forward, k = j%2 == 0, j/2
+		if forward {
+			k += warmup
+		}
+	default:
+		forward, k = false, i-total
+	}
+	if v == 1 {
+		return PipeOp{forward, 0, k}
+	}
+	g := k % (p * v)
+	chunk := g / p
+	if !forward {
+		chunk = v - 1 - chunk
+	}
+	return PipeOp{forward, chunk, k/(p*v)*p + g%p}
 }
 
 // inFlight returns, for each of the device's chunks, the most microbatches
@@ -480,6 +498,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	}
 	proto := p.newPlan(opt.Strategy.Name, opt.Budget) // the stages' records
 	megatron := p.Costs.Profile == costmodel.Megatron
+	times := newPipelineTimes(pp)
 	for rank := 0; rank < pp.Stages; rank++ {
 		order := pp.Order(rank)
 		counts := inFlight(order, pp.Virtual)
@@ -505,15 +524,22 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			return nil, err
 		}
 		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(st.Total()), Static: &st}
-		for _, s := range segs {
+		for c, s := range segs {
+			f, b := 0.0, 0.0
 			for i := s.From; i < s.To; i++ {
-				d.BaselineCost += p.forward[i] + p.Chain.Backward[i]
+				f += p.forward[i]
+				b += p.Chain.Backward[i]
 			}
 			if s.Loss {
-				d.BaselineCost += p.Chain.LossBackward
+				b += p.Chain.LossBackward
 			}
+			times.fwd[rank][c], times.bwd[rank][c], times.stored[rank][c] = f, b, b
+			d.BaselineCost += f + b
 		}
 		d.BaselineCost *= float64(pp.Microbatches)
+		if r := p.Roofline; r != nil {
+			times.update = max(times.update, math.Round(r.Seconds(costmodel.UpdateOfNodes(g, nodes))*1e12))
+		}
 		act := max(opt.Budget-opt.Reserve-d.StaticBytes, 1)
 		choices, err := solver.SolveInFlight(p.Chain, segs, act)
 		var inf *solver.ErrInfeasible
@@ -535,7 +561,9 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		extra := 0.0
 		for k, s := range segs {
 			memory[k] = p.Chain.SegmentMemory(s, choices[k])
-			extra += p.Chain.SegmentExtra(s, choices[k])
+			e := p.Chain.SegmentExtra(s, choices[k])
+			times.bwd[rank][k] += e // a chunk reruns in its backward
+			extra += e
 			ch := Chunk{InputBytes: s.InputBytes, OutputFreed: s.DropOutput, HeldBytes: memory[k].Held, InFlight: s.InFlight,
 				ForwardPeakBytes: memory[k].Forward, BackwardPeakBytes: memory[k].Backward}
 			for j, c := range choices[k] {
@@ -556,6 +584,17 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	for _, d := range plan.Devices {
 		plan.BaselineCost += d.BaselineCost
 		plan.Cost += d.Cost
+	}
+	if p.Unit == TimeUnit && plan.Feasible {
+		for g := range times.send {
+			if r := p.Roofline; r != nil {
+				times.send[g] = math.Round(r.CommSeconds(int64(p.Chain.ActBytes[bounds[g+1]])) * 1e12)
+			}
+		}
+		if plan.Cost, plan.BaselineCost, err = times.step(); err != nil {
+			return nil, err
+		}
+		plan.UpdateCost = times.update
 	}
 	if plan.Feasible && plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1

@@ -145,7 +145,11 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile\n", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers))
 	}
-	if p.Feasible {
+	switch {
+	case p.Feasible && p.Unit == planner.TimeUnit:
+		fmt.Fprintf(w, "step %s, store-everything %s: %.1f%% extra time (the schedule's, its bubble and sends included, then the slowest stage's optimizer step, %s)\n",
+			costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, costString(p.UpdateCost, p.Unit))
+	case p.Feasible:
 		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra %s\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit))
 	}
 	fmt.Fprintln(w)
@@ -177,6 +181,9 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nin flight: the most microbatches a stage holds at once; held: what each keeps from its forward to its backward\n")
+	if p.Unit == planner.TimeUnit {
+		fmt.Fprintf(w, "extra: of the stage's own forwards and backwards, without the time it waits\n")
+	}
 	if p.Feasible && len(p.Devices) > 0 {
 		if st := p.Devices[0].Static; st != nil && p.Setup != nil {
 			fmt.Fprintf(w, "static of stage 0: %s\n", staticParts(p.Setup, st))

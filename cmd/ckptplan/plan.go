@@ -179,8 +179,10 @@ func (p *planFlags) resolveObjective() error {
 	return nil
 }
 
-// forPipeline plans a pipeline in FLOPs unless time was asked for: its
-// bubble and its sends are not priced in time.
+// forPipeline plans a pipeline in FLOPs unless time was asked for: in
+// time, each device's fronts of keep sets are far wider (costs seldom
+// tie), and a large model's pipeline plans in seconds, not a fraction of
+// one.
 func (p *planFlags) forPipeline() {
 	if p.objective == "" && !p.roofline.set {
 		p.timing = nil

@@ -1,0 +1,215 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+	"github.com/ckptplan/ckptplan/graphio"
+)
+
+// TestMakespanFormulas: with every forward taking f and every backward b
+// and nothing to send, a 1F1B step of m microbatches over p devices takes
+// (m + p − 1)(f + b), and the interleaved schedule with v chunks a device
+// (each f/v and b/v) m(f + b) + (p − 1)(f + b)/v: Narayanan et al. 2021,
+// §2.2's bubbles.
+func TestMakespanFormulas(t *testing.T) {
+	const f, b = 3.0, 7.0
+	for _, tt := range []struct{ p, m, v int }{
+		{1, 1, 1}, {1, 5, 1}, {2, 4, 1}, {4, 8, 1}, {8, 64, 1}, {4, 2, 1}, {8, 3, 1},
+		{2, 4, 2}, {4, 8, 2}, {4, 4, 3}, {8, 64, 2}, {8, 16, 4}, {3, 9, 3},
+	} {
+		pp := Pipeline{Stages: tt.p, Microbatches: tt.m, Virtual: tt.v, Schedule: "1f1b"}
+		want := float64(tt.m+tt.p-1) * (f + b)
+		if tt.v > 1 {
+			pp.Schedule = "interleaved"
+			want = float64(tt.m)*(f+b) + float64(tt.p-1)*(f+b)/float64(tt.v)
+		}
+		fwd, bwd := uniform(tt.p, tt.v, f/float64(tt.v)), uniform(tt.p, tt.v, b/float64(tt.v))
+		got, err := pp.Makespan(fwd, bwd, make([]float64, tt.p*tt.v-1))
+		if err != nil {
+			t.Fatalf("%+v: %v", tt, err)
+		}
+		if math.Abs(got-want) > 1e-9*want {
+			t.Errorf("p %d, m %d, v %d: makespan %g, want %g", tt.p, tt.m, tt.v, got, want)
+		}
+	}
+}
+
+func uniform(p, v int, x float64) [][]float64 {
+	out := make([][]float64, p)
+	for k := range out {
+		out[k] = make([]float64, v)
+		for c := range out[k] {
+			out[k][c] = x
+		}
+	}
+	return out
+}
+
+// TestMakespanLongestPath checks the replay against the longest path
+// through the schedule's graph, computed by recursion over each op's two
+// predecessors (the device's previous op, and the op whose output or
+// gradient it receives, plus the send), on random times.
+func TestMakespanLongestPath(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, tt := range []struct{ p, m, v int }{{2, 3, 1}, {4, 8, 1}, {4, 2, 1}, {3, 7, 1}, {2, 4, 2}, {4, 8, 2}, {3, 6, 3}, {4, 4, 2}} {
+		for trial := range 5 {
+			pp := Pipeline{Stages: tt.p, Microbatches: tt.m, Virtual: tt.v, Schedule: "1f1b"}
+			if tt.v > 1 {
+				pp.Schedule = "interleaved"
+			}
+			random := func() [][]float64 {
+				out := uniform(tt.p, tt.v, 0)
+				for k := range out {
+					for c := range out[k] {
+						out[k][c] = 1 + 9*r.Float64()
+					}
+				}
+				return out
+			}
+			fwd, bwd := random(), random()
+			send := make([]float64, tt.p*tt.v-1)
+			for g := range send {
+				send[g] = 3 * r.Float64()
+			}
+			got, err := pp.Makespan(fwd, bwd, send)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := longestPath(pp, fwd, bwd, send); math.Abs(got-want) > 1e-9*want {
+				t.Errorf("p %d, m %d, v %d, trial %d: makespan %g, longest path %g", tt.p, tt.m, tt.v, trial, got, want)
+			}
+		}
+	}
+}
+
+// longestPath is the finish of the schedule's last op, each op finishing
+// its time after the later of its device's previous op and its input's
+// arrival.
+func longestPath(pp Pipeline, fwd, bwd [][]float64, send []float64) float64 {
+	p, chunks := pp.Stages, pp.Stages*pp.Virtual
+	type key struct {
+		forward      bool
+		chunk, micro int // model chunk
+	}
+	orders := make([][]PipeOp, p)
+	index := map[key]int{} // position in its device's order
+	for k := range orders {
+		orders[k] = pp.Order(k)
+		for i, op := range orders[k] {
+			index[key{op.Forward, op.Chunk*p + k, op.Micro}] = i
+		}
+	}
+	memo := map[key]float64{}
+	var finish func(key) float64
+	finish = func(o key) float64 {
+		if t, ok := memo[o]; ok {
+			return t
+		}
+		k, c := o.chunk%p, o.chunk/p
+		start := 0.0
+		if i := index[o]; i > 0 {
+			prev := orders[k][i-1]
+			start = finish(key{prev.Forward, prev.Chunk*p + k, prev.Micro})
+		}
+		took := fwd[k][c]
+		switch {
+		case o.forward && o.chunk > 0:
+			start = max(start, finish(key{true, o.chunk - 1, o.micro})+send[o.chunk-1])
+		case !o.forward:
+			took = bwd[k][c]
+			if o.chunk < chunks-1 {
+				start = max(start, finish(key{false, o.chunk + 1, o.micro})+send[o.chunk])
+			}
+		}
+		memo[o] = start + took
+		return memo[o]
+	}
+	end := 0.0
+	for k := range orders {
+		last := orders[k][len(orders[k])-1]
+		end = max(end, finish(key{last.Forward, last.Chunk*p + k, last.Micro}))
+	}
+	return end
+}
+
+// TestMakespanChecksItsInput: times of the wrong shape are an error.
+func TestMakespanChecksItsInput(t *testing.T) {
+	pp := Pipeline{Stages: 2, Microbatches: 2, Virtual: 1, Schedule: "1f1b"}
+	for _, tt := range []struct {
+		fwd, bwd [][]float64
+		send     []float64
+	}{
+		{uniform(1, 1, 1), uniform(2, 1, 1), []float64{0}},
+		{uniform(2, 1, 1), uniform(2, 2, 1), []float64{0}},
+		{uniform(2, 1, 1), uniform(2, 1, 1), nil},
+	} {
+		if _, err := pp.Makespan(tt.fwd, tt.bwd, tt.send); err == nil {
+			t.Errorf("%v %v %v: no error", tt.fwd, tt.bwd, tt.send)
+		}
+	}
+}
+
+func ExamplePipeline_Makespan() {
+	// Four devices, eight microbatches, each forward 1 and backward 2:
+	// (8 + 4 − 1)·3 = 33, of which 9 is the bubble.
+	pp := Pipeline{Stages: 4, Microbatches: 8, Virtual: 1, Schedule: "1f1b"}
+	fwd := [][]float64{{1}, {1}, {1}, {1}}
+	bwd := [][]float64{{2}, {2}, {2}, {2}}
+	t, err := pp.Makespan(fwd, bwd, []float64{0, 0, 0})
+	fmt.Println(t, err)
+	// Output: 33 <nil>
+}
+
+// TestPipelineStepTime prices a pipeline's step in time. One stage runs
+// its m microbatches back to back: its step is the single-device plan's
+// of m accumulated micro-batches, each storing everything (Plan.StepCost,
+// which adds the optimizer step to m micro-batches). Over p stages the
+// step lies between the slowest stage's own work and (m + p − 1) of its
+// microbatches, each with the optimizer step added; it is neither the
+// devices' sum nor their largest.
+func TestPipelineStepTime(t *testing.T) {
+	r := &costmodel.Roofline{MatrixFLOPS: 1e12, MatrixFP32FLOPS: 1e11, BandwidthBytes: 1e10, MatrixEfficiency: 1, BandwidthEfficiency: 1, LaunchSeconds: 1e-6}
+	const m = 4
+	for _, model := range []string{"tiny-llama", "tiny-gpt2"} {
+		src, err := graphio.Load(model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Model.Training.GradAccum = m
+		p, err := NewTimed(src, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one, err := p.PlanPipeline(&Options{Budget: 1 << 40, Strategy: StoreAll}, Pipeline{Stages: 1, Microbatches: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		single, err := p.Plan(&Options{Budget: 1 << 40, Strategy: StoreAll})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, want := single.StepCost(); one.BaselineCost != want || one.Cost != want {
+			t.Errorf("%s on one stage: step %g ps, store-everything %g, want the plan's %g", model, one.Cost, one.BaselineCost, want)
+		}
+		if one.UpdateCost != single.UpdateCost || one.UpdateCost == 0 {
+			t.Errorf("%s on one stage: optimizer step %g ps, want the plan's %g", model, one.UpdateCost, single.UpdateCost)
+		}
+		two, err := p.PlanPipeline(&Options{Budget: 1 << 40, Strategy: StoreAll}, Pipeline{Stages: 2, Microbatches: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum, slowest float64
+		for _, d := range two.Devices {
+			sum += d.Cost
+			slowest = max(slowest, d.Cost)
+		}
+		lo, hi := slowest+two.UpdateCost, slowest*(m+1)/m+two.UpdateCost
+		if two.Cost <= lo || two.Cost > hi || two.Cost == sum || two.Cost != two.BaselineCost {
+			t.Errorf("%s on two stages: step %g ps, want in (%g, %g], not the devices' sum %g, and store-everything's", model, two.Cost, lo, hi, sum)
+		}
+	}
+}
