@@ -31,7 +31,14 @@ func Build(model *Model) (*ir.Graph, error) {
 	}
 	b.g.Setup = m.Training
 	x := b.embed()
+	first := len(b.g.Nodes)
 	for l := int64(0); l < m.Layers; l++ {
+		if l == 1 {
+			// Every layer adds as many nodes as the first, the head
+			// fewer.
+			per := len(b.g.Nodes) - first
+			b.g.Grow(per * int(m.Layers))
+		}
 		b.block, b.layer = fmt.Sprintf("layers.%d", l), l
 		if m.Family == "gpt2" {
 			x = b.gpt2Layer(x)

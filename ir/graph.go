@@ -2,6 +2,7 @@ package ir
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -66,6 +67,21 @@ func (g *Graph) Lookup(name string) (int, bool) {
 	}
 	id, ok := g.byName[name]
 	return id, ok
+}
+
+// Grow makes room for n more nodes, so that a builder that knows how many
+// it will add (a layer's, times the layers) appends them without copying
+// the graph as it grows.
+func (g *Graph) Grow(n int) {
+	if n <= 0 {
+		return
+	}
+	g.Nodes = slices.Grow(g.Nodes, n)
+	byName := make(map[string]int, len(g.Nodes)+n)
+	for i := range g.Nodes {
+		byName[g.Nodes[i].Name] = i
+	}
+	g.byName = byName
 }
 
 // AddInput appends a graph input of the given type and returns its ID.

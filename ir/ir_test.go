@@ -192,3 +192,27 @@ func TestValidateRouting(t *testing.T) {
 		})
 	}
 }
+
+// TestGrowKeepsNames: a graph grown for more nodes still finds the nodes
+// it had, refuses a name twice, and finds the nodes added after.
+func TestGrowKeepsNames(t *testing.T) {
+	g := NewGraph("g", FP32)
+	x, _ := g.AddInput("x", "", Tensor{Shape{2, 4}, FP32})
+	g.Grow(100)
+	if cap(g.Nodes) < 101 {
+		t.Errorf("capacity %d after growing by 100 from 1", cap(g.Nodes))
+	}
+	if id, ok := g.Lookup("x"); !ok || id != x {
+		t.Errorf(`Lookup("x") = %d, %v after Grow, want %d`, id, ok, x)
+	}
+	if _, err := g.AddInput("x", "", Tensor{Shape{2, 4}, FP32}); err == nil {
+		t.Error("a second x after Grow: no error")
+	}
+	y, err := g.AddOp("y", "", Linear, Attrs{Out: 3}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := g.Lookup("y"); !ok || id != y || len(g.Nodes) != 2 {
+		t.Errorf(`Lookup("y") = %d, %v with %d nodes, want %d of 2`, id, ok, len(g.Nodes), y)
+	}
+}

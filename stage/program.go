@@ -142,26 +142,26 @@ func (st *Stage) StoringProgramFreeingInput(k *KeepSet) Program {
 func (st *Stage) forward(holds func(int) bool) Program {
 	c, nodes := st.c, st.Nodes
 	g := c.Graph
-	in := inStage(g, nodes)
-	lastUse := map[int]int{}
+	in := inStage(nodes)
+	lastUse := make(map[int]int, 2*len(nodes))
 	read := map[int]bool{} // storages besides outputs that later nodes read
 	for k, id := range nodes {
 		for _, s := range c.Owned(id) {
 			lastUse[s] = k
 		}
 		for _, src := range g.Nodes[id].Inputs {
-			if in[src] {
+			if in.has(src) {
 				s := c.OutputStorage(src)
 				lastUse[s] = max(lastUse[s], k)
 			}
 		}
 		for _, s := range c.Reads(id) {
-			if in[c.Storages[s].Node] {
+			if in.has(c.Storages[s].Node) {
 				lastUse[s], read[s] = max(lastUse[s], k), true
 			}
 		}
 	}
-	var p Program
+	p := make(Program, 0, 4*len(nodes)) // an alloc, a run and a free or two a node
 	for k, id := range nodes {
 		for _, s := range c.Owned(id) {
 			p = append(p, st.storageEvent(Alloc, s))
@@ -231,7 +231,7 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 func (st *Stage) BackwardProgram() Program {
 	c, nodes := st.c, st.Nodes
 	g := c.Graph
-	in := inStage(g, nodes)
+	in := inStage(nodes)
 	last := nodes[len(nodes)-1]
 	delta := st.InputBytes
 	var p Program
@@ -248,7 +248,7 @@ func (st *Stage) BackwardProgram() Program {
 				continue
 			}
 			key, bytes := src, gradBytes(g, src)
-			if !in[src] {
+			if !in.has(src) {
 				key, bytes = -1, delta
 			}
 			switch {
@@ -366,10 +366,26 @@ func withWorkspace(c *costmodel.Costs, id int, backward bool, run Event) []Event
 // contiguous.
 func gradBytes(g *ir.Graph, id int) mem.Bytes { return mem.Bytes(g.Nodes[id].Bytes()) }
 
-func inStage(g *ir.Graph, nodes []int) []bool {
-	in := make([]bool, len(g.Nodes))
-	for _, id := range nodes {
-		in[id] = true
+// nodeSet is a stage's nodes, as flags over the range of their IDs: a
+// stage's nodes lie close together in a graph of thousands.
+type nodeSet struct {
+	lo int
+	in []bool
+}
+
+func inStage(nodes []int) nodeSet {
+	if len(nodes) == 0 {
+		return nodeSet{}
 	}
-	return in
+	lo, hi := slices.Min(nodes), slices.Max(nodes)
+	s := nodeSet{lo: lo, in: make([]bool, hi-lo+1)}
+	for _, id := range nodes {
+		s.in[id-lo] = true
+	}
+	return s
+}
+
+func (s nodeSet) has(id int) bool {
+	i := id - s.lo
+	return i >= 0 && i < len(s.in) && s.in[i]
 }
