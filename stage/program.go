@@ -234,7 +234,7 @@ func (st *Stage) BackwardProgram() Program {
 	in := inStage(nodes)
 	last := nodes[len(nodes)-1]
 	delta := st.InputBytes
-	var p Program
+	p := make(Program, 0, 4*len(nodes))
 	written := map[int]bool{} // nodes whose gradient (or δ_i, key -1) was written
 	for k := len(nodes) - 1; k >= 0; k-- {
 		id := nodes[k]
