@@ -257,18 +257,22 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 		cur := []point{{parent: -1}} // a = K, b = Z
 		for j, cs := range s.Choices {
 			i := s.From + j
-			var next []point
-			for pi, st := range cur {
-				for _, ch := range cs {
-					loc := max(c.localForward(i, ch), c.segmentBackward(s, i, ch))
-					ns := point{a: st.a + c.kept(i, ch), b: max(st.b, st.a+loc), cost: st.cost + c.extra(i, ch), parent: int32(pi), choice: int32(ch)}
+			// The states each choice leads to, in the order of the
+			// front they come from: sorted as it is, but where adding
+			// the choice's cost rounds two apart costs together.
+			next := make([][]point, len(cs))
+			for ci, ch := range cs {
+				kept, extra := c.kept(i, ch), c.extra(i, ch)
+				loc := max(c.localForward(i, ch), c.segmentBackward(s, i, ch))
+				for pi, st := range cur {
+					ns := point{a: st.a + kept, b: max(st.b, st.a+loc), cost: st.cost + extra, parent: int32(pi), choice: int32(ch)}
 					if s.InputBytes+ns.b > budget {
 						continue // one microbatch alone does not fit
 					}
-					next = append(next, ns)
+					next[ci] = append(next[ci], ns)
 				}
 			}
-			cur = prune(next)
+			cur = pruneMerged(next, maxFront)
 			f.stages = append(f.stages, cur)
 			if len(cur) == 0 {
 				break
@@ -349,11 +353,104 @@ func prune(states []point) []point { return pruneTo(states, maxFront) }
 // pruneTo is prune keeping at most limit states. Rounding up keeps
 // dominance, so each coarser pass prunes the last one's front.
 func pruneTo(states []point, limit int) []point {
-	out := paretoFront(states, 1)
+	return coarsen(paretoFront(states, 1), limit)
+}
+
+// coarsen prunes a front again at doubling grains while it has more than
+// limit states.
+func coarsen(out []point, limit int) []point {
 	for grain := mem.Bytes(2); len(out) > limit; grain *= 2 {
 		out = paretoFront(out, grain)
 	}
 	return out
+}
+
+// pruneMerged is pruneTo over the states of lists[0], lists[1], … taken
+// in turns (the states of one parent, each choice's, then the next
+// parent's), where each list is in its parents' front order: the order
+// of a sort by cost, a and b where adding a choice's cost keeps costs
+// apart. It merges the lists, a heap of their heads, instead of sorting
+// them whole; a list that adding rounded out of order is sorted first.
+// The front is the one pruneTo gives, state for state.
+func pruneMerged(lists [][]point, limit int) []point {
+	key := func(x, y point) int {
+		switch {
+		case x.cost != y.cost:
+			return cmp.Compare(x.cost, y.cost)
+		case x.a != y.a:
+			return cmp.Compare(x.a, y.a)
+		}
+		return cmp.Compare(x.b, y.b)
+	}
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+		for i := 1; i < len(l); i++ {
+			if key(l[i-1], l[i]) > 0 {
+				slices.SortStableFunc(l, key)
+				break
+			}
+		}
+	}
+	// A heap of the lists' heads; equal keys go by parent, then by list:
+	// their order taken in turns.
+	type head struct {
+		point
+		list int
+	}
+	less := func(x, y *head) bool {
+		switch {
+		case x.cost != y.cost:
+			return x.cost < y.cost
+		case x.a != y.a:
+			return x.a < y.a
+		case x.b != y.b:
+			return x.b < y.b
+		case x.parent != y.parent:
+			return x.parent < y.parent
+		}
+		return x.list < y.list
+	}
+	heap := make([]head, 0, len(lists))
+	down := func(h int) {
+		for {
+			m, l, r := h, 2*h+1, 2*h+2
+			if l < len(heap) && less(&heap[l], &heap[m]) {
+				m = l
+			}
+			if r < len(heap) && less(&heap[r], &heap[m]) {
+				m = r
+			}
+			if m == h {
+				return
+			}
+			heap[h], heap[m] = heap[m], heap[h]
+			h = m
+		}
+	}
+	next := make([]int, len(lists)) // each list's head
+	for i, l := range lists {
+		if len(l) > 0 {
+			heap = append(heap, head{l[0], i})
+		}
+	}
+	for h := len(heap)/2 - 1; h >= 0; h-- {
+		down(h)
+	}
+	sorted := make([]point, 0, n)
+	for len(heap) > 0 {
+		top := &heap[0]
+		sorted = append(sorted, top.point)
+		i := top.list
+		if next[i]++; next[i] < len(lists[i]) {
+			top.point = lists[i][next[i]]
+		} else {
+			heap[0] = heap[len(heap)-1]
+			heap = heap[:len(heap)-1]
+		}
+		down(0)
+	}
+	return coarsen(stairs(sorted), limit)
 }
 
 // paretoFront is prune at one grain.
@@ -388,11 +485,21 @@ func paretoFront(states []point, grain mem.Bytes) []point {
 		}
 		return cmp.Compare(x.at, y.at)
 	})
+	sorted := make([]point, len(in))
+	for i, r := range in {
+		sorted[i] = r.point
+	}
+	return stairs(sorted)
+}
+
+// stairs returns the states of sorted (by cost, then a, then b) that no
+// earlier one dominates: a point is kept unless an earlier kept one has no
+// larger a and no larger b.
+func stairs(sorted []point) []point {
 	var out []point
 	// stair holds the kept (a, b) pairs with b strictly falling as a rises.
 	var stair []point
-	for _, r := range in {
-		s := r.point
+	for _, s := range sorted {
 		// The kept point with the largest a ≤ s.a has the least b among
 		// those with a ≤ s.a.
 		k := sort.Search(len(stair), func(i int) bool { return stair[i].a > s.a })

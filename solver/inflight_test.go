@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/mem"
@@ -173,6 +174,58 @@ func TestSolveInFlightIsExhaustive(t *testing.T) {
 			}
 			if b := InFlightBound(segs, segmentMemories(c, segs, got)); b > budget || e != want {
 				t.Fatalf("budget %d: choices %v bound %d extra %v, exhaustive search %v", budget, got, b, e, want)
+			}
+		}
+	}
+}
+
+// TestPruneMergedIsPruneTo: merging each choice's states, which come in
+// their parents' front order, prunes to the front sorting them all gives,
+// state for state: on random fronts, with costs that adding a choice's
+// rounds together (1e16 + 1 and 1e16 + 2 both become 1e16 + 2), ties in
+// every field, and limits that force coarser grains.
+func TestPruneMergedIsPruneTo(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	for trial := range 300 {
+		parents := make([]point, 1+r.Intn(60))
+		for i := range parents {
+			parents[i] = point{a: mem.Bytes(r.Intn(40)), b: mem.Bytes(r.Intn(40)), cost: float64(r.Intn(30))}
+			if trial%3 == 0 {
+				parents[i].cost += 1e16
+			}
+		}
+		parents = pruneTo(parents, 1<<30)
+		type choice struct {
+			kept, loc mem.Bytes
+			extra     float64
+		}
+		choices := make([]choice, 1+r.Intn(6))
+		for ci := range choices {
+			choices[ci] = choice{mem.Bytes(r.Intn(20)), mem.Bytes(r.Intn(50)), float64(r.Intn(10))}
+			if trial%3 == 0 {
+				choices[ci].extra = 1 + float64(r.Intn(2)) // rounds odd costs near 1e16
+			}
+		}
+		var flat []point
+		lists := make([][]point, len(choices))
+		for pi, st := range parents {
+			for ci, ch := range choices {
+				ns := point{a: st.a + ch.kept, b: max(st.b, st.a+ch.loc), cost: st.cost + ch.extra, parent: int32(pi), choice: int32(ci)}
+				if ns.b > 70 {
+					continue
+				}
+				flat = append(flat, ns)
+				lists[ci] = append(lists[ci], ns)
+			}
+		}
+		for _, limit := range []int{1 << 30, 8, 3} {
+			want := pruneTo(slices.Clone(flat), limit)
+			copied := make([][]point, len(lists))
+			for i, l := range lists {
+				copied[i] = slices.Clone(l)
+			}
+			if got := pruneMerged(copied, limit); !slices.Equal(got, want) {
+				t.Fatalf("trial %d, limit %d:\nmerged %v\nsorted %v", trial, limit, got, want)
 			}
 		}
 	}
