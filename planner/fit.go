@@ -6,7 +6,8 @@ package planner
 // is the other way round: how large a micro-batch or how long a
 // sequence fits, and, for a global batch, which settings reach it —
 // micro-batch and gradient accumulation, LoRA or QLoRA, an 8-bit
-// optimizer, ZeRO over the GPUs — and at what compute.
+// optimizer, ZeRO, tensor parallelism or pipeline stages over the GPUs
+// (fit_pipeline.go) — and at what compute.
 //
 // Fit answers by planning, not by formula. The peak of a step grows
 // with the batch and the sequence (every activation has a batch and a
@@ -22,8 +23,8 @@ package planner
 // concurrent use).
 //
 // A setting is ranked by the compute a GPU spends on each sequence of
-// the step, recomputation included: the step's FLOPs over its
-// sequences. Settings that do not fit come last, each with why
+// the step, recomputation included: the step's FLOPs (or time) over its
+// sequences, times the GPUs that share them. Settings that do not fit come last, each with why
 // (Shortfall).
 
 import (
@@ -153,6 +154,9 @@ type Change struct {
 	// TP is the tensor-parallel ranks, which share each data-parallel
 	// rank's sequences; 0 keeps the base's.
 	TP int64 `json:"tp,omitempty"`
+	// PP is the pipeline stages, each of TP ranks, that a data-parallel
+	// replica spreads the model's layers over; 0: none.
+	PP int64 `json:"pp,omitempty"`
 }
 
 // apply returns base changed, over gpus GPUs: its tensor-parallel ranks
@@ -173,7 +177,7 @@ func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
 	}
 	s.Parallel.TP = max(s.Parallel.TP, 1)
 	s.Parallel.SP = s.Parallel.SP && s.Parallel.TP > 1
-	s.Parallel.DP = max(gpus/s.Parallel.TP, 1)
+	s.Parallel.DP = max(gpus/(s.Parallel.TP*max(c.PP, 1)), 1)
 	if c.Zero != 0 {
 		s.Parallel.Zero = max(c.Zero, 0)
 	}
@@ -203,6 +207,9 @@ func (c Change) Name(s ir.Setup) string {
 	parts = append(parts, string(s.Optimizer))
 	if s.Parallel.TP > 1 {
 		parts = append(parts, fmt.Sprintf("TP %d", s.Parallel.TP))
+	}
+	if c.PP > 1 {
+		parts = append(parts, fmt.Sprintf("PP %d", c.PP))
 	}
 	switch p := s.Parallel; {
 	case p.DP > 1 && p.Zero > 0:
@@ -269,10 +276,24 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 		strategies = strategies[:1]
 	}
 	f.Largest = make([]Reach, len(strategies))
+	// A setting is valid where the model builds under it (not where its
+	// heads do not divide over the tensor-parallel ranks) and has a layer
+	// for each pipeline stage; a pipeline's model is its tensor-parallel
+	// setting's, built once.
+	built := map[Change]bool{}
 	changes := settings(base, fo.GPUs, func(c Change) bool {
-		// a degree the model's heads do not divide
-		_, err := build(c.apply(base, fo.GPUs))
-		return err == nil
+		if !first.canPipeline(c.PP) {
+			return false
+		}
+		model := c
+		model.Zero, model.PP = 0, 0
+		ok, seen := built[model]
+		if !seen {
+			_, err := build(c.apply(base, fo.GPUs))
+			ok = err == nil
+			built[model] = ok
+		}
+		return ok
 	})
 	f.Settings = make([]SettingFit, len(changes))
 	errs := make([]error, len(strategies)+len(changes))
@@ -340,8 +361,8 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 // an 8-bit optimizer where the full model trains, and over several GPUs
 // data parallelism and ZeRO 1 to 3 (LoRA: DDP and ZeRO 3, which also
 // shards the frozen weights; QLoRA: DDP) and, for full fine-tuning,
-// tensor parallelism over 2, 4 or 8 of them where valid says the model
-// takes it.
+// tensor parallelism over 2, 4 or 8 of them and pipelines of 2, 4 or 8
+// stages where valid says the model takes it.
 func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 	rank := base.LoRA.Rank
 	if rank == 0 {
@@ -416,6 +437,21 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 				out = append(out, c)
 			}
 		}
+		// Pipeline stages of the most tensor-parallel ranks a node of 8
+		// holds that the GPUs leave, the rest data-parallel under ZeRO 1.
+		for _, pp := range pipelineStages {
+			for tp := min(gpus/pp, 8); tp >= 1 && pp <= gpus; tp /= 2 {
+				c := m.c
+				c.PP, c.TP, c.Zero = pp, tp, 1
+				if gpus/(pp*tp) == 1 {
+					c.Zero = -1
+				}
+				if gpus%(pp*tp) == 0 && valid(c) {
+					out = append(out, c)
+					break
+				}
+			}
+		}
 	}
 	return out
 }
@@ -463,52 +499,64 @@ func (p *prober) plan(batch, seq int64) (*Plan, error) {
 }
 
 // largest returns the largest n in [1, limit] whose plan size(n) fits,
-// and its plan: 0 and size(1)'s plan when none does. Fitting is monotone
-// in n; the search doubles, then bisects.
+// and its plan: 0 and size(1)'s plan when none does.
 func (p *prober) largest(limit int64, size func(n int64) (batch, seq int64)) (int64, *Plan, error) {
 	at := func(n int64) (*Plan, error) { b, s := size(n); return p.plan(b, s) }
+	n, err := largestFitting(limit, func(n int64) (bool, error) {
+		pl, err := at(n)
+		return err == nil && pl.Feasible, err
+	})
+	if err != nil || limit < 1 {
+		return 0, nil, err
+	}
+	pl, err := at(max(n, 1)) // planned already
+	return n, pl, err
+}
+
+// largestFitting returns the largest n in [1, limit] that fits, 0 where
+// 1 does not. Fitting is monotone in n; the search doubles, then bisects.
+func largestFitting(limit int64, fits func(n int64) (bool, error)) (int64, error) {
 	if limit < 1 {
-		return 0, nil, nil
+		return 0, nil
 	}
-	pl, err := at(1)
-	if err != nil || !pl.Feasible {
-		return 0, pl, err
+	if ok, err := fits(1); err != nil || !ok {
+		return 0, err
 	}
-	lo, best := int64(1), pl
+	lo := int64(1)
 	hi := int64(0) // the least size known not to fit; 0: none yet
 	for n := int64(2); ; n = min(n, limit/2+1) * 2 {
 		if n > limit {
 			n = limit
 		}
 		if n <= lo {
-			return lo, best, nil
+			return lo, nil
 		}
-		pl, err := at(n)
+		ok, err := fits(n)
 		if err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		if !pl.Feasible {
+		if !ok {
 			hi = n
 			break
 		}
-		lo, best = n, pl
+		lo = n
 		if n == limit {
-			return lo, best, nil
+			return lo, nil
 		}
 	}
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		pl, err := at(mid)
+		ok, err := fits(mid)
 		if err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		if pl.Feasible {
-			lo, best = mid, pl
+		if ok {
+			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	return lo, best, nil
+	return lo, nil
 }
 
 // largestDivisor returns the largest divisor of n no larger than m
@@ -568,6 +616,9 @@ func ddpNoSync(s ir.Setup) bool {
 // fitSetting searches one setting: the micro-batch and accumulation that
 // reach the global batch, or its largest micro-batch.
 func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
+	if c.PP > 1 {
+		return fitPipeline(build, base, c, opt, fo)
+	}
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
 	var pl *Plan

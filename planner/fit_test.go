@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -36,6 +37,35 @@ func fits(t *testing.T, build Builder, s ir.Setup, batch, seq int64, opt *Option
 		t.Fatal(err)
 	}
 	return plan.Feasible
+}
+
+// fitsSetting is fits for a setting at a micro-batch and its
+// accumulation: over a pipeline's stages, a pipeline plan of that many
+// microbatches whose devices store or checkpoint each layer.
+func fitsSetting(t *testing.T, build Builder, st SettingFit, s ir.Setup, batch int64, opt *Options) bool {
+	t.Helper()
+	if st.Change.PP <= 1 {
+		return fits(t, build, s, batch, s.Seq, opt)
+	}
+	return pipelineAt(t, build, st, s, batch, opt).Feasible
+}
+
+// pipelineAt is a pipeline setting's plan at a micro-batch and its
+// accumulation's microbatches.
+func pipelineAt(t *testing.T, build Builder, st SettingFit, s ir.Setup, batch int64, opt *Options) *PipelinePlan {
+	t.Helper()
+	s.Batch = batch
+	p, err := build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := *opt
+	o.Strategy = Optimal
+	plan, err := p.PlanPipeline(&o, Pipeline{Stages: int(st.Change.PP), Microbatches: int(s.GradAccum)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan
 }
 
 // TestFitReach checks the searched largest micro-batch and longest
@@ -95,9 +125,9 @@ func TestFitGlobalBatch(t *testing.T) {
 		tried := map[string]bool{}
 		for _, st := range fit.Settings {
 			tried[st.Name] = true
-			// tensor-parallel ranks share their data-parallel rank's
-			// sequences
-			dp := tt.gpus / max(st.Setup.Parallel.TP, 1)
+			// tensor-parallel ranks and pipeline stages share their
+			// data-parallel rank's sequences
+			dp := tt.gpus / (max(st.Setup.Parallel.TP, 1) * max(st.Change.PP, 1))
 			share := tt.global / dp
 			if !st.Fits {
 				if st.Shortfall == nil || fits(t, build, st.Setup, 1, base.Seq, opt) && share == 1 {
@@ -116,11 +146,27 @@ func TestFitGlobalBatch(t *testing.T) {
 			if p := s.Parallel; p.NoSync != (p.DP > 1 && p.Zero == 0 && st.GradAccum > 1) {
 				t.Errorf("%+v: %s: no_sync %v over %d ranks, ZeRO %d, %d micro-batches", tt, st.Name, p.NoSync, p.DP, p.Zero, st.GradAccum)
 			}
-			if !fits(t, build, s, st.MicroBatch, s.Seq, opt) {
+			if !fitsSetting(t, build, st, s, st.MicroBatch, opt) {
 				t.Errorf("%+v: %s at micro-batch %d does not fit", tt, st.Name, st.MicroBatch)
 			}
 			if st.PeakBytes > tt.budget || st.SpareBytes != tt.budget-st.PeakBytes {
 				t.Errorf("%+v: %s: peak %v, spare %v", tt, st.Name, st.PeakBytes, st.SpareBytes)
+			}
+			if st.Change.PP > 1 {
+				// Of the micro-batches that divide the share and fit, the
+				// one whose step costs least.
+				chosen := pipelineAt(t, build, st, s, st.MicroBatch, opt)
+				for m := int64(1); m <= share; m++ {
+					if share%m != 0 {
+						continue
+					}
+					next := s
+					next.GradAccum = share / m
+					if pl := pipelineAt(t, build, st, next, m, opt); pl.Feasible && pl.Cost < chosen.Cost {
+						t.Errorf("%+v: %s: micro-batch %d costs %g, less than %d's %g", tt, st.Name, m, pl.Cost, st.MicroBatch, chosen.Cost)
+					}
+				}
+				continue
 			}
 			for m := st.MicroBatch + 1; m <= share; m++ {
 				if share%m != 0 {
@@ -128,7 +174,7 @@ func TestFitGlobalBatch(t *testing.T) {
 				}
 				next := s
 				next.GradAccum = share / m
-				if fits(t, build, next, m, s.Seq, opt) {
+				if fitsSetting(t, build, st, next, m, opt) {
 					t.Errorf("%+v: %s: micro-batch %d fits too, beyond %d", tt, st.Name, m, st.MicroBatch)
 				}
 				break
@@ -140,9 +186,9 @@ func TestFitGlobalBatch(t *testing.T) {
 			for i := range want {
 				want[i] = fmt.Sprintf(want[i], tt.gpus)
 			}
-			want = append(want, fmt.Sprintf("full, adamw-fused, TP %d", tt.gpus))
+			want = append(want, fmt.Sprintf("full, adamw-fused, TP %d", tt.gpus), fmt.Sprintf("full, adamw-fused, PP %d", tt.gpus))
 			if tt.gpus == 4 {
-				want = append(want, "full, adamw-fused, TP 2, ZeRO 1 over 2")
+				want = append(want, "full, adamw-fused, TP 2, ZeRO 1 over 2", "full, adamw-fused, TP 2, PP 2")
 			}
 		}
 		for _, name := range want {
@@ -284,11 +330,82 @@ func TestFitFromTensorParallelism(t *testing.T) {
 	tps := map[int64]bool{}
 	for _, st := range fit.Settings {
 		tps[st.Setup.Parallel.TP] = true
-		if st.Setup.Parallel.DP*st.Setup.Parallel.TP != 4 {
+		if st.Setup.Parallel.DP*st.Setup.Parallel.TP*max(st.Change.PP, 1) != 4 {
 			t.Errorf("%s: TP %d × DP %d over 4 GPUs", st.Name, st.Setup.Parallel.TP, st.Setup.Parallel.DP)
 		}
 	}
 	if !tps[1] || !tps[2] || !tps[4] {
 		t.Errorf("tensor-parallel degrees tried: %v, want 1, 2 and 4", tps)
+	}
+}
+
+// TestFitPipelineShortfall: a pipeline setting that does not fit names
+// the least budget its plan needs, which a pipeline plan fits at and not
+// a byte below, or the static memory that passes the budget alone.
+func TestFitPipelineShortfall(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	for _, budget := range []mem.Bytes{1 << 20, 2 << 20, 2200 << 10} {
+		opt := &Options{Budget: budget}
+		fit, err := build.Fit(base, opt, FitOptions{GPUs: 2, GlobalBatch: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := false
+		for _, st := range fit.Settings {
+			if st.Change.PP <= 1 || st.Fits {
+				continue
+			}
+			seen = true
+			sf := st.Shortfall
+			s := st.Setup
+			s.Batch, s.GradAccum = 1, 8/s.Parallel.DP
+			if sf.StaticPasses() {
+				if sf.StaticBytes < budget || sf.TermBytes == 0 {
+					t.Errorf("%v: %s: static %v passes %v, most of it %s %v", budget, st.Name, sf.StaticBytes, budget, sf.Term, sf.TermBytes)
+				}
+				continue
+			}
+			at := func(b mem.Bytes) bool { return fitsSetting(t, build, st, s, 1, &Options{Budget: b}) }
+			if !at(sf.NeedBytes) || at(sf.NeedBytes-1) {
+				t.Errorf("%v: %s needs %v: fits there %v, a byte below %v", budget, st.Name, sf.NeedBytes, at(sf.NeedBytes), at(sf.NeedBytes-1))
+			}
+			if sf.Term != "activations" || sf.TermBytes != sf.NeedBytes-sf.StaticBytes {
+				t.Errorf("%v: %s: %s %v beyond static %v of %v", budget, st.Name, sf.Term, sf.TermBytes, sf.StaticBytes, sf.NeedBytes)
+			}
+		}
+		if !seen {
+			t.Errorf("%v: every pipeline setting fits", budget)
+		}
+	}
+}
+
+// TestSettingsPipelines: over N GPUs fit tries pipelines of 2, 4 and 8
+// stages, each of the most tensor-parallel ranks up to 8 that N leaves
+// (halving where the model does not take a degree), the rest
+// data-parallel under ZeRO 1.
+func TestSettingsPipelines(t *testing.T) {
+	all := func(Change) bool { return true }
+	noTP8 := func(c Change) bool { return c.TP != 8 }
+	for _, tt := range []struct {
+		gpus  int64
+		valid func(Change) bool
+		want  []Change
+	}{
+		{1, all, nil},
+		{2, all, []Change{{PP: 2, TP: 1, Zero: -1}}},
+		{8, all, []Change{{PP: 2, TP: 4, Zero: -1}, {PP: 4, TP: 2, Zero: -1}, {PP: 8, TP: 1, Zero: -1}}},
+		{64, all, []Change{{PP: 2, TP: 8, Zero: 1}, {PP: 4, TP: 8, Zero: 1}, {PP: 8, TP: 8, Zero: -1}}},
+		{64, noTP8, []Change{{PP: 2, TP: 4, Zero: 1}, {PP: 4, TP: 4, Zero: 1}, {PP: 8, TP: 4, Zero: 1}}},
+		{12, all, []Change{{PP: 2, TP: 6, Zero: -1}, {PP: 4, TP: 3, Zero: -1}}},
+	} {
+		var got []Change
+		for _, c := range settings(ir.DefaultSetup(), tt.gpus, tt.valid) {
+			if c.PP > 0 {
+				got = append(got, c)
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%d GPUs: pipelines %+v, want %+v", tt.gpus, got, tt.want)
+		}
 	}
 }

@@ -107,7 +107,7 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%v\t%.1f%%\t%s\t%s\n", st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, st.SpareBytes,
-			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st), " "))
+			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st, f.Unit), " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -137,8 +137,9 @@ func reachCells(n int64, atMax bool, peak string, overhead float64) string {
 }
 
 // settingFlags are the plan flags that select a setting over base, its
-// micro-batch and accumulation included.
-func settingFlags(base ir.Setup, st planner.SettingFit) []string {
+// micro-batch and accumulation included; a pipeline's, planned in time
+// where fit's unit is.
+func settingFlags(base ir.Setup, st planner.SettingFit, unit string) []string {
 	s := st.Setup
 	var out []string
 	if s.LoRA.Rank != base.LoRA.Rank {
@@ -174,6 +175,15 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 	if s.Batch != base.Batch {
 		out = append(out, "--batch", strconv.FormatInt(s.Batch, 10))
 	}
+	if pp := st.Change.PP; pp > 1 {
+		// The pipeline's microbatches are its accumulation; its plan
+		// stores or checkpoints each layer.
+		out = append(out, "--pp", strconv.FormatInt(pp, 10), "--microbatches", strconv.FormatInt(st.GradAccum, 10), "--solver", planner.Optimal.Name)
+		if unit == planner.TimeUnit {
+			out = append(out, "--objective", "time") // a pipeline's default is FLOPs
+		}
+		return out
+	}
 	if max(s.GradAccum, 1) != max(base.GradAccum, 1) {
 		out = append(out, "--grad-accum", strconv.FormatInt(s.GradAccum, 10))
 	}
@@ -184,7 +194,7 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 // "--batch 2 --grad-accum 4 (full, adamw; peak 70.10 GiB, 12.3% extra
 // compute)".
 func describeChange(base ir.Setup, st planner.SettingFit, unit string) string {
-	flags := strings.Join(settingFlags(base, st), " ")
+	flags := strings.Join(settingFlags(base, st, unit), " ")
 	if flags == "" {
 		flags = "none"
 	}

@@ -400,7 +400,7 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 		return hints
 	}
 	st := fit.Settings[fit.LeastChange]
-	flags := strings.Join(settingFlags(base, st), " ")
+	flags := strings.Join(settingFlags(base, st, fit.Unit), " ")
 	seqs := "the same sequence a step"
 	if global > 1 {
 		seqs = fmt.Sprintf("the same %d sequences a step", global)

@@ -48,8 +48,10 @@ class Setting:
     ``grad_accum`` × the GPUs is the global batch (without one,
     ``micro_batch`` is the largest that fits). ``zero`` is the ZeRO stage it
     trains with (0: none), ``tp`` the tensor-parallel ranks that share each
-    data-parallel rank's sequences; ``shortfall`` says why a setting that
-    does not fit does not (the binary's JSON of it)."""
+    data-parallel rank's sequences, ``pp`` the pipeline stages they are
+    spread over (1: none; then ``grad_accum`` is the pipeline's
+    microbatches); ``shortfall`` says why a setting that does not fit does
+    not (the binary's JSON of it)."""
 
     name: str
     fits: bool
@@ -65,6 +67,7 @@ class Setting:
     zero: int
     shortfall: Optional[dict]
     tp: int = 1
+    pp: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,8 @@ class Fit:
                                     s.get("peak_bytes", 0), s.get("spare_bytes", 0), s.get("overhead", 0.0),
                                     s.get("cost_per_sequence", 0.0), setup["lora"].get("rank", 0),
                                     setup.get("quant", ""), setup["optimizer"], setup["parallel"].get("zero", 0),
-                                    s.get("shortfall"), max(setup["parallel"].get("tp", 1), 1)))
+                                    s.get("shortfall"), max(setup["parallel"].get("tp", 1), 1),
+                                    max(s.get("change", {}).get("pp", 1), 1)))
         return cls(d["model"], d["unit"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
                    d.get("global_batch", 0), d["seq_multiple"], d["setup"]["seq"], largest, settings, d["least_change"])
 

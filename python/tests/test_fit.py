@@ -132,3 +132,15 @@ def test_fit_over_gpus_names_tensor_parallelism(ckptplan_binary):
     assert [s.name for s in tp] == ["full, adamw-fused, TP 2"], [s.name for s in f.settings]
     assert tp[0].fits and tp[0].micro_batch * tp[0].grad_accum == 8 and tp[0].zero == 0
     assert all(s.tp == 1 for s in f.settings if s not in tp)
+
+
+def test_fit_over_gpus_names_pipeline_stages(ckptplan_binary):
+    """Over four GPUs, tiny-llama's settings include its four layers over
+    two and four pipeline stages; a stage's replica runs its share of the
+    global batch as microbatches (its ``grad_accum``)."""
+    f = ckptplan.fit("tiny-llama", "64MiB", gpus=4, global_batch=8)
+    pp = {s.name: s for s in f.settings if s.pp > 1}
+    assert sorted(pp) == ["full, adamw-fused, PP 4", "full, adamw-fused, TP 2, PP 2"], [s.name for s in f.settings]
+    four = pp["full, adamw-fused, PP 4"]
+    assert four.fits and four.tp == 1 and four.micro_batch * four.grad_accum == 8
+    assert pp["full, adamw-fused, TP 2, PP 2"].tp == 2
