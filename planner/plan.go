@@ -40,6 +40,9 @@ type Options struct {
 	// Runtime is what runs the plan, which the optimal and selective
 	// strategies plan for (zero: PerLayer).
 	Runtime Runtime
+	// resolved: withDefaults filled these in, so that a zero Reserve
+	// means none, not the device's.
+	resolved bool
 }
 
 // modules returns megatron-selective's modules, the default filled in.
@@ -58,11 +61,14 @@ const NoReserve mem.Bytes = -1
 var ErrNoBudget = errors.New("no memory budget: give a budget or a device")
 
 // withDefaults returns a copy of the options with the strategy and the
-// budget filled in.
+// budget filled in; options it returned come back as they are.
 func (o *Options) withDefaults() (Options, error) {
 	var opt Options
 	if o != nil {
 		opt = *o
+	}
+	if opt.resolved {
+		return opt, nil
 	}
 	if opt.Strategy.solve == nil {
 		if opt.Strategy.Name != "" {
@@ -100,6 +106,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if opt.Budget <= 0 {
 		return opt, ErrNoBudget
 	}
+	opt.resolved = true
 	return opt, nil
 }
 

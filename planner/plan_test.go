@@ -25,3 +25,28 @@ func TestCommExposed(t *testing.T) {
 		}
 	}
 }
+
+// TestOptionsResolveOnce: options resolved once come back as they are, so
+// that a device's plan asked for with no reserve keeps none when a caller
+// (fit, its probes) resolves them again.
+func TestOptionsResolveOnce(t *testing.T) {
+	o := &Options{Device: "h100-80gb", Budget: 6 << 20, Reserve: NoReserve}
+	once, err := o.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	twice, err := once.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if once.Reserve != 0 || twice.Reserve != 0 || twice.Budget != 6<<20 {
+		t.Errorf("reserve %v, then %v (budget %v), want none both times", once.Reserve, twice.Reserve, twice.Budget)
+	}
+	dflt, err := (&Options{Device: "h100-80gb"}).withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dflt.Reserve == 0 {
+		t.Error("the device's default reserve is gone")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -947,5 +948,75 @@ func TestPlanSaysWhatTheExportPays(t *testing.T) {
 	want := fmt.Sprintf("(the torch-eager profile's): %.1f%% extra compute", 100*e.Overhead)
 	if e.Overhead <= 0 || !strings.Contains(text, want) {
 		t.Errorf("plan's text does not say %q:\n%s", want, text)
+	}
+}
+
+// TestFitFlagsPlanTheRow runs plan with each fitting row's printed flags:
+// the plan fits, at the row's peak and extra cost, pipelines included, in
+// FLOPs and in time (on a named device, where a pipeline plans in FLOPs
+// unless asked for time).
+func TestFitFlagsPlanTheRow(t *testing.T) {
+	for _, base := range [][]string{
+		{"tiny-llama", "--budget", "6MiB"},
+		{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"},
+		{"tiny-llama", "--device", "h100-80gb", "--budget", "6MiB", "--reserve", "0"},
+	} {
+		args := append([]string{"fit"}, base...)
+		args = append(args, "--gpus", "4", "--global-batch", "16")
+		text, _, err := runCmd(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _, err := runCmd(append(args, "--format", "json")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fit struct {
+			Settings []struct {
+				Name      string  `json:"name"`
+				Fits      bool    `json:"fits"`
+				PeakBytes int64   `json:"peak_bytes"`
+				Overhead  float64 `json:"overhead"`
+			} `json:"settings"`
+		}
+		if err := json.Unmarshal([]byte(js), &fit); err != nil {
+			t.Fatal(err)
+		}
+		pipelines := 0
+		for _, st := range fit.Settings {
+			if !st.Fits {
+				continue
+			}
+			var flags []string
+			for _, line := range strings.Split(text, "\n") {
+				if strings.HasPrefix(line, st.Name+"  ") {
+					if i := strings.Index(line, " --"); i >= 0 {
+						flags = strings.Fields(line[i:])
+					}
+				}
+			}
+			if strings.Contains(st.Name, "PP") {
+				pipelines++
+			}
+			out, _, err := runCmd(append(append(append([]string{"plan"}, base...), flags...), "--format", "json")...)
+			if err != nil {
+				t.Errorf("%v: %s: plan %v: %v", base, st.Name, flags, err)
+				continue
+			}
+			var plan struct {
+				Feasible  bool    `json:"feasible"`
+				PeakBytes int64   `json:"peak_bytes"`
+				Overhead  float64 `json:"overhead"`
+			}
+			if err := json.Unmarshal([]byte(out), &plan); err != nil {
+				t.Fatal(err)
+			}
+			if !plan.Feasible || plan.PeakBytes != st.PeakBytes || math.Abs(plan.Overhead-st.Overhead) > 1e-9 {
+				t.Errorf("%v: %s: plan %v fits %v at %d B, %.6f extra; fit says %d B, %.6f", base, st.Name, flags, plan.Feasible, plan.PeakBytes, plan.Overhead, st.PeakBytes, st.Overhead)
+			}
+		}
+		if pipelines == 0 {
+			t.Errorf("%v: no pipeline fits", base)
+		}
 	}
 }
