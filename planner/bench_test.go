@@ -112,7 +112,7 @@ func h100Roofline(objective string) *costmodel.Roofline {
 // BenchmarkFit70B answers fit for llama-3-70b on 80 GiB GPUs: the largest
 // micro-batch and sequence of the base setup, storing everything and
 // planned, and every setting (full, 8-bit AdamW, LoRA, QLoRA; DDP,
-// ZeRO 1 to 3 and tensor parallelism over 8 GPUs) reaching a global batch of 64 sequences of
+// ZeRO 1 to 3, tensor parallelism and pipelines over 8 GPUs) reaching a global batch of 64 sequences of
 // 4096 tokens, in FLOPs and in time on the H100's roofline.
 func BenchmarkFit70B(b *testing.B) {
 	for _, objective := range []string{"flops", "time"} {
