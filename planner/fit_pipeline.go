@@ -23,11 +23,14 @@ package planner
 // --solver optimal); a selective plan of the same pipeline is no dearer.
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/ckptplan/ckptplan/solver"
 )
 
 // pipelineStages are the pipeline depths Fit tries.
@@ -63,18 +66,17 @@ func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpt
 		if pl, ok := plans[k]; ok {
 			return pl, nil
 		}
-		if microbatches > MaxMicrobatches {
-			pl := &PipelinePlan{} // not planned: more microbatches than a plan orders
-			plans[k] = pl
-			return pl, nil
-		}
 		at := s
 		at.Batch, at.GradAccum = batch, microbatches
 		prob, err := build(at)
-		if err != nil {
-			return nil, err
+		var pl *PipelinePlan
+		if err == nil {
+			pl, err = prob.PlanPipeline(&o, Pipeline{Stages: int(c.PP), Microbatches: int(microbatches)})
 		}
-		pl, err := prob.PlanPipeline(&o, Pipeline{Stages: int(c.PP), Microbatches: int(microbatches)})
+		if errors.Is(err, ir.ErrTooLarge) || errors.Is(err, solver.ErrTooLarge) {
+			// Past what int64 counts, no budget holds it.
+			pl, err = &PipelinePlan{Notes: []string{fmt.Sprintf("at micro-batch %d its sizes pass what int64 counts", batch)}}, nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -96,7 +98,14 @@ func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpt
 			}
 		}
 		slices.Sort(divs)
-		divs = slices.DeleteFunc(divs, func(d int64) bool { return d > fo.MaxBatch })
+		// a micro-batch past the search's bound, or too small for a
+		// pipeline to order its microbatches
+		divs = slices.DeleteFunc(divs, func(d int64) bool { return d > fo.MaxBatch || share/d > MaxMicrobatches })
+		if len(divs) == 0 {
+			sf.Shortfall = &Shortfall{BudgetBytes: o.Budget, ReserveBytes: o.Reserve,
+				Reason: fmt.Sprintf("a replica's %d sequences a step need more than %d microbatches of at most %d (--max-batch)", share, MaxMicrobatches, fo.MaxBatch)}
+			return sf, nil
+		}
 		size = func(n int64) (int64, int64) { return divs[n-1], share / divs[n-1] }
 		limit = int64(len(divs))
 	}
@@ -112,7 +121,7 @@ func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpt
 		if err != nil {
 			return sf, err
 		}
-		sf.Shortfall = pipelineShortfall(pl)
+		sf.Shortfall = pipelineShortfall(pl, &o)
 		return sf, nil
 	}
 	b, m := size(n)
@@ -148,10 +157,10 @@ func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpt
 // pipelineShortfall says why a pipeline does not fit: the device whose
 // static memory alone passes the budget, or else the one that needs the
 // most, and its activations beyond its static memory.
-func pipelineShortfall(pl *PipelinePlan) *Shortfall {
-	sf := &Shortfall{BudgetBytes: pl.BudgetBytes, ReserveBytes: pl.ReserveBytes}
-	if len(pl.Devices) == 0 {
-		sf.Term = fmt.Sprintf("more than %d microbatches", MaxMicrobatches)
+func pipelineShortfall(pl *PipelinePlan, o *Options) *Shortfall {
+	sf := &Shortfall{BudgetBytes: o.Budget, ReserveBytes: o.Reserve}
+	if len(pl.Devices) == 0 { // not planned
+		sf.Reason = strings.Join(pl.Notes, "; ")
 		return sf
 	}
 	worst := -1

@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -406,6 +407,28 @@ func TestSettingsPipelines(t *testing.T) {
 		}
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%d GPUs: pipelines %+v, want %+v", tt.gpus, got, tt.want)
+		}
+	}
+}
+
+// TestFitPipelineUnplannable: a pipeline setting no plan can be made of
+// says why: sizes past what int64 counts, or a share that needs more
+// microbatches than a pipeline orders.
+func TestFitPipelineUnplannable(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	base.Seq = 1 << 20
+	for _, tt := range []struct {
+		maxBatch int64
+		want     string
+	}{{0, "at micro-batch 16384 its sizes pass what int64 counts"}, {4, "need more than 65536 microbatches of at most 4"}} {
+		fit, err := build.Fit(base, &Options{Budget: 1 << 50}, FitOptions{GPUs: 2, GlobalBatch: 1 << 30, MaxBatch: tt.maxBatch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range fit.Settings {
+			if st.Change.PP > 1 && (st.Fits || st.Shortfall == nil || !strings.Contains(st.Shortfall.String(), tt.want)) {
+				t.Errorf("--max-batch %d: %s fits %v: %v, want %q", tt.maxBatch, st.Name, st.Fits, st.Shortfall, tt.want)
+			}
 		}
 	}
 }

@@ -52,6 +52,9 @@ type Shortfall struct {
 	// term is activations: the head's logits, or a layer's.
 	Stage      string    `json:"stage,omitempty"`
 	StageBytes mem.Bytes `json:"stage_bytes,omitempty"`
+	// Reason, where set, is why no plan was made at all: a size past
+	// what int64 counts, or more microbatches than a pipeline orders.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Part is one part of a peak.
@@ -66,6 +69,9 @@ func (s *Shortfall) StaticPasses() bool { return s.NeedBytes == 0 }
 // String says it in a line: "static memory 119.66 GiB passes the
 // budget alone, most of it optimizer state (89.75 GiB)".
 func (s *Shortfall) String() string {
+	if s.Reason != "" {
+		return s.Reason
+	}
 	if s.StaticPasses() {
 		return fmt.Sprintf("static memory %v passes the budget alone, most of it %s (%v)", s.StaticBytes, s.Term, s.TermBytes)
 	}
