@@ -56,7 +56,7 @@ func (p *Problem) canPipeline(stages int64) bool {
 // without one, that fits a full pipeline of p microbatches) and fits.
 func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	s := c.apply(base, fo.GPUs)
-	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
+	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s, Solver: Optimal.Name}
 	o := *opt
 	o.Strategy = Optimal
 	type key struct{ batch, micro int64 }
@@ -176,7 +176,6 @@ func pipelineShortfall(pl *PipelinePlan, o *Options) *Shortfall {
 					sf.Term, sf.TermBytes = part.name, mem.Bytes(part.bytes)
 				}
 			}
-			sf.At = ""
 			return sf
 		}
 		if worst < 0 || d.MinBudgetBytes > pl.Devices[worst].MinBudgetBytes {

@@ -178,7 +178,10 @@ func settingFlags(base ir.Setup, st planner.SettingFit, unit string) []string {
 	if pp := st.Change.PP; pp > 1 {
 		// The pipeline's microbatches are its accumulation; its plan
 		// stores or checkpoints each layer.
-		out = append(out, "--pp", strconv.FormatInt(pp, 10), "--microbatches", strconv.FormatInt(st.GradAccum, 10), "--solver", planner.Optimal.Name)
+		out = append(out, "--pp", strconv.FormatInt(pp, 10), "--microbatches", strconv.FormatInt(st.GradAccum, 10))
+		if st.Solver != "" {
+			out = append(out, "--solver", st.Solver)
+		}
 		if unit == planner.TimeUnit {
 			out = append(out, "--objective", "time") // a pipeline's default is FLOPs
 		}
