@@ -48,6 +48,22 @@ type Collectives struct {
 // rank: nothing on one rank, or under the megatron profile, whose
 // runtime's own data parallelism is not modelled.
 func CollectivesOf(g *ir.Graph) Collectives {
+	return collectivesOf(g, func(int) bool { return true })
+}
+
+// CollectivesOfNodes is CollectivesOf for a pipeline device that holds the
+// given nodes' weights, and a tied weight's copy (as StaticOf counts
+// them): its data-parallel group exchanges those alone.
+func CollectivesOfNodes(g *ir.Graph, nodes []int) (Collectives, error) {
+	held, err := heldBy(g, nodes)
+	if err != nil {
+		return Collectives{}, err
+	}
+	return collectivesOf(g, func(i int) bool { return held[i] }), nil
+}
+
+// collectivesOf is CollectivesOf over the nodes held says.
+func collectivesOf(g *ir.Graph, held func(int) bool) Collectives {
 	s := g.Setup
 	n := s.Parallel.DP
 	if n <= 1 || s.Profile == Megatron {
@@ -55,6 +71,9 @@ func CollectivesOf(g *ir.Graph) Collectives {
 	}
 	var weights, trained, grads int64 // on this tensor-parallel rank, whole
 	for i := range g.Nodes {
+		if !held(i) {
+			continue
+		}
 		p, tr := tpShard(g, i, g.Params(i)), tpShard(g, i, g.TrainableParams(i))
 		size, trainSize, gradSize := paramSizes(g, i)
 		weights += (p-tr)*size + tr*trainSize

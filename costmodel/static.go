@@ -186,21 +186,30 @@ func staticMemory(g *ir.Graph) (Static, error) {
 // tables when it holds a node that reads them. Parameters and
 // TrainableParameters count the device's weights.
 func StaticOf(g *ir.Graph, nodes []int) (Static, error) {
+	held, err := heldBy(g, nodes)
+	if err != nil {
+		return Static{}, err
+	}
+	return staticOf(g, func(i int) bool { return held[i] })
+}
+
+// heldBy returns which of g's nodes' weights a pipeline device that runs
+// the given nodes holds: theirs, and the node a weight of theirs is tied
+// to.
+func heldBy(g *ir.Graph, nodes []int) ([]bool, error) {
 	held := make([]bool, len(g.Nodes))
 	for _, i := range nodes {
 		if i < 0 || i >= len(g.Nodes) {
-			return Static{}, fmt.Errorf("graph %s has no node %d", g.Name, i)
+			return nil, fmt.Errorf("graph %s has no node %d", g.Name, i)
 		}
 		held[i] = true
-	}
-	for _, i := range nodes {
 		if t := g.Nodes[i].Attrs.Tied; t != "" {
 			if j, ok := g.Lookup(t); ok {
 				held[j] = true
 			}
 		}
 	}
-	return staticOf(g, func(i int) bool { return held[i] })
+	return held, nil
 }
 
 // staticOf is staticMemory over the nodes held says.

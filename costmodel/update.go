@@ -75,20 +75,12 @@ func UpdateOf(g *ir.Graph) Update {
 
 // UpdateOfNodes is UpdateOf for a pipeline device that holds the given
 // nodes' weights, and a tied weight's copy (as StaticOf counts them).
-// Nodes out of g's range are ignored.
-func UpdateOfNodes(g *ir.Graph, nodes []int) Update {
-	held := make([]bool, len(g.Nodes))
-	for _, i := range nodes {
-		if i >= 0 && i < len(g.Nodes) {
-			held[i] = true
-			if t := g.Nodes[i].Attrs.Tied; t != "" {
-				if j, ok := g.Lookup(t); ok {
-					held[j] = true
-				}
-			}
-		}
+func UpdateOfNodes(g *ir.Graph, nodes []int) (Update, error) {
+	held, err := heldBy(g, nodes)
+	if err != nil {
+		return Update{}, err
 	}
-	return updateOf(g, func(i int) bool { return held[i] })
+	return updateOf(g, func(i int) bool { return held[i] }), nil
 }
 
 // updateOf is UpdateOf over the nodes held says.

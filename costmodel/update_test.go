@@ -2,6 +2,7 @@ package costmodel
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -115,6 +116,53 @@ func TestCollectivesOf(t *testing.T) {
 		}
 		if got := CollectivesOf(g); got != tc.want {
 			t.Errorf("dp %d, zero %d, no_sync %v: %+v, want %+v", tc.dp, tc.zero, tc.noSync, got, tc.want)
+		}
+	}
+}
+
+// TestCollectivesOfNodes counts by hand what each device of a two-stage
+// pipeline of tiny-llama reduces over 4 data-parallel ranks under ZeRO 1:
+// the first holds the embedding (512·64) and layers 0 and 1 (49,280
+// parameters each), the second layers 2 and 3, the final norm (64) and
+// the head (512·64), or, tied, its copy of the embedding.
+func TestCollectivesOfNodes(t *testing.T) {
+	const first, second = 32768 + 2*49280, 2*49280 + 64 + 32768
+	once := func(n int64) int64 { return 4 * n * 3 / 4 }
+	for _, tied := range []bool{false, true} {
+		src, err := graphio.Load("tiny-llama")
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Model.TiedEmbeddings = tied
+		p := &src.Model.Training.Parallel
+		p.DP, p.Zero = 4, 1
+		g, err := graphio.Build(src.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b []int
+		for i, n := range g.Nodes {
+			if strings.HasPrefix(n.Name, "embed") || strings.HasPrefix(n.Name, "layers.0.") || strings.HasPrefix(n.Name, "layers.1.") {
+				a = append(a, i)
+			} else {
+				b = append(b, i)
+			}
+		}
+		for _, tc := range []struct {
+			nodes  []int
+			params int64
+		}{{a, first}, {b, second}} {
+			want := Collectives{Reduce: 2 * once(tc.params), AfterStep: once(tc.params), OnceAStep: true}
+			got, err := CollectivesOfNodes(g, tc.nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("tied %v, %d parameters: %+v, want %+v", tied, tc.params, got, want)
+			}
+		}
+		if _, err := CollectivesOfNodes(g, []int{len(g.Nodes)}); err == nil {
+			t.Errorf("a node out of range: no error")
 		}
 	}
 }

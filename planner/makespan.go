@@ -21,7 +21,10 @@ package planner
 // linear in the ops, and holds only the arrivals not yet consumed: each
 // model chunk runs its microbatches in order, so arrivals are queues.
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Makespan returns the time one step of the pipeline's schedule takes
 // from the first forward to the last backward: fwd[rank][c] and
@@ -30,14 +33,24 @@ import "fmt"
 // output of model chunk g takes to reach chunk g+1, and its gradient to
 // come back. The pipeline is one a plan records (its Virtual filled in).
 func (pp Pipeline) Makespan(fwd, bwd [][]float64, send []float64) (float64, error) {
+	ends, err := pp.ends(fwd, bwd, send)
+	if err != nil {
+		return 0, err
+	}
+	return slices.Max(ends), nil
+}
+
+// ends returns when each device of the pipeline finishes its last op, as
+// Makespan replays the schedule.
+func (pp Pipeline) ends(fwd, bwd [][]float64, send []float64) ([]float64, error) {
 	p, v := pp.Stages, pp.Virtual
 	chunks := p * v
 	if len(fwd) != p || len(bwd) != p || len(send) != chunks-1 {
-		return 0, fmt.Errorf("makespan of %d stages × %d chunks: %d forward and %d backward devices, %d sends", p, v, len(fwd), len(bwd), len(send))
+		return nil, fmt.Errorf("makespan of %d stages × %d chunks: %d forward and %d backward devices, %d sends", p, v, len(fwd), len(bwd), len(send))
 	}
 	for k := range p {
 		if len(fwd[k]) != v || len(bwd[k]) != v {
-			return 0, fmt.Errorf("makespan: device %d has %d forward and %d backward chunk times, want %d", k, len(fwd[k]), len(bwd[k]), v)
+			return nil, fmt.Errorf("makespan: device %d has %d forward and %d backward chunk times, want %d", k, len(fwd[k]), len(bwd[k]), v)
 		}
 	}
 	type arrival struct {
@@ -85,7 +98,7 @@ func (pp Pipeline) Makespan(fwd, bwd [][]float64, send []float64) (float64, erro
 					break // woken when it arrives
 				}
 				if q[0].micro != op.Micro {
-					return 0, fmt.Errorf("makespan: device %d runs microbatch %d of chunk %d before %d", k, op.Micro, g, q[0].micro)
+					return nil, fmt.Errorf("makespan: device %d runs microbatch %d of chunk %d before %d", k, op.Micro, g, q[0].micro)
 				}
 				start = max(start, q[0].at+send[min(from, g)])
 				wait[from] = q[1:]
@@ -101,29 +114,29 @@ func (pp Pipeline) Makespan(fwd, bwd [][]float64, send []float64) (float64, erro
 			}
 		}
 	}
-	var end float64
 	for k := range p {
 		if next[k] < ops {
-			return 0, fmt.Errorf("makespan: device %d stalls at op %d of %d", k, next[k], ops)
+			return nil, fmt.Errorf("makespan: device %d stalls at op %d of %d", k, next[k], ops)
 		}
-		end = max(end, free[k])
 	}
-	return end, nil
+	return free, nil
 }
 
 // pipelineTimes are a pipeline's times in TimeUnit, for its step's:
 // each device's chunks' forward and backward a microbatch, the backward
 // under the plan (bwd) and storing everything (stored), the sends
-// between model chunks, and the slowest device's optimizer step.
+// between model chunks, and each device's optimizer step and
+// data-parallel collectives (nil: none).
 type pipelineTimes struct {
 	pp               Pipeline
 	fwd, bwd, stored [][]float64
 	send             []float64
-	update           float64
+	update           []float64
+	comm             []*Comm
 }
 
 func newPipelineTimes(pp Pipeline) *pipelineTimes {
-	t := &pipelineTimes{pp: pp, send: make([]float64, pp.Stages*pp.Virtual-1)}
+	t := &pipelineTimes{pp: pp, send: make([]float64, pp.Stages*pp.Virtual-1), update: make([]float64, pp.Stages), comm: make([]*Comm, pp.Stages)}
 	for range pp.Stages {
 		t.fwd = append(t.fwd, make([]float64, pp.Virtual))
 		t.bwd = append(t.bwd, make([]float64, pp.Virtual))
@@ -132,13 +145,70 @@ func newPipelineTimes(pp Pipeline) *pipelineTimes {
 	return t
 }
 
-// step returns the step's time under the plan and storing everything.
-func (t *pipelineTimes) step() (cost, baseline float64, err error) {
-	if cost, err = t.pp.Makespan(t.fwd, t.bwd, t.send); err != nil {
-		return 0, 0, err
+// step returns the step's time under the plan and storing everything,
+// and what of the plan's the collectives add.
+func (t *pipelineTimes) step() (cost, baseline, comm float64, err error) {
+	if cost, err = t.stepOf(t.bwd, t.comm); err != nil {
+		return 0, 0, 0, err
 	}
-	if baseline, err = t.pp.Makespan(t.fwd, t.stored, t.send); err != nil {
-		return 0, 0, err
+	if baseline, err = t.stepOf(t.stored, t.comm); err != nil {
+		return 0, 0, 0, err
 	}
-	return cost + t.update, baseline + t.update, nil
+	if slices.ContainsFunc(t.comm, func(c *Comm) bool { return c != nil }) {
+		alone, err := t.stepOf(t.bwd, make([]*Comm, len(t.comm)))
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		comm = cost - alone
+	}
+	return cost, baseline, comm, nil
+}
+
+// stepOf returns the step's time with backwards bwd and collectives comm:
+// what a device's collectives do not hide of each microbatch (as
+// Comm.Exposed counts it) lengthens its backwards, in proportion to
+// their times, and what they leave of the last follows its last op; the
+// devices then step together (clipping the gradients' norm waits for
+// every one), each updating its weights and gathering them again.
+func (t *pipelineTimes) stepOf(bwd [][]float64, comm []*Comm) (float64, error) {
+	slow := slices.Clone(bwd)
+	last := make([]float64, len(bwd))
+	for k, c := range comm {
+		if c == nil {
+			continue
+		}
+		var micro, back float64
+		for j := range bwd[k] {
+			micro += t.fwd[k][j] + bwd[k][j]
+			back += bwd[k][j]
+		}
+		each, end := c.perMicro(micro, back)
+		last[k] = end
+		if each == 0 {
+			continue
+		}
+		slow[k] = slices.Clone(bwd[k])
+		for j, b := range bwd[k] {
+			switch {
+			case back > 0:
+				slow[k][j] += each * b / back
+			case j == 0:
+				slow[k][j] += each
+			}
+		}
+	}
+	ends, err := t.pp.ends(t.fwd, slow, t.send)
+	if err != nil {
+		return 0, err
+	}
+	var flushed, stepped float64
+	for k, e := range ends {
+		flushed = max(flushed, e+last[k])
+		after := 0.0
+		if comm[k] != nil {
+			after = comm[k].AfterStep
+		}
+		stepped = max(stepped, t.update[k]+after)
+	}
+	return flushed + stepped, nil
 }

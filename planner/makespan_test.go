@@ -213,3 +213,71 @@ func TestPipelineStepTime(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineStepCollectives: a pipeline's data-parallel collectives.
+// On one stage the step is the single-device plan's StepCost, whose
+// collectives Plan.stepOf prices on its own (Comm.Exposed), for every
+// ZeRO stage and DDP's no_sync, over a link slow enough that they show
+// and one fast enough that backwards hide them. On two stages without
+// ZeRO, whose optimizer step data parallelism leaves whole, the step less
+// what the collectives add is the step of one replica.
+func TestPipelineStepCollectives(t *testing.T) {
+	const m = 4
+	for _, link := range []float64{1e7, 1e12} {
+		r := &costmodel.Roofline{MatrixFLOPS: 1e12, MatrixFP32FLOPS: 1e11, BandwidthBytes: 1e10, MatrixEfficiency: 1, BandwidthEfficiency: 1, LaunchSeconds: 1e-6,
+			LinkBytes: link, LinkEfficiency: 1}
+		for _, tc := range []struct {
+			zero   int64
+			noSync bool
+		}{{0, false}, {0, true}, {1, false}, {2, false}, {3, false}} {
+			name := fmt.Sprintf("link %g B/s, zero %d, no_sync %v", link, tc.zero, tc.noSync)
+			problem := func(dp int64) *Problem {
+				src, err := graphio.Load("tiny-llama")
+				if err != nil {
+					t.Fatal(err)
+				}
+				src.Model.Training.GradAccum = m
+				par := &src.Model.Training.Parallel
+				par.DP, par.Zero, par.NoSync = dp, tc.zero, tc.noSync
+				p, err := NewTimed(src, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			p := problem(4)
+			opt := &Options{Budget: 1 << 40, Strategy: StoreAll}
+			one, err := p.PlanPipeline(opt, Pipeline{Stages: 1, Microbatches: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			single, err := p.Plan(opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if single.Comm == nil {
+				t.Fatalf("%s: the plan has no collectives", name)
+			}
+			if _, want := single.StepCost(); one.Cost != want || one.BaselineCost != want {
+				t.Errorf("%s on one stage: step %g ps, store-everything %g, want the plan's %g", name, one.Cost, one.BaselineCost, want)
+			}
+			if want := single.CommCost() - single.Comm.AfterStep; link < 1e9 && one.CommCost != single.CommCost() || link > 1e9 && one.CommCost != single.Comm.AfterStep {
+				t.Errorf("%s on one stage: collectives add %g ps, want the plan's %g (%g after the step)", name, one.CommCost, single.CommCost(), want)
+			}
+			if tc.zero != 0 {
+				continue
+			}
+			two, err := p.PlanPipeline(opt, Pipeline{Stages: 2, Microbatches: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			alone, err := problem(1).PlanPipeline(opt, Pipeline{Stages: 2, Microbatches: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := two.Cost - two.CommCost; got != alone.Cost || (two.CommCost > 0) != (link < 1e9) {
+				t.Errorf("%s on two stages: step %g ps less collectives %g is %g, want one replica's %g", name, two.Cost, two.CommCost, got, alone.Cost)
+			}
+		}
+	}
+}

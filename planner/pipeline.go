@@ -75,14 +75,19 @@ type PipelinePlan struct {
 	PeakBytes mem.Bytes `json:"peak_bytes" yaml:"peak_bytes"`
 	// Cost and BaselineCost are the whole step's: in FLOPs, every
 	// microbatch on every device; in time, the schedule's (Makespan, its
-	// bubble and sends included) and then the optimizer step, UpdateCost:
+	// bubble and sends included, and the data-parallel collectives it
+	// does not hide, CommCost) and then the optimizer step, UpdateCost:
 	// the slowest device's, as they step together.
-	Cost         float64      `json:"cost" yaml:"cost"`
-	BaselineCost float64      `json:"baseline_cost" yaml:"baseline_cost"`
-	Overhead     float64      `json:"overhead" yaml:"overhead"`
-	UpdateCost   float64      `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
-	Devices      []DevicePlan `json:"devices" yaml:"devices"`
-	Notes        []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
+	Cost         float64 `json:"cost" yaml:"cost"`
+	BaselineCost float64 `json:"baseline_cost" yaml:"baseline_cost"`
+	Overhead     float64 `json:"overhead" yaml:"overhead"`
+	UpdateCost   float64 `json:"update_cost,omitempty" yaml:"update_cost,omitempty"`
+	// CommCost is what the devices' data-parallel collectives add to the
+	// step, in time: what their microbatches' backwards do not hide, and
+	// the weights' all-gather after the optimizer step (ZeRO 1 and 2).
+	CommCost float64      `json:"comm_cost,omitempty" yaml:"comm_cost,omitempty"`
+	Devices  []DevicePlan `json:"devices" yaml:"devices"`
+	Notes    []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
 
 // DevicePlan is what one pipeline device runs and holds.
@@ -538,7 +543,15 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		}
 		d.BaselineCost *= float64(pp.Microbatches)
 		if r := p.Roofline; r != nil {
-			times.update = max(times.update, math.Round(r.Seconds(costmodel.UpdateOfNodes(g, nodes))*1e12))
+			u, err := costmodel.UpdateOfNodes(g, nodes)
+			if err != nil {
+				return nil, err
+			}
+			cs, err := costmodel.CollectivesOfNodes(g, nodes)
+			if err != nil {
+				return nil, err
+			}
+			times.update[rank], times.comm[rank] = math.Round(r.Seconds(u)*1e12), newComm(cs, *r)
 		}
 		act := max(opt.Budget-opt.Reserve-d.StaticBytes, 1)
 		choices, err := solver.SolveInFlight(p.Chain, segs, act)
@@ -591,10 +604,10 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 				times.send[g] = math.Round(r.CommSeconds(int64(p.Chain.ActBytes[bounds[g+1]])) * 1e12)
 			}
 		}
-		if plan.Cost, plan.BaselineCost, err = times.step(); err != nil {
+		if plan.Cost, plan.BaselineCost, plan.CommCost, err = times.step(); err != nil {
 			return nil, err
 		}
-		plan.UpdateCost = times.update
+		plan.UpdateCost = slices.Max(times.update)
 	}
 	if plan.Feasible && plan.BaselineCost > 0 {
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1

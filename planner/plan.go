@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -479,11 +480,31 @@ func (c *Comm) Exposed(micro, backward float64, m int64) float64 {
 	if c == nil {
 		return 0
 	}
+	each, last := c.perMicro(micro, backward)
+	return float64(m)*each + last + c.AfterStep
+}
+
+// perMicro returns what the collectives of each micro-batch, of micro
+// time with backward of it, do not hide, and what the last micro-batch's
+// leave besides: its gradients' reduction, when they are reduced once a
+// step.
+func (c *Comm) perMicro(micro, backward float64) (each, last float64) {
 	over := func(gather, reduce float64) float64 { return max(0, gather+reduce-micro, reduce-backward) }
 	if c.OnceAStep {
-		return float64(m-1)*over(c.Gather, 0) + over(c.Gather, c.Reduce) + c.AfterStep
+		each = over(c.Gather, 0)
+		return each, over(c.Gather, c.Reduce) - each
 	}
-	return float64(m)*over(c.Gather, c.Reduce) + c.AfterStep
+	return over(c.Gather, c.Reduce), 0
+}
+
+// newComm returns the time of collectives cs on r's link; nil where
+// there are none, or no link to time them on.
+func newComm(cs costmodel.Collectives, r costmodel.Roofline) *Comm {
+	if cs == (costmodel.Collectives{}) || r.LinkBytes <= 0 {
+		return nil
+	}
+	ps := func(b int64) float64 { return math.Round(r.CommSeconds(b) * 1e12) }
+	return &Comm{Gather: ps(cs.Gather), Reduce: ps(cs.Reduce), AfterStep: ps(cs.AfterStep), OnceAStep: cs.OnceAStep}
 }
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {

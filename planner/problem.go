@@ -160,10 +160,7 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 	p := &Problem{Name: name, Unit: unit, Roofline: r, Static: mem.Bytes(c.HeldBytes()), Chain: toChain(stages, out), Costs: c, Stages: stages, byBlock: byBlock}
 	if r != nil {
 		p.UpdateCost = math.Round(r.Seconds(costmodel.UpdateOf(g)) * 1e12)
-		if cs := costmodel.CollectivesOf(g); cs != (costmodel.Collectives{}) && r.LinkBytes > 0 {
-			ps := func(b int64) float64 { return math.Round(r.CommSeconds(b) * 1e12) }
-			p.Comm = &Comm{Gather: ps(cs.Gather), Reduce: ps(cs.Reduce), AfterStep: ps(cs.AfterStep), OnceAStep: cs.OnceAStep}
-		}
+		p.Comm = newComm(costmodel.CollectivesOf(g), *r)
 	}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
 	// The loop holds the loss and its gradient through the backward, and

@@ -954,15 +954,22 @@ func TestPlanSaysWhatTheExportPays(t *testing.T) {
 // TestFitFlagsPlanTheRow runs plan with each fitting row's printed flags:
 // the plan fits, at the row's peak and extra cost, pipelines included, in
 // FLOPs and in time (on a named device, where a pipeline plans in FLOPs
-// unless asked for time).
+// unless asked for time); a pipeline's step is the row's time a sequence
+// over its sequences and GPUs, its data-parallel collectives included
+// over 16 GPUs (TP 4, PP 2, ZeRO 1 over 2).
 func TestFitFlagsPlanTheRow(t *testing.T) {
-	for _, base := range [][]string{
-		{"tiny-llama", "--budget", "6MiB"},
-		{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"},
-		{"tiny-llama", "--device", "h100-80gb", "--budget", "6MiB", "--reserve", "0"},
+	for _, tc := range []struct {
+		gpus string
+		base []string
+	}{
+		{"4", []string{"tiny-llama", "--budget", "6MiB"}},
+		{"4", []string{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"}},
+		{"4", []string{"tiny-llama", "--device", "h100-80gb", "--budget", "6MiB", "--reserve", "0"}},
+		{"16", []string{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"}},
 	} {
+		base := tc.base
 		args := append([]string{"fit"}, base...)
-		args = append(args, "--gpus", "4", "--global-batch", "16")
+		args = append(args, "--gpus", tc.gpus, "--global-batch", "16")
 		text, _, err := runCmd(args...)
 		if err != nil {
 			t.Fatal(err)
@@ -977,12 +984,18 @@ func TestFitFlagsPlanTheRow(t *testing.T) {
 				Fits      bool    `json:"fits"`
 				PeakBytes int64   `json:"peak_bytes"`
 				Overhead  float64 `json:"overhead"`
+				PerSeq    float64 `json:"cost_per_sequence"`
+				Setup     struct {
+					Parallel struct {
+						TP int64 `json:"tp"`
+					} `json:"parallel"`
+				} `json:"setup"`
 			} `json:"settings"`
 		}
 		if err := json.Unmarshal([]byte(js), &fit); err != nil {
 			t.Fatal(err)
 		}
-		pipelines := 0
+		pipelines, priced := 0, 0
 		for _, st := range fit.Settings {
 			if !st.Fits {
 				continue
@@ -1007,6 +1020,16 @@ func TestFitFlagsPlanTheRow(t *testing.T) {
 				Feasible  bool    `json:"feasible"`
 				PeakBytes int64   `json:"peak_bytes"`
 				Overhead  float64 `json:"overhead"`
+				Unit      string  `json:"unit"`
+				Cost      float64 `json:"cost"`
+				CommCost  float64 `json:"comm_cost"`
+				Pipeline  struct {
+					Stages       int64 `json:"stages"`
+					Microbatches int64 `json:"microbatches"`
+				} `json:"pipeline"`
+				Setup struct {
+					Batch int64 `json:"batch"`
+				} `json:"setup"`
 			}
 			if err := json.Unmarshal([]byte(out), &plan); err != nil {
 				t.Fatal(err)
@@ -1014,9 +1037,21 @@ func TestFitFlagsPlanTheRow(t *testing.T) {
 			if !plan.Feasible || plan.PeakBytes != st.PeakBytes || math.Abs(plan.Overhead-st.Overhead) > 1e-9 {
 				t.Errorf("%v: %s: plan %v fits %v at %d B, %.6f extra; fit says %d B, %.6f", base, st.Name, flags, plan.Feasible, plan.PeakBytes, plan.Overhead, st.PeakBytes, st.Overhead)
 			}
+			if pp := plan.Pipeline; pp.Stages > 0 && plan.Unit == "ps" {
+				step := st.PerSeq * float64(pp.Microbatches*plan.Setup.Batch) / float64(pp.Stages*st.Setup.Parallel.TP)
+				if math.Abs(step-plan.Cost) > 1e-9*plan.Cost {
+					t.Errorf("%v: %s: plan %v takes %g ps a step; fit's %g ps a sequence makes it %g", base, st.Name, flags, plan.Cost, st.PerSeq, step)
+				}
+				if plan.CommCost > 0 {
+					priced++
+				}
+			}
 		}
 		if pipelines == 0 {
 			t.Errorf("%v: no pipeline fits", base)
+		}
+		if tc.gpus == "16" && priced == 0 {
+			t.Errorf("%v over %s GPUs: no pipeline's collectives priced", base, tc.gpus)
 		}
 	}
 }
