@@ -16,11 +16,15 @@ package planner
 // equals). Without a global batch a replica runs a full pipeline, p
 // microbatches, of the largest micro-batch that fits.
 //
-// Each probe is a pipeline plan whose devices store or checkpoint each
-// layer (the optimal strategy's choices): their fronts stay small, so a
-// probe of a 70B model plans in milliseconds where keep sets take
-// seconds. The plan the setting's flags name is that one (its flags say
-// --solver optimal); a selective plan of the same pipeline is no dearer.
+// Its step is priced with its data-parallel collectives (ZeRO 1's
+// reduction and gather). Each probe is a pipeline plan: in time a
+// selective one, each layer offered the keep sets on its hull (hull.go),
+// whose fronts stay small enough that a probe of a 70B model plans in
+// tens of milliseconds; in FLOPs one that stores or checkpoints each
+// layer (the optimal strategy), as every keep set would take longer. The
+// plan the setting's flags name is that one. A probe whose device's
+// static memory passes the budget alone stops there (Options.staticFirst):
+// no micro-batch fits it, and its plan would search keep sets for nothing.
 
 import (
 	"errors"
@@ -56,9 +60,9 @@ func (p *Problem) canPipeline(stages int64) bool {
 // without one, that fits a full pipeline of p microbatches) and fits.
 func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	s := c.apply(base, fo.GPUs)
-	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s, Solver: Optimal.Name}
+	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
 	o := *opt
-	o.Strategy = Optimal
+	o.staticFirst = true
 	type key struct{ batch, micro int64 }
 	plans := map[key]*PipelinePlan{}
 	plan := func(batch, microbatches int64) (*PipelinePlan, error) {
@@ -71,6 +75,14 @@ func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpt
 		prob, err := build(at)
 		var pl *PipelinePlan
 		if err == nil {
+			// In time the hull keeps a selective plan's fronts small
+			// (hull.go); in FLOPs a device is offered every keep set, and
+			// stores or checkpoints each layer.
+			o.Strategy = Optimal
+			if prob.Unit == TimeUnit {
+				o.Strategy = Selective
+			}
+			sf.Solver = o.Strategy.Name
 			pl, err = prob.PlanPipeline(&o, Pipeline{Stages: int(c.PP), Microbatches: int(microbatches)})
 		}
 		if errors.Is(err, ir.ErrTooLarge) || errors.Is(err, solver.ErrTooLarge) {

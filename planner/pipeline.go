@@ -299,7 +299,8 @@ func replayPeak(order []PipeOp, m []solver.SegmentMemory) mem.Bytes {
 // PlanPipeline plans every device of a pipeline: the model's decoder
 // layers split into chunks, each device's chunks planned under its budget
 // less its static memory with the strategy's choices per stage (selective:
-// every keep set and checkpointing; optimal: storing or checkpointing;
+// storing, checkpointing and the keep sets on the hull of what each keeps
+// and costs, hull.go; optimal: storing or checkpointing;
 // megatron-selective, every-k with k 1 and none as they are). A device
 // that does not fit is not an error: its plan says Feasible false.
 func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {
@@ -473,16 +474,8 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	if pp, err = pp.withDefaults(len(layers)); err != nil {
 		return nil, err
 	}
-	var choose func(from, i int) []int
 	if fixed != nil {
-		choose = fixed
 		opt.Strategy.Name = name
-	} else {
-		strategy, err := p.pipelineChoices(opt)
-		if err != nil {
-			return nil, err
-		}
-		choose = func(_, i int) []int { return strategy(i) }
 	}
 	// Model chunk c runs chain stages [bounds[c], bounds[c+1]): the first
 	// takes what comes before the layers, the last what comes after.
@@ -500,6 +493,35 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	if g.Setup.Batch > 0 {
 		s := g.Setup
 		plan.Setup = &s
+	}
+	if opt.staticFirst {
+		// A device whose static memory passes the budget alone: no plan
+		// of any device is needed to say the pipeline does not fit.
+		for rank := range pp.Stages {
+			var nodes []int
+			for c := range pp.Virtual {
+				for i := bounds[c*pp.Stages+rank]; i < bounds[c*pp.Stages+rank+1]; i++ {
+					nodes = append(nodes, p.Stages[i].Nodes...)
+				}
+			}
+			st, err := costmodel.StaticOf(g, nodes)
+			if err != nil {
+				return nil, err
+			}
+			if d := mem.Bytes(st.Total()); d+opt.Reserve >= opt.Budget {
+				plan.Feasible = false
+				plan.Devices = []DevicePlan{{Rank: rank, StaticBytes: d, Static: &st}}
+				return plan, nil
+			}
+		}
+	}
+	choose := fixed
+	if fixed == nil {
+		strategy, err := p.pipelineChoices(opt)
+		if err != nil {
+			return nil, err
+		}
+		choose = func(_, i int) []int { return strategy(i) }
 	}
 	proto := p.newPlan(opt.Strategy.Name, opt.Budget) // the stages' records
 	megatron := p.Costs.Profile == costmodel.Megatron
@@ -521,6 +543,9 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			for i := from; i < to; i++ {
 				s.Choices = append(s.Choices, choose(from, i))
 				nodes = append(nodes, p.Stages[i].Nodes...)
+			}
+			if fixed == nil && opt.Strategy.Name == Selective.Name && p.Unit == TimeUnit {
+				s.Choices = onHull(p.Chain, s)
 			}
 			segs = append(segs, s)
 		}

@@ -44,6 +44,10 @@ type Options struct {
 	// resolved: withDefaults filled these in, so that a zero Reserve
 	// means none, not the device's.
 	resolved bool
+	// staticFirst: a pipeline with a device whose static memory passes
+	// the budget alone is not planned, and says so by that device alone
+	// (fit's probes, which need no least budget then).
+	staticFirst bool
 }
 
 // modules returns megatron-selective's modules, the default filled in.

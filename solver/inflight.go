@@ -40,7 +40,7 @@ package solver
 // dropped; between segments it is (Σ n_s·H_s, max_s P_s − H_s, cost).
 // Every schedule of the family is dominated by one the fronts keep, so
 // the result is optimal for the family — exactly, with no rounding, as
-// long as a front stays under maxFront states (maxEndFront at a chunk's
+// long as a front stays under MaxFront states (maxEndFront at a chunk's
 // end); past it, the sizes are rounded up to a grain that doubles until
 // the front fits, which keeps every kept plan within budget. Time
 // O(F·C_i·log(F·C_i)) a stage to sort its candidates and O(F²) at worst
@@ -183,10 +183,11 @@ func InFlightBound(segs []Segment, m []SegmentMemory) mem.Bytes {
 	return w + q
 }
 
-// maxFront is the most states a front keeps exactly; maxEndFront the most
+// MaxFront is the most states an in-flight front keeps exactly (past it
+// sizes are rounded up); maxEndFront the most
 // a chunk's front keeps at its end, where chunks' fronts multiply.
 const (
-	maxFront    = 1 << 12
+	MaxFront    = 1 << 12
 	maxEndFront = 1 << 9
 )
 
@@ -272,7 +273,7 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 					next[ci] = append(next[ci], ns)
 				}
 			}
-			cur = pruneMerged(next, maxFront)
+			cur = pruneMerged(next, MaxFront)
 			f.stages = append(f.stages, cur)
 			if len(cur) == 0 {
 				break
@@ -347,8 +348,8 @@ func solveInFlight(c *Chain, segs []Segment, budget mem.Bytes, leastBound bool) 
 
 // prune keeps the states no other point dominates (no larger a, no larger
 // b, no larger cost; the first of equals), rounding a and b up to a
-// doubling grain while more than maxFront remain.
-func prune(states []point) []point { return pruneTo(states, maxFront) }
+// doubling grain while more than MaxFront remain.
+func prune(states []point) []point { return pruneTo(states, MaxFront) }
 
 // pruneTo is prune keeping at most limit states. Rounding up keeps
 // dominance, so each coarser pass prunes the last one's front.

@@ -98,9 +98,9 @@ func TestExportTimePlan(t *testing.T) {
 }
 
 // TestDefaultObjective: a plan is priced in time where the device's
-// figures are known (a named GPU, or --roofline), in FLOPs for a bare
-// budget, a device known by its memory, --objective flops, and a
-// pipeline, whose bubble time does not price.
+// figures are known (a named GPU, or --roofline), a pipeline's too, in
+// FLOPs for a bare budget, a device known by its memory, and --objective
+// flops.
 func TestDefaultObjective(t *testing.T) {
 	roofline := "matrix=1e12,bandwidth=1e11"
 	for _, tc := range []struct {
@@ -113,7 +113,8 @@ func TestDefaultObjective(t *testing.T) {
 		{[]string{"--budget", "60GiB"}, "FLOPs"},
 		{[]string{"--device", "80GiB"}, "FLOPs"},
 		{[]string{"--device", "h100-80gb", "--objective", "flops"}, "FLOPs"},
-		{[]string{"--device", "h100-80gb", "--pp", "2"}, "FLOPs"},
+		{[]string{"--device", "h100-80gb", "--pp", "2"}, "ps"},
+		{[]string{"--device", "h100-80gb", "--pp", "2", "--objective", "flops"}, "FLOPs"},
 		{[]string{"--budget", "60GiB", "--pp", "2", "--roofline", roofline}, "ps"},
 		{[]string{"--device", "h100-80gb", "--pp", "2", "--objective", "time"}, "ps"},
 	} {

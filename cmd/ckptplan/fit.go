@@ -107,7 +107,7 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%v\t%.1f%%\t%s\t%s\n", st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, st.SpareBytes,
-			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st, f.Unit), " "))
+			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st), " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -137,9 +137,9 @@ func reachCells(n int64, atMax bool, peak string, overhead float64) string {
 }
 
 // settingFlags are the plan flags that select a setting over base, its
-// micro-batch and accumulation included; a pipeline's, planned in time
-// where fit's unit is.
-func settingFlags(base ir.Setup, st planner.SettingFit, unit string) []string {
+// micro-batch and accumulation included, and a pipeline's solver where
+// it is not plan's default.
+func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 	s := st.Setup
 	var out []string
 	if s.LoRA.Rank != base.LoRA.Rank {
@@ -176,14 +176,10 @@ func settingFlags(base ir.Setup, st planner.SettingFit, unit string) []string {
 		out = append(out, "--batch", strconv.FormatInt(s.Batch, 10))
 	}
 	if pp := st.Change.PP; pp > 1 {
-		// The pipeline's microbatches are its accumulation; its plan
-		// stores or checkpoints each layer.
+		// The pipeline's microbatches are its accumulation.
 		out = append(out, "--pp", strconv.FormatInt(pp, 10), "--microbatches", strconv.FormatInt(st.GradAccum, 10))
-		if st.Solver != "" {
+		if st.Solver != "" && st.Solver != planner.Selective.Name {
 			out = append(out, "--solver", st.Solver)
-		}
-		if unit == planner.TimeUnit {
-			out = append(out, "--objective", "time") // a pipeline's default is FLOPs
 		}
 		return out
 	}
@@ -197,7 +193,7 @@ func settingFlags(base ir.Setup, st planner.SettingFit, unit string) []string {
 // "--batch 2 --grad-accum 4 (full, adamw; peak 70.10 GiB, 12.3% extra
 // compute)".
 func describeChange(base ir.Setup, st planner.SettingFit, unit string) string {
-	flags := strings.Join(settingFlags(base, st, unit), " ")
+	flags := strings.Join(settingFlags(base, st), " ")
 	if flags == "" {
 		flags = "none"
 	}

@@ -953,8 +953,8 @@ func TestPlanSaysWhatTheExportPays(t *testing.T) {
 
 // TestFitFlagsPlanTheRow runs plan with each fitting row's printed flags:
 // the plan fits, at the row's peak and extra cost, pipelines included, in
-// FLOPs and in time (on a named device, where a pipeline plans in FLOPs
-// unless asked for time); a pipeline's step is the row's time a sequence
+// FLOPs and in time (on --roofline and on a named device); a pipeline's
+// step is the row's time a sequence
 // over its sequences and GPUs, its data-parallel collectives included
 // over 16 GPUs (TP 4, PP 2, ZeRO 1 over 2).
 func TestFitFlagsPlanTheRow(t *testing.T) {

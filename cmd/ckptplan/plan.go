@@ -134,7 +134,7 @@ func addPlanFlags(fs *flag.FlagSet, withSolver bool) *planFlags {
 	fs.Var(&p.reserve, "reserve", "memory of the budget left for what is not a tensor: CUDA context, workspaces, allocator slack (default: the --device's, 1GiB + 5% of its memory; none without --device)")
 	fs.IntVar(&p.slots, "slots", solver.DefaultSlots, "memory slots of the optimal solver (more: finer, slower)")
 	fs.IntVar(&p.k, "k", 1, "every-k: checkpoint every k-th stage")
-	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: time with --roofline, or with a --device whose figures ckptplan knows except under --pp; flops otherwise)")
+	fs.StringVar(&p.objective, "objective", "", "what the plan minimizes: time (each op priced on the device's roofline) | flops (default: time with --roofline, or with a --device whose figures ckptplan knows; flops otherwise)")
 	fs.Var(&p.roofline, "roofline", "the device's figures, for time: matrix=FLOP/s,bandwidth=B/s[,fp32=FLOP/s][,attention=FLOP/s][,launch=SECONDS][,matrix-efficiency=E][,bandwidth-efficiency=E][,sync] (sync: the host runs the ops, as on a CPU; efficiencies default to 1, figures measured as reached) (default: the --device's datasheet figures)")
 	addRuntimeFlag(fs, &p.runtime)
 	return p
@@ -179,10 +179,8 @@ func (p *planFlags) resolveObjective() error {
 	return nil
 }
 
-// forPipeline plans a pipeline in FLOPs unless time was asked for: in
-// time, each device's fronts of keep sets are far wider (costs seldom
-// tie), and a large model's pipeline plans in seconds, not a fraction of
-// one.
+// forPipeline plans a pipeline in FLOPs, as export --pp writes it for
+// Megatron-LM, whose settings are chosen by the compute they rerun.
 func (p *planFlags) forPipeline() {
 	if p.objective == "" && !p.roofline.set {
 		p.timing = nil
@@ -258,9 +256,6 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	if pp != nil && *timeline != "" {
 		return usagef("--timeline draws one device's schedule: it does not apply with --pp")
-	}
-	if pp != nil {
-		pf.forPipeline()
 	}
 	p, err := pf.problem(src)
 	if err != nil {
@@ -400,7 +395,7 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 		return hints
 	}
 	st := fit.Settings[fit.LeastChange]
-	flags := strings.Join(settingFlags(base, st, fit.Unit), " ")
+	flags := strings.Join(settingFlags(base, st), " ")
 	seqs := "the same sequence a step"
 	if global > 1 {
 		seqs = fmt.Sprintf("the same %d sequences a step", global)
