@@ -49,6 +49,23 @@ type Static struct {
 	StepFreedBytes int64
 }
 
+// Largest names the largest part of the static memory, the first of
+// equals: weights, gradients, optimizer state or one of the Terms.
+func (s Static) Largest() (name string, bytes int64) {
+	name, bytes = "weights", s.WeightsBytes
+	for _, part := range []Held{{"gradients", s.GradientsBytes}, {"optimizer state", s.OptimizerBytes}} {
+		if part.Bytes > bytes {
+			name, bytes = part.Term, part.Bytes
+		}
+	}
+	for _, h := range s.Terms {
+		if h.Bytes > bytes {
+			name, bytes = h.Term, h.Bytes
+		}
+	}
+	return name, bytes
+}
+
 // Total returns the static bytes of one rank.
 func (s Static) Total() int64 {
 	total := s.WeightsBytes + s.GradientsBytes + s.OptimizerBytes

@@ -178,16 +178,8 @@ func pipelineShortfall(pl *PipelinePlan, o *Options) *Shortfall {
 	worst := -1
 	for k, d := range pl.Devices {
 		if d.StaticBytes+pl.ReserveBytes >= pl.BudgetBytes || d.MinBudgetBytes == 0 && !d.Feasible {
-			st := d.Static
-			sf.StaticBytes, sf.Term, sf.TermBytes = d.StaticBytes, "weights", mem.Bytes(st.WeightsBytes)
-			for _, part := range []struct {
-				name  string
-				bytes int64
-			}{{"gradients", st.GradientsBytes}, {"optimizer state", st.OptimizerBytes}} {
-				if mem.Bytes(part.bytes) > sf.TermBytes {
-					sf.Term, sf.TermBytes = part.name, mem.Bytes(part.bytes)
-				}
-			}
+			term, bytes := d.Static.Largest()
+			sf.StaticBytes, sf.Term, sf.TermBytes = d.StaticBytes, term, mem.Bytes(bytes)
 			return sf
 		}
 		if worst < 0 || d.MinBudgetBytes > pl.Devices[worst].MinBudgetBytes {

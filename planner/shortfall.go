@@ -105,23 +105,8 @@ func (p *Problem) Shortfall(o *Options) (*Shortfall, error) {
 	staticTerm := func() *Shortfall {
 		sf.Term, sf.TermBytes = "static memory", p.Static
 		if p.Costs != nil {
-			st := p.Costs.Static
-			parts := []struct {
-				name  string
-				bytes int64
-			}{{"weights", st.WeightsBytes}, {"gradients", st.GradientsBytes}, {"optimizer state", st.OptimizerBytes}}
-			for _, h := range st.Terms {
-				parts = append(parts, struct {
-					name  string
-					bytes int64
-				}{h.Term, h.Bytes})
-			}
-			var most int64 = -1
-			for _, part := range parts {
-				if part.bytes > most {
-					sf.Term, sf.TermBytes, most = part.name, mem.Bytes(part.bytes), part.bytes
-				}
-			}
+			term, bytes := p.Costs.Static.Largest()
+			sf.Term, sf.TermBytes = term, mem.Bytes(bytes)
 		}
 		return sf
 	}

@@ -58,7 +58,7 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		var buf bytes.Buffer
-		if err := exportPipelineMegatron(&buf, stderr, p, opt, pp); err != nil {
+		if err := exportPipelineMegatron(&buf, stderr, src, p, opt, pp); err != nil {
 			return err
 		}
 		if *out == "" {

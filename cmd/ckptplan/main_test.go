@@ -194,7 +194,9 @@ func TestFit(t *testing.T) {
 }
 
 // TestLeastChangeFits plans what does not fit, and then with the change
-// its error names: the plan must fit, for the same sequences a step.
+// its error names: the plan must fit, for the same sequences a step. A
+// pipeline's change may leave the pipeline ("without --pp"): its
+// pipeline flags are dropped then.
 func TestLeastChangeFits(t *testing.T) {
 	for _, args := range [][]string{
 		{"plan", "tiny-llama", "--budget", "4200KiB", "--batch", "2"},
@@ -203,6 +205,9 @@ func TestLeastChangeFits(t *testing.T) {
 		{"plan", "qwen2-1.5b", "--device", "h100-80gb", "--batch", "8"},
 		{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "4096"},
 		{"plan", "llama-3-70b", "--device", "h100-80gb", "--batch", "1"},
+		{"plan", "tiny-llama", "--budget", "2200KiB", "--pp", "2", "--microbatches", "4"},
+		{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "16384", "--pp", "2", "--microbatches", "4"},
+		{"plan", "llama-3-70b", "--device", "h100-80gb", "--tp", "4", "--pp", "2", "--microbatches", "8"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			_, _, err := runCmd(args...)
@@ -216,7 +221,16 @@ func TestLeastChangeFits(t *testing.T) {
 				t.Fatalf("no change named: %s", msg)
 			}
 			change := strings.Fields(msg[i+2 : j])
-			out, _, err := runCmd(append(append(slices.Clone(args), change...), "--format", "json")...)
+			base := slices.Clone(args)
+			if k := slices.Index(change, "without"); k >= 0 {
+				change = change[:k]
+				for _, flag := range []string{"--pp", "--microbatches"} {
+					if at := slices.Index(base, flag); at >= 0 {
+						base = slices.Delete(base, at, at+2)
+					}
+				}
+			}
+			out, _, err := runCmd(append(append(base, change...), "--format", "json")...)
 			if err != nil {
 				t.Fatalf("with %v: %v", change, err)
 			}
@@ -229,12 +243,19 @@ func TestLeastChangeFits(t *testing.T) {
 						DP int64 `json:"dp"`
 					} `json:"parallel"`
 				} `json:"setup"`
+				Pipeline struct {
+					Microbatches int64 `json:"microbatches"`
+				} `json:"pipeline"`
 			}
 			if err := json.Unmarshal([]byte(out), &plan); err != nil {
 				t.Fatal(err)
 			}
 			s := plan.Setup
-			if !plan.Feasible || !strings.Contains(msg, fmt.Sprintf("the same %d sequences", s.Batch*max(s.GradAccum, 1)*max(s.Parallel.DP, 1))) &&
+			steps := max(s.GradAccum, 1)
+			if m := plan.Pipeline.Microbatches; m > 0 {
+				steps = m
+			}
+			if !plan.Feasible || !strings.Contains(msg, fmt.Sprintf("the same %d sequences", s.Batch*steps*max(s.Parallel.DP, 1))) &&
 				!strings.Contains(msg, "the same sequence a step") {
 				t.Errorf("with %v: fits %v, setup %+v: %s", change, plan.Feasible, s, msg)
 			}
@@ -446,7 +467,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-schedule", "gpipe"}, true, `--pp-schedule: unknown value "gpipe" (valid: 1f1b, interleaved)`},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--microbatches", "3", "--pp-schedule", "interleaved", "--virtual-stages", "2"}, false, "3 microbatches is not a multiple"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--solver", "revolve"}, false, "the revolve solver plans one schedule of the whole chain"},
-		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (it needs at least"},
+		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.63 MiB in all); stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --dp 2 without --pp fits, the same 4 sequences a step (LoRA r16, adamw-fused, DDP over 2: peak 1.99 MiB"},
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--pp", "2"}, false, "is a profiled chain: pipeline parallelism needs a model's layers"},
 		{[]string{"compare", "tiny-llama", "--budget", "5MiB", "--pp", "2"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--to", "hf"}, true, "export --pp writes Megatron-LM's pipeline flags: use --to megatron"},
@@ -466,7 +487,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"fit", "tiny-gpt2", "--budget", "1GiB", "--seq-multiple", "2048"}, true, "--seq-multiple 2048 is longer than the longest sequence searched, 128"},
 		{[]string{"plan", "tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1,bandwidth=1"}, false, "past what ckptplan counts in picoseconds"},
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--global-batch", "2305843009213693951"}, true, "--global-batch and --gpus are at most 1073741824"},
-		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, false, "stage 0 (it needs at least 2.63 MiB, static memory 2.01 MiB of it); stage 1 (it needs at least 2.59 MiB, static memory 2.01 MiB of it); more pipeline stages (--pp), LoRA (--lora-rank),"},
+		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, false, "stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --quant nf4 --double-quant --dp 2 --no-sync --batch 1 --grad-accum 2 without --pp fits"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures: give a --device ckptplan knows"},
 		{[]string{"plan", "tiny-llama", "--device", "24GiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "seconds"}, true, `--objective: unknown value "seconds" (valid: time, flops)`},

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/ckptplan/ckptplan/export"
+	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/planner"
 )
 
@@ -70,7 +72,7 @@ func (p *pipelineFlags) pipeline(fs *flag.FlagSet) (*planner.Pipeline, error) {
 }
 
 // runPipeline plans every device of a pipeline and writes the plan.
-func runPipeline(stdout, stderr io.Writer, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline, format string) error {
+func runPipeline(stdout, stderr io.Writer, src *graphio.Source, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline, format string) error {
 	plan, err := p.PlanPipeline(opt, *pp)
 	if err != nil {
 		return err
@@ -82,12 +84,16 @@ func runPipeline(stdout, stderr io.Writer, p *planner.Problem, opt *planner.Opti
 		return err
 	}
 	if !plan.Feasible {
-		return pipelineInfeasible(plan)
+		return pipelineInfeasible(src, p, opt, plan)
 	}
 	return nil
 }
 
-func pipelineInfeasible(p *planner.PipelinePlan) error {
+// pipelineInfeasible says which devices do not fit and why: static
+// memory alone, and its largest part, or the least budget each needs;
+// then the least change that fits, as fit finds it over the same GPUs
+// for the same sequences a step, or the settings that hold less.
+func pipelineInfeasible(src *graphio.Source, prob *planner.Problem, opt *planner.Options, p *planner.PipelinePlan) error {
 	var too []string
 	var least int64   // the budget every stage fits in
 	reachable := true // every stage fits in some budget
@@ -105,6 +111,14 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 		}
 		if d.StaticBytes+p.ReserveBytes >= p.BudgetBytes {
 			static = true
+			if d.Static != nil {
+				term, bytes := d.Static.Largest()
+				all := ""
+				if d.MinBudgetBytes > 0 {
+					all = fmt.Sprintf(", at least %v in all", d.MinBudgetBytes)
+				}
+				need = fmt.Sprintf("static memory %v passes the budget alone, most of it %s (%v)%s", d.StaticBytes, term, mem.Bytes(bytes), all)
+			}
 		}
 		too = append(too, fmt.Sprintf("stage %d (%s)", d.Rank, need))
 	}
@@ -117,6 +131,11 @@ func pipelineInfeasible(p *planner.PipelinePlan) error {
 		hint = "; more pipeline stages (--pp) hold less"
 		if p.Setup != nil {
 			hint = staticHints(p.Setup, "more pipeline stages (--pp)")
+		}
+	}
+	if p.Setup != nil && src.Kind == graphio.KindModel {
+		if change := fitsInstead(src, prob, opt, *p.Setup, int64(p.Pipeline.Stages), int64(p.Pipeline.Microbatches)); change != "" {
+			hint = change
 		}
 	}
 	err := &infeasibleError{msg: fmt.Sprintf("%s does not fit in %v a device%s with the %s solver on %d pipeline stages: %s%s", p.Model, p.BudgetBytes, reserve, p.Solver, p.Pipeline.Stages, strings.Join(too, "; "), hint)}
@@ -240,7 +259,7 @@ func trimCells(s string) string {
 
 // exportPipelineMegatron writes the Megatron-LM flags of a pipeline plan
 // (export.MegatronPipeline).
-func exportPipelineMegatron(w, stderr io.Writer, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline) error {
+func exportPipelineMegatron(w, stderr io.Writer, src *graphio.Source, p *planner.Problem, opt *planner.Options, pp *planner.Pipeline) error {
 	m, err := p.PlanPipelineForMegatron(opt, *pp)
 	if err != nil {
 		return err
@@ -249,7 +268,7 @@ func exportPipelineMegatron(w, stderr io.Writer, p *planner.Problem, opt *planne
 		fmt.Fprintf(stderr, "ckptplan: note: %s\n", n)
 	}
 	if !m.Plan.Feasible {
-		return pipelineInfeasible(m.Plan)
+		return pipelineInfeasible(src, p, opt, m.Plan)
 	}
 	return export.MegatronPipeline(w, m)
 }

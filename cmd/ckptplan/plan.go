@@ -262,7 +262,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if pp != nil {
-		return runPipeline(stdout, stderr, p, opt, pp, format.value)
+		return runPipeline(stdout, stderr, src, p, opt, pp, format.value)
 	}
 	plan, err := p.Plan(opt)
 	if err != nil {
@@ -380,22 +380,44 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 	if p.Static != nil && mem.Bytes(p.Static.Total())+p.ReserveBytes < p.BudgetBytes {
 		hints = "; a smaller --batch or --seq holds less"
 	}
+	if change := fitsInstead(src, prob, opt, base, 1, max(base.GradAccum, 1)); change != "" {
+		return change
+	}
+	return hints
+}
+
+// fitsInstead names the least change of base that fits, as fit finds it
+// for the same sequences a step (base's batch times accumulation times
+// its data-parallel ranks) over the same GPUs (stages of a pipeline
+// times its tensor- and data-parallel ranks): "; --batch 4 --grad-accum 2
+// fits, the same 8 sequences a step (...)"; "" where none does.
+func fitsInstead(src *graphio.Source, prob *planner.Problem, opt *planner.Options, base ir.Setup, stages, accum int64) string {
 	build, err := planner.ModelBuilder(src, prob.Roofline)
 	if err != nil {
-		return hints
+		return ""
 	}
-	gpus := max(base.Parallel.DP, 1)
-	accum := max(base.GradAccum, 1)
-	if base.Batch > planner.MaxGlobalBatch/accum/gpus {
-		return hints // past any global batch fit searches
+	dp := max(base.Parallel.DP, 1)
+	gpus := stages * max(base.Parallel.TP, 1) * dp
+	if stages == 1 {
+		gpus = dp // fit's GPUs are the data-parallel ranks of a tensor-parallel group
 	}
-	global := base.Batch * accum * gpus
+	if base.Batch > planner.MaxGlobalBatch/accum/dp {
+		return "" // past any global batch fit searches
+	}
+	global := base.Batch * accum * dp
+	base.GradAccum = 1
+	if stages == 1 {
+		base.GradAccum = accum
+	}
 	fit, err := build.Fit(base, opt, planner.FitOptions{GPUs: gpus, GlobalBatch: global})
 	if err != nil || fit.LeastChange < 0 {
-		return hints
+		return ""
 	}
 	st := fit.Settings[fit.LeastChange]
 	flags := strings.Join(settingFlags(base, st), " ")
+	if stages > 1 && st.Change.PP <= 1 {
+		flags += " without --pp" // a pipeline's flags are not its setup's
+	}
 	seqs := "the same sequence a step"
 	if global > 1 {
 		seqs = fmt.Sprintf("the same %d sequences a step", global)
