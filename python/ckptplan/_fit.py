@@ -51,7 +51,9 @@ class Setting:
     data-parallel rank's sequences, ``pp`` the pipeline stages they are
     spread over (1: none; then ``grad_accum`` is the pipeline's
     microbatches); ``shortfall`` says why a setting that does not fit does
-    not (the binary's JSON of it)."""
+    not (the binary's JSON of it); ``solver`` is the solver that plans it
+    where it is not the fit's own (a pipeline's, ranked in FLOPs:
+    "optimal")."""
 
     name: str
     fits: bool
@@ -68,6 +70,7 @@ class Setting:
     shortfall: Optional[dict]
     tp: int = 1
     pp: int = 1
+    solver: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +103,7 @@ class Fit:
                                     s.get("cost_per_sequence", 0.0), setup["lora"].get("rank", 0),
                                     setup.get("quant", ""), setup["optimizer"], setup["parallel"].get("zero", 0),
                                     s.get("shortfall"), max(setup["parallel"].get("tp", 1), 1),
-                                    max(s.get("change", {}).get("pp", 1), 1)))
+                                    max(s.get("change", {}).get("pp", 1), 1), s.get("solver", "")))
         return cls(d["model"], d["unit"], d["budget_bytes"], d.get("reserve_bytes", 0), d["solver"], d["gpus"],
                    d.get("global_batch", 0), d["seq_multiple"], d["setup"]["seq"], largest, settings, d["least_change"])
 

@@ -144,3 +144,9 @@ def test_fit_over_gpus_names_pipeline_stages(ckptplan_binary):
     four = pp["full, adamw-fused, PP 4"]
     assert four.fits and four.tp == 1 and four.micro_batch * four.grad_accum == 8
     assert pp["full, adamw-fused, TP 2, PP 2"].tp == 2
+    # In FLOPs a pipeline stores or checkpoints each layer; in time it is
+    # selective, the fit's own solver.
+    assert {s.solver for s in pp.values()} == {"optimal"}
+    timed = ckptplan.fit("tiny-llama", "64MiB", gpus=4, global_batch=8, roofline="matrix=1e12,bandwidth=1e11,link=1e9")
+    assert {s.solver for s in timed.settings if s.pp > 1} == {"selective"}
+    assert all(s.solver == "" for s in timed.settings if s.pp == 1)
