@@ -217,13 +217,17 @@ func MegatronPipeline(w io.Writer, m *planner.MegatronPipeline) error {
 		return fmt.Errorf("the pipeline of %s cannot be written as Megatron-LM flags: %v", comment(plan.Model), err)
 	}
 	var b strings.Builder
+	extra := "compute"
+	if plan.Unit == planner.TimeUnit {
+		extra = "time" // the step's, bubble included
+	}
 	fmt.Fprintf(&b, "# The activation plan of %s for Megatron-LM on %d pipeline stages, made by ckptplan.\n", comment(plan.Model), plan.Pipeline.Stages)
 	if m.Exact {
-		fmt.Fprintf(&b, "# Every stage runs the plan as planned: largest peak %v, %.1f%% extra compute.\n", plan.PeakBytes, 100*plan.Overhead)
+		fmt.Fprintf(&b, "# Every stage runs the plan as planned: largest peak %v, %.1f%% extra %s.\n", plan.PeakBytes, 100*plan.Overhead, extra)
 	} else {
-		fmt.Fprintf(&b, "# The plan (%s solver: largest peak %v, %.1f%% extra compute) chooses per layer and per stage,\n", plan.Solver, plan.PeakBytes, 100*plan.Overhead)
+		fmt.Fprintf(&b, "# The plan (%s solver: largest peak %v, %.1f%% extra %s) chooses per layer and per stage,\n", plan.Solver, plan.PeakBytes, 100*plan.Overhead, extra)
 		fmt.Fprintf(&b, "# which Megatron-LM's flags cannot say. The closest setting they can, and the cheapest that fits\n")
-		fmt.Fprintf(&b, "# every stage: largest peak %v, %.1f%% extra compute.\n", runs.PeakBytes, 100*runs.Overhead)
+		fmt.Fprintf(&b, "# every stage: largest peak %v, %.1f%% extra %s.\n", runs.PeakBytes, 100*runs.Overhead, extra)
 	}
 	for _, d := range runs.Devices {
 		fmt.Fprintf(&b, "# Stage %d: peak %v (static %v + activations %v), %s.\n", d.Rank, d.PeakBytes, d.StaticBytes, d.ActivationPeakBytes, flightNote(d))

@@ -45,14 +45,10 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		if strings.HasSuffix(arg, ".json") {
 			return usagef("export --pp plans the pipeline from a model, not from a saved plan")
 		}
-		if pf.objective == "time" || pf.roofline.set {
-			return usagef("export --pp plans the pipeline in FLOPs: --objective time and --roofline do not apply")
-		}
 		src, opt, err := pf.load(fs, arg)
 		if err != nil {
 			return err
 		}
-		pf.forPipeline()
 		p, err := pf.problem(src)
 		if err != nil {
 			return err

@@ -492,7 +492,6 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--device", "24GiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "seconds"}, true, `--objective: unknown value "seconds" (valid: time, flops)`},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "flops", "--roofline", "matrix=1e9,bandwidth=1e9"}, true, "--roofline prices time: it does not apply with --objective flops"},
-		{[]string{"export", "tiny-llama", "--device", "h100-80gb", "--objective", "time", "--pp", "2", "--to", "megatron"}, true, "export --pp plans the pipeline in FLOPs"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

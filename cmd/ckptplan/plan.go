@@ -179,14 +179,6 @@ func (p *planFlags) resolveObjective() error {
 	return nil
 }
 
-// forPipeline plans a pipeline in FLOPs, as export --pp writes it for
-// Megatron-LM, whose settings are chosen by the compute they rerun.
-func (p *planFlags) forPipeline() {
-	if p.objective == "" && !p.roofline.set {
-		p.timing = nil
-	}
-}
-
 // addRuntimeFlag defines --runtime, what runs the plan.
 func addRuntimeFlag(fs *flag.FlagSet, r *planner.Runtime) {
 	*r = planner.PerLayer
