@@ -260,9 +260,6 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 	if fo.GlobalBatch > MaxGlobalBatch || fo.GPUs > MaxGlobalBatch {
 		return nil, fmt.Errorf("a global batch over %d GPUs: at most %d of either", fo.GPUs, MaxGlobalBatch)
 	}
-	if fo.GlobalBatch > 0 && fo.GlobalBatch%fo.GPUs != 0 {
-		return nil, fmt.Errorf("a global batch of %d sequences does not divide over %d GPUs", fo.GlobalBatch, fo.GPUs)
-	}
 	if tp := max(base.Parallel.TP, 1); fo.GPUs > 1 && fo.GPUs%tp != 0 {
 		return nil, fmt.Errorf("%d GPUs do not divide into tensor-parallel groups of %d", fo.GPUs, tp)
 	}
@@ -604,6 +601,17 @@ func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, er
 	return r, nil
 }
 
+// undivided says why a setting s cannot reach the global batch when its
+// data-parallel ranks do not divide it (each runs an equal share); nil
+// where they do, or without a global batch.
+func undivided(s ir.Setup, opt *Options, fo FitOptions) *Shortfall {
+	if dp := s.Parallel.DP; fo.GlobalBatch == 0 || fo.GlobalBatch%dp == 0 {
+		return nil
+	}
+	return &Shortfall{BudgetBytes: opt.Budget, ReserveBytes: opt.Reserve,
+		Reason: fmt.Sprintf("a global batch of %d sequences does not divide over its %d data-parallel ranks", fo.GlobalBatch, s.Parallel.DP)}
+}
+
 // ddpNoSync reports whether a setting reduces its gradients once a step
 // where it accumulates them: plain data parallelism does, as the Hugging
 // Face Trainer runs it (Accelerate's accumulate enters DDP's no_sync on
@@ -624,6 +632,9 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 	}
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
+	if sf.Shortfall = undivided(s, opt, fo); sf.Shortfall != nil {
+		return sf, nil
+	}
 	var pl *Plan
 	switch share := fo.GlobalBatch / s.Parallel.DP; {
 	case fo.GlobalBatch == 0:

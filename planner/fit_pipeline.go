@@ -61,6 +61,9 @@ func (p *Problem) canPipeline(stages int64) bool {
 func fitPipeline(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
+	if sf.Shortfall = undivided(s, opt, fo); sf.Shortfall != nil {
+		return sf, nil
+	}
 	o := *opt
 	o.staticFirst = true
 	type key struct{ batch, micro int64 }

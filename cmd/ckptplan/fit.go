@@ -16,7 +16,7 @@ import (
 func runFit(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("fit", "MODEL", stderr)
 	pf := addPlanFlags(fs, true)
-	gpus := fs.Int64("gpus", 0, "GPUs the settings train over, data parallel: plain, or sharded by ZeRO (default: the model's --dp)")
+	gpus := fs.Int64("gpus", 0, "GPUs the settings train over: data-parallel ranks, plain or sharded by ZeRO, times tensor-parallel and pipeline ranks (default: the model's --tp × --dp)")
 	global := fs.Int64("global-batch", 0, "sequences a step trains on over every GPU, which each setting reaches by micro-batch and gradient accumulation (default: each setting's largest micro-batch)")
 	multiple := fs.Int64("seq-multiple", 64, "the longest sequence is searched in multiples of this")
 	maxBatch := fs.Int64("max-batch", 1<<16, "the largest micro-batch searched")
@@ -50,7 +50,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	n := *gpus
 	if n == 0 {
-		n = max(base.Parallel.DP, 1)
+		n = max(base.Parallel.TP, 1) * max(base.Parallel.DP, 1)
 	}
 	if *global > 0 && *global%n != 0 {
 		return usagef("--global-batch %d does not divide over %d GPUs", *global, n)
@@ -107,7 +107,7 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%v\t%.1f%%\t%s\t%s\n", st.Name, st.MicroBatch, st.GradAccum, st.PeakBytes, st.SpareBytes,
-			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st), " "))
+			100*st.Overhead, costString(st.CostPerSequence, f.Unit), strings.Join(settingFlags(f.Setup, st, f.Solver), " "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -120,7 +120,7 @@ func writeFitText(w io.Writer, f *planner.Fit) error {
 		return nil
 	}
 	least := f.Settings[f.LeastChange]
-	fmt.Fprintf(w, "\nleast change that fits: %s\n", describeChange(f.Setup, least, f.Unit))
+	fmt.Fprintf(w, "\nleast change that fits: %s\n", describeChange(f.Setup, least, f.Solver, f.Unit))
 	return nil
 }
 
@@ -137,9 +137,9 @@ func reachCells(n int64, atMax bool, peak string, overhead float64) string {
 }
 
 // settingFlags are the plan flags that select a setting over base, its
-// micro-batch and accumulation included, and a pipeline's solver where
-// it is not plan's default.
-func settingFlags(base ir.Setup, st planner.SettingFit) []string {
+// micro-batch and accumulation included, and the solver that plans it
+// where it is not solver, the one the flags are given with.
+func settingFlags(base ir.Setup, st planner.SettingFit, solver string) []string {
 	s := st.Setup
 	var out []string
 	if s.LoRA.Rank != base.LoRA.Rank {
@@ -178,7 +178,7 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 	if pp := st.Change.PP; pp > 1 {
 		// The pipeline's microbatches are its accumulation.
 		out = append(out, "--pp", strconv.FormatInt(pp, 10), "--microbatches", strconv.FormatInt(st.GradAccum, 10))
-		if st.Solver != "" && st.Solver != planner.Selective.Name {
+		if st.Solver != "" && st.Solver != solver {
 			out = append(out, "--solver", st.Solver)
 		}
 		return out
@@ -192,8 +192,8 @@ func settingFlags(base ir.Setup, st planner.SettingFit) []string {
 // describeChange says a setting as the change from base that selects it:
 // "--batch 2 --grad-accum 4 (full, adamw; peak 70.10 GiB, 12.3% extra
 // compute)".
-func describeChange(base ir.Setup, st planner.SettingFit, unit string) string {
-	flags := strings.Join(settingFlags(base, st), " ")
+func describeChange(base ir.Setup, st planner.SettingFit, solver, unit string) string {
+	flags := strings.Join(settingFlags(base, st, solver), " ")
 	if flags == "" {
 		flags = "none"
 	}

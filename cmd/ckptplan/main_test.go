@@ -208,6 +208,9 @@ func TestLeastChangeFits(t *testing.T) {
 		{"plan", "tiny-llama", "--budget", "2200KiB", "--pp", "2", "--microbatches", "4"},
 		{"plan", "llama-3-8b", "--device", "h100-80gb", "--seq", "16384", "--pp", "2", "--microbatches", "4"},
 		{"plan", "llama-3-70b", "--device", "h100-80gb", "--tp", "4", "--pp", "2", "--microbatches", "8"},
+		{"plan", "llama-3-70b", "--device", "h100-80gb", "--tp", "2", "--dp", "4", "--seq", "4096"},
+		{"plan", "llama-3-70b", "--device", "h100-80gb", "--tp", "8", "--pp", "2", "--microbatches", "4", "--seq", "8192"},
+		{"plan", "tiny-llama", "--budget", "2600KiB", "--pp", "2", "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			_, _, err := runCmd(args...)
@@ -222,12 +225,27 @@ func TestLeastChangeFits(t *testing.T) {
 			}
 			change := strings.Fields(msg[i+2 : j])
 			base := slices.Clone(args)
-			if k := slices.Index(change, "without"); k >= 0 {
-				change = change[:k]
-				for _, flag := range []string{"--pp", "--microbatches"} {
+			drop := func(flags ...string) {
+				for _, flag := range flags {
 					if at := slices.Index(base, flag); at >= 0 {
 						base = slices.Delete(base, at, at+2)
 					}
+				}
+			}
+			schedule := []string{"--pp-schedule", "--virtual-stages", "--pp-layers"}
+			if k := slices.Index(change, "without"); k >= 0 {
+				change = change[:k]
+				drop(append(schedule, "--pp", "--microbatches")...)
+			}
+			if k := slices.Index(change, "under"); k >= 0 {
+				change = change[:k]
+				drop(schedule...)
+			}
+			gpus := int64(1) // tensor × data × pipeline ranks, as given
+			for _, flag := range []string{"--tp", "--dp", "--pp"} {
+				if at := slices.Index(args, flag); at >= 0 {
+					n, _ := strconv.ParseInt(args[at+1], 10, 64)
+					gpus *= n
 				}
 			}
 			out, _, err := runCmd(append(append(base, change...), "--format", "json")...)
@@ -241,9 +259,11 @@ func TestLeastChangeFits(t *testing.T) {
 					GradAccum int64 `json:"grad_accum"`
 					Parallel  struct {
 						DP int64 `json:"dp"`
+						TP int64 `json:"tp"`
 					} `json:"parallel"`
 				} `json:"setup"`
 				Pipeline struct {
+					Stages       int64 `json:"stages"`
 					Microbatches int64 `json:"microbatches"`
 				} `json:"pipeline"`
 			}
@@ -258,6 +278,9 @@ func TestLeastChangeFits(t *testing.T) {
 			if !plan.Feasible || !strings.Contains(msg, fmt.Sprintf("the same %d sequences", s.Batch*steps*max(s.Parallel.DP, 1))) &&
 				!strings.Contains(msg, "the same sequence a step") {
 				t.Errorf("with %v: fits %v, setup %+v: %s", change, plan.Feasible, s, msg)
+			}
+			if got := max(s.Parallel.TP, 1) * max(s.Parallel.DP, 1) * max(plan.Pipeline.Stages, 1); got != gpus {
+				t.Errorf("with %v: %d GPUs, want %d: %s", change, got, gpus, msg)
 			}
 		})
 	}
@@ -467,7 +490,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--pp-schedule", "gpipe"}, true, `--pp-schedule: unknown value "gpipe" (valid: 1f1b, interleaved)`},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--microbatches", "3", "--pp-schedule", "interleaved", "--virtual-stages", "2"}, false, "3 microbatches is not a multiple"},
 		{[]string{"plan", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--solver", "revolve"}, false, "the revolve solver plans one schedule of the whole chain"},
-		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.63 MiB in all); stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --dp 2 without --pp fits, the same 4 sequences a step (LoRA r16, adamw-fused, DDP over 2: peak 1.99 MiB"},
+		{[]string{"plan", "tiny-llama", "--budget", "2MiB", "--pp", "2"}, false, "tiny-llama does not fit in 2 MiB a device with the selective solver on 2 pipeline stages: stage 0 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.63 MiB in all); stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --dp 2 without --pp and the pipeline's other flags fits, the same 4 sequences a step (LoRA r16, adamw-fused, DDP over 2: peak 1.99 MiB"},
 		{[]string{"plan", "../../graphio/testdata/chains/mlp4.yaml", "--budget", "64MiB", "--pp", "2"}, false, "is a profiled chain: pipeline parallelism needs a model's layers"},
 		{[]string{"compare", "tiny-llama", "--budget", "5MiB", "--pp", "2"}, true, ""},
 		{[]string{"export", "tiny-llama", "--budget", "5MiB", "--pp", "2", "--to", "hf"}, true, "export --pp writes Megatron-LM's pipeline flags: use --to megatron"},
@@ -487,7 +510,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"fit", "tiny-gpt2", "--budget", "1GiB", "--seq-multiple", "2048"}, true, "--seq-multiple 2048 is longer than the longest sequence searched, 128"},
 		{[]string{"plan", "tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1,bandwidth=1"}, false, "past what ckptplan counts in picoseconds"},
 		{[]string{"fit", "tiny-llama", "--budget", "8MiB", "--global-batch", "2305843009213693951"}, true, "--global-batch and --gpus are at most 1073741824"},
-		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, false, "stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --quant nf4 --double-quant --dp 2 --no-sync --batch 1 --grad-accum 2 without --pp fits"},
+		{[]string{"plan", "tiny-llama", "--budget", "1MiB", "--pp", "2"}, false, "stage 1 (static memory 2.01 MiB passes the budget alone, most of it optimizer state (1.00 MiB), at least 2.59 MiB in all); --lora-rank 16 --quant nf4 --double-quant --dp 2 --no-sync --batch 1 --grad-accum 2 without --pp and the pipeline's other flags fits"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures: give a --device ckptplan knows"},
 		{[]string{"plan", "tiny-llama", "--device", "24GiB", "--objective", "time"}, true, "--objective time prices each op on a device's figures"},
 		{[]string{"plan", "tiny-llama", "--budget", "8MiB", "--objective", "seconds"}, true, `--objective: unknown value "seconds" (valid: time, flops)`},
@@ -976,7 +999,8 @@ func TestPlanSaysWhatTheExportPays(t *testing.T) {
 // FLOPs and in time (on --roofline and on a named device); a pipeline's
 // step is the row's time a sequence
 // over its sequences and GPUs, its data-parallel collectives included
-// over 16 GPUs (TP 4, PP 2, ZeRO 1 over 2).
+// over 16 GPUs (TP 4, PP 2, ZeRO 1 over 2); a pipeline's solver, where
+// not the one fit was given, is among its flags.
 func TestFitFlagsPlanTheRow(t *testing.T) {
 	for _, tc := range []struct {
 		gpus string
@@ -986,6 +1010,7 @@ func TestFitFlagsPlanTheRow(t *testing.T) {
 		{"4", []string{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"}},
 		{"4", []string{"tiny-llama", "--device", "h100-80gb", "--budget", "6MiB", "--reserve", "0"}},
 		{"16", []string{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"}},
+		{"4", []string{"tiny-llama", "--budget", "6MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9", "--solver", "megatron-selective"}},
 	} {
 		base := tc.base
 		args := append([]string{"fit"}, base...)

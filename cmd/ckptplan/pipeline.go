@@ -134,7 +134,7 @@ func pipelineInfeasible(src *graphio.Source, prob *planner.Problem, opt *planner
 		}
 	}
 	if p.Setup != nil && src.Kind == graphio.KindModel {
-		if change := fitsInstead(src, prob, opt, *p.Setup, int64(p.Pipeline.Stages), int64(p.Pipeline.Microbatches)); change != "" {
+		if change := fitsInstead(src, prob, opt, *p.Setup, &p.Pipeline); change != "" {
 			hint = change
 		}
 	}

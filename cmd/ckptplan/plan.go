@@ -372,43 +372,46 @@ func leastChange(src *graphio.Source, prob *planner.Problem, opt *planner.Option
 	if p.Static != nil && mem.Bytes(p.Static.Total())+p.ReserveBytes < p.BudgetBytes {
 		hints = "; a smaller --batch or --seq holds less"
 	}
-	if change := fitsInstead(src, prob, opt, base, 1, max(base.GradAccum, 1)); change != "" {
+	if change := fitsInstead(src, prob, opt, base, nil); change != "" {
 		return change
 	}
 	return hints
 }
 
 // fitsInstead names the least change of base that fits, as fit finds it
-// for the same sequences a step (base's batch times accumulation times
-// its data-parallel ranks) over the same GPUs (stages of a pipeline
-// times its tensor- and data-parallel ranks): "; --batch 4 --grad-accum 2
-// fits, the same 8 sequences a step (...)"; "" where none does.
-func fitsInstead(src *graphio.Source, prob *planner.Problem, opt *planner.Options, base ir.Setup, stages, accum int64) string {
+// for the same sequences a step (base's batch times its accumulation,
+// or pipe's microbatches, times its data-parallel ranks) over the same
+// GPUs (pipe's stages times base's tensor- and data-parallel ranks):
+// "; --batch 4 --grad-accum 2 fits, the same 8 sequences a step (...)";
+// "" where none does, or fit cannot search it (the sequences do not
+// divide over the GPUs).
+func fitsInstead(src *graphio.Source, prob *planner.Problem, opt *planner.Options, base ir.Setup, pipe *planner.Pipeline) string {
 	build, err := planner.ModelBuilder(src, prob.Roofline)
 	if err != nil {
 		return ""
 	}
-	dp := max(base.Parallel.DP, 1)
-	gpus := stages * max(base.Parallel.TP, 1) * dp
-	if stages == 1 {
-		gpus = dp // fit's GPUs are the data-parallel ranks of a tensor-parallel group
+	stages, accum := int64(1), max(base.GradAccum, 1)
+	if pipe != nil {
+		stages, accum = int64(pipe.Stages), int64(pipe.Microbatches)
+		base.GradAccum = 1 // a pipeline's accumulation is its microbatches
 	}
+	dp := max(base.Parallel.DP, 1)
 	if base.Batch > planner.MaxGlobalBatch/accum/dp {
 		return "" // past any global batch fit searches
 	}
 	global := base.Batch * accum * dp
-	base.GradAccum = 1
-	if stages == 1 {
-		base.GradAccum = accum
-	}
+	gpus := stages * max(base.Parallel.TP, 1) * dp
 	fit, err := build.Fit(base, opt, planner.FitOptions{GPUs: gpus, GlobalBatch: global})
 	if err != nil || fit.LeastChange < 0 {
 		return ""
 	}
 	st := fit.Settings[fit.LeastChange]
-	flags := strings.Join(settingFlags(base, st), " ")
-	if stages > 1 && st.Change.PP <= 1 {
-		flags += " without --pp" // a pipeline's flags are not its setup's
+	flags := strings.Join(settingFlags(base, st, fit.Solver), " ")
+	switch {
+	case pipe != nil && st.Change.PP <= 1:
+		flags += " without --pp and the pipeline's other flags" // a pipeline's flags are not its setup's
+	case pipe != nil && (pipe.Virtual > 1 || pipe.Layers != nil):
+		flags += " under 1F1B with the layers split evenly (without --pp-schedule, --virtual-stages and --pp-layers)"
 	}
 	seqs := "the same sequence a step"
 	if global > 1 {
