@@ -242,8 +242,9 @@ type SettingFit struct {
 	CostPerSequence float64 `json:"cost_per_sequence,omitempty"`
 	// Shortfall says why the setting does not fit at micro-batch 1.
 	Shortfall *Shortfall `json:"shortfall,omitempty"`
-	// Solver plans the setting where it is not Fit's: a pipeline's,
-	// which stores or checkpoints each layer.
+	// Solver is the solver that plans a pipeline setting: selective in
+	// time, optimal (each layer stored or checkpointed) in FLOPs; empty
+	// for the others, which Fit's own plans.
 	Solver string `json:"solver,omitempty"`
 	// Setup is what the setting plans (its batch the micro-batch).
 	Setup ir.Setup `json:"setup"`

@@ -299,8 +299,9 @@ func replayPeak(order []PipeOp, m []solver.SegmentMemory) mem.Bytes {
 // PlanPipeline plans every device of a pipeline: the model's decoder
 // layers split into chunks, each device's chunks planned under its budget
 // less its static memory with the strategy's choices per stage (selective:
-// storing, checkpointing and the keep sets on the hull of what each keeps
-// and costs, hull.go; optimal: storing or checkpointing;
+// storing, checkpointing and every keep set, or in time, where a chunk's
+// choices pass solver.MaxFront plans, the keep sets on the hull of what
+// each keeps and costs, hull.go; optimal: storing or checkpointing;
 // megatron-selective, every-k with k 1 and none as they are). A device
 // that does not fit is not an error: its plan says Feasible false.
 func (p *Problem) PlanPipeline(o *Options, pp Pipeline) (*PipelinePlan, error) {

@@ -147,6 +147,7 @@ func TestPlanGolden(t *testing.T) {
 		{"export-torchtitan-optimal", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "optimal", "--to", "torchtitan"}},
 		{"tiny-llama-pp2", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB"}},
 		{"tiny-llama-pp2-time", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9"}},
+		{"tiny-llama-pp2-dp2-time", []string{"plan", "tiny-llama", "--pp", "2", "--microbatches", "4", "--budget", "3.5MiB", "--roofline", "matrix=1e12,bandwidth=1e11,link=1e9", "--dp", "2", "--zero", "1"}},
 		{"export-pytorch", []string{"export", "tiny-gpt2", "--budget", "2.9MiB", "--to", "pytorch"}},
 		// Groups of k layers are Megatron's uniform method.
 		// Megatron-LM's closest setting on one stage: selective, or block N.

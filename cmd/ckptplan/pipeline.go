@@ -168,10 +168,10 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 	case p.Feasible && p.Unit == planner.TimeUnit:
 		comm := ""
 		if p.CommCost > 0 {
-			comm = ", data-parallel collectives not hidden " + costString(p.CommCost, p.Unit)
+			comm = ", and data-parallel collectives not hidden, " + costString(p.CommCost, p.Unit) + " with the all-gather after the step"
 		}
-		fmt.Fprintf(w, "step %s, store-everything %s: %.1f%% extra time (the schedule's, its bubble and sends included%s, then the slowest stage's optimizer step, %s)\n",
-			costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, comm, costString(p.UpdateCost, p.Unit))
+		fmt.Fprintf(w, "step %s, store-everything %s: %.1f%% extra time (the schedule's, its bubble and sends included, then the slowest stage's optimizer step, %s%s)\n",
+			costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, costString(p.UpdateCost, p.Unit), comm)
 	case p.Feasible:
 		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra %s\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit))
 	}

@@ -51,9 +51,9 @@ class Setting:
     data-parallel rank's sequences, ``pp`` the pipeline stages they are
     spread over (1: none; then ``grad_accum`` is the pipeline's
     microbatches); ``shortfall`` says why a setting that does not fit does
-    not (the binary's JSON of it); ``solver`` is the solver that plans it
-    where it is not the fit's own (a pipeline's, ranked in FLOPs:
-    "optimal")."""
+    not (the binary's JSON of it); ``solver`` is the solver that plans a
+    pipeline's setting ("selective" ranked in time, "optimal" in FLOPs),
+    empty for the others, which the fit's own solver plans."""
 
     name: str
     fits: bool
