@@ -495,25 +495,27 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		s := g.Setup
 		plan.Setup = &s
 	}
-	if opt.staticFirst {
-		// A device whose static memory passes the budget alone: no plan
-		// of any device is needed to say the pipeline does not fit.
-		for rank := range pp.Stages {
-			var nodes []int
-			for c := range pp.Virtual {
-				for i := bounds[c*pp.Stages+rank]; i < bounds[c*pp.Stages+rank+1]; i++ {
-					nodes = append(nodes, p.Stages[i].Nodes...)
-				}
+	// Each device's nodes and static memory: its layers' weights and
+	// their state, the embedding or the head.
+	nodes := make([][]int, pp.Stages)
+	statics := make([]costmodel.Static, pp.Stages)
+	for rank := range pp.Stages {
+		for c := range pp.Virtual {
+			for i := bounds[c*pp.Stages+rank]; i < bounds[c*pp.Stages+rank+1]; i++ {
+				nodes[rank] = append(nodes[rank], p.Stages[i].Nodes...)
 			}
-			st, err := costmodel.StaticOf(g, nodes)
-			if err != nil {
-				return nil, err
-			}
-			if d := mem.Bytes(st.Total()); d+opt.Reserve >= opt.Budget {
-				plan.Feasible = false
-				plan.Devices = []DevicePlan{{Rank: rank, StaticBytes: d, Static: &st}}
-				return plan, nil
-			}
+		}
+		st, err := costmodel.StaticOf(g, nodes[rank])
+		if err != nil {
+			return nil, err
+		}
+		statics[rank] = st
+		if d := mem.Bytes(st.Total()); opt.staticFirst && d+opt.Reserve >= opt.Budget {
+			// Static memory passes the budget alone: no plan of any
+			// device is needed to say the pipeline does not fit.
+			plan.Feasible = false
+			plan.Devices = []DevicePlan{{Rank: rank, StaticBytes: d, Static: &statics[rank]}}
+			return plan, nil
 		}
 	}
 	choose := fixed
@@ -531,7 +533,6 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		order := pp.Order(rank)
 		counts := inFlight(order, pp.Virtual)
 		var segs []solver.Segment
-		var nodes []int
 		for c := 0; c < pp.Virtual; c++ {
 			from, to := bounds[c*pp.Stages+rank], bounds[c*pp.Stages+rank+1]
 			s := solver.Segment{From: from, To: to, InputBytes: p.inputsRead(from, to), Loss: to == p.Chain.Len(), InFlight: counts[c]}
@@ -543,18 +544,13 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			}
 			for i := from; i < to; i++ {
 				s.Choices = append(s.Choices, choose(from, i))
-				nodes = append(nodes, p.Stages[i].Nodes...)
 			}
 			if fixed == nil && opt.Strategy.Name == Selective.Name && p.Unit == TimeUnit {
 				s.Choices = onHull(p.Chain, s)
 			}
 			segs = append(segs, s)
 		}
-		st, err := costmodel.StaticOf(g, nodes)
-		if err != nil {
-			return nil, err
-		}
-		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(st.Total()), Static: &st}
+		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(statics[rank].Total()), Static: &statics[rank]}
 		for c, s := range segs {
 			f, b := 0.0, 0.0
 			for i := s.From; i < s.To; i++ {
@@ -569,11 +565,11 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		}
 		d.BaselineCost *= float64(pp.Microbatches)
 		if r := p.Roofline; r != nil {
-			u, err := costmodel.UpdateOfNodes(g, nodes)
+			u, err := costmodel.UpdateOfNodes(g, nodes[rank])
 			if err != nil {
 				return nil, err
 			}
-			cs, err := costmodel.CollectivesOfNodes(g, nodes)
+			cs, err := costmodel.CollectivesOfNodes(g, nodes[rank])
 			if err != nil {
 				return nil, err
 			}
