@@ -103,8 +103,17 @@ func (r *Runner) backward(id, stage int) {
 		}
 		kernel.MulBackward(dx, db, a, b, dy, rw, cl)
 	case ir.Add:
+		// An addend whose gradient holds dy's buffer (stage.Share) has it
+		// already.
 		rw, cl := broadcastRows(n.Shape, r.node(n.Inputs[1]).Shape)
-		kernel.AddBackward(dx, r.gradIn(id, 1), dy, rw, cl)
+		da, db := dx, r.gradIn(id, 1)
+		if r.sharesGrad(id, 0) {
+			da = nil
+		}
+		if r.sharesGrad(id, 1) {
+			db = nil
+		}
+		kernel.AddBackward(da, db, dy, rw, cl)
 	case ir.Scale:
 		kernel.ScaleBackward(dx, dy, float32(n.Attrs.Factor))
 	case ir.CausalMask:

@@ -112,6 +112,17 @@ func (r *Runner) gradIn(id, i int) []float32 {
 	return g.F[:r.node(in).Shape.NumElements()]
 }
 
+// sharesGrad reports whether the gradient of node id's input i is the
+// buffer of id's own gradient (stage.Share).
+func (r *Runner) sharesGrad(id, i int) bool {
+	in := r.node(id).Inputs[i]
+	if _, ok := r.scratch[in]; ok {
+		return false
+	}
+	g, ok := r.grads[in]
+	return ok && g == r.grads[id]
+}
+
 func (r *Runner) ids(id int) []int64 { return r.buf(id).I }
 
 // rows splits a tensor into rows of its last axis.

@@ -132,7 +132,8 @@ func (r *Runner) Step(s solver.Schedule) error {
 	act[0] = true
 	tapeOpt := make([]int, l) // the keep set of each stage's live tape
 	tape := make([]bool, l)   // stage i's tape is live
-	read := make([]bool, l)   // stage i's output, unsaved, has left its tape (solver.Chain.UnsavedActs)
+	read := make([]bool, l)   // stage i's output, unsaved, has left its tape (solver.Chain.UnsavedActs, MakerUnsaved)
+	done := make([]bool, l+1) // B(i) has run
 	lossRan := false
 	for _, op := range s {
 		r.tr.Begin(op.String())
@@ -158,6 +159,12 @@ func (r *Runner) Step(s solver.Schedule) error {
 				r.dropActivation(i)
 				act[i] = false
 			}
+			// A recomputation after B(i+1) keeps no output its own ops
+			// do not save.
+			if op.Kind == solver.FAll && done[i+1] && ch.MakerUnsavedAt(i+1) {
+				r.freeStorage(st.Output)
+				read[i] = true
+			}
 		case solver.Loss:
 			lossRan = true
 			// δ_L takes over a standalone a_L's bytes.
@@ -176,9 +183,16 @@ func (r *Runner) Step(s solver.Schedule) error {
 			}
 			tape[i] = false
 			r.backwardStage(i, tapeOpt[i], skip, i == l-1 && ch.HoldsLoss)
+			done[i] = true
 			if act[i] {
 				r.dropActivation(i)
 				act[i] = false
+			}
+			// Nothing reads a_i now but the tape that holds it, when no
+			// op of stage i-1 saves it.
+			if i > 0 && tape[i-1] && !read[i-1] && ch.MakerUnsavedAt(i) {
+				r.freeStorage(r.stages[i-1].Output)
+				read[i-1] = true
 			}
 		}
 		r.tr.End()
@@ -206,9 +220,14 @@ func (r *Runner) backwardStage(i, opt, skip int, holdLoss bool) {
 	p := st.BackwardProgram()
 	r.runProgram(p, i)
 	freed := map[int]bool{skip: true}
+	last := st.Nodes[len(st.Nodes)-1]
+	handedOn := false // the program freed δ_{i+1}, which its last node handed on
 	for _, e := range p {
-		if e.Kind == stage.Free && e.Buf == stage.StorageBuf {
+		switch {
+		case e.Kind == stage.Free && e.Buf == stage.StorageBuf:
 			freed[e.Storage] = true
+		case e.Kind == stage.Free && e.Buf == stage.GradBuf && e.Node == last:
+			handedOn = true
 		}
 	}
 	if holdLoss {
@@ -219,9 +238,19 @@ func (r *Runner) backwardStage(i, opt, skip int, holdLoss bool) {
 			r.freeStorage(s)
 		}
 	}
-	if !holdLoss {
+	if !holdLoss && !handedOn {
 		r.freeOutputGrad(st)
 	}
+}
+
+// holdsGrad reports whether some gradient still holds buffer b.
+func (r *Runner) holdsGrad(b *Buffer) bool {
+	for _, g := range r.grads {
+		if g == b {
+			return true
+		}
+	}
+	return false
 }
 
 // releaseLoss frees the loss and its gradient that backwardStage held.
@@ -363,20 +392,42 @@ func (r *Runner) runProgram(p stage.Program, i int) {
 			case stage.ParamGradBuf:
 				r.paramGrads[e.Node] = b
 			}
+		case stage.Share:
+			key := e.Node
+			if e.Buf == stage.DeltaBuf {
+				key = r.inputOf[i]
+			}
+			r.grads[key] = r.grads[e.From]
 		case stage.Free:
 			switch e.Buf {
 			case stage.StorageBuf:
 				r.freeStorage(e.Storage)
 			case stage.GradBuf:
-				r.tr.Free(r.grads[e.Node])
+				b := r.grads[e.Node]
 				delete(r.grads, e.Node)
-			case stage.ScratchBuf:
-				dst, src := r.grads[e.Node].F, r.scratch[e.Node].F
-				for k := range src {
-					dst[k] += src[k]
+				if !r.holdsGrad(b) {
+					r.tr.Free(b)
 				}
-				r.tr.Free(r.scratch[e.Node])
+			case stage.ScratchBuf:
+				// Added in place where no other gradient holds the
+				// buffer; else the held one is added into the scratch
+				// buffer, which becomes the gradient (autograd's
+				// InputBuffer does the same).
+				held, s := r.grads[e.Node], r.scratch[e.Node]
 				delete(r.scratch, e.Node)
+				delete(r.grads, e.Node)
+				if r.holdsGrad(held) {
+					for k := range s.F {
+						s.F[k] += held.F[k]
+					}
+					r.grads[e.Node] = s
+					break
+				}
+				for k := range s.F {
+					held.F[k] += s.F[k]
+				}
+				r.grads[e.Node] = held
+				r.tr.Free(s)
 			case stage.KernelBuf:
 				r.tr.Free(r.work)
 				r.work = nil

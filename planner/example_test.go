@@ -34,7 +34,7 @@ func ExampleProblem_Plan() {
 	// true true true
 	// embed store
 	// layers.0 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
-	// layers.1 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
+	// layers.1 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.2 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// layers.3 selective keep(attn.rope_q,attn.repeat_k,attn.repeat_v,attn.softmax,attn.merge,resid_1,mlp.gate_proj,mlp.up_proj)
 	// head store

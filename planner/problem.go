@@ -3,6 +3,7 @@ package planner
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -231,6 +232,14 @@ func (p *Problem) SearchKeepSets() {
 	p.searched = true
 	stage.SearchKeepSets(p.Costs, p.Stages)
 	p.Chain.Options = chainOptions(p.Stages, p.zero)
+	// A keep set that reruns the stage's last node remakes a_{i+1} in
+	// B(i): the tape holds it there, freed or not before.
+	for i, st := range p.Stages {
+		last := st.Nodes[len(st.Nodes)-1]
+		if p.Chain.MakerUnsaved != nil && slices.ContainsFunc(st.KeepSets, func(k stage.KeepSet) bool { return slices.Contains(k.Recompute, last) }) {
+			p.Chain.MakerUnsaved[i+1] = false
+		}
+	}
 	var wide []string
 	for _, st := range p.Stages {
 		if st.FrontTooWide {
@@ -341,7 +350,15 @@ func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 	}
 	ch.ActBytes = append(ch.ActBytes, outputBytes)
 	for i := 1; i < len(stages); i++ {
-		if out := stages[i-1].Output; out >= 0 && !stages[i-1].Saves(out) && !stages[i].Saves(out) {
+		out := stages[i-1].Output
+		if out < 0 || stages[i-1].Saves(out) {
+			continue
+		}
+		if ch.MakerUnsaved == nil {
+			ch.MakerUnsaved = make([]bool, len(stages)+1)
+		}
+		ch.MakerUnsaved[i] = true
+		if !stages[i].Saves(out) {
 			if ch.UnsavedActs == nil {
 				ch.UnsavedActs = make([]bool, len(stages)+1)
 			}

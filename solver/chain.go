@@ -26,8 +26,9 @@ type Chain struct {
 	// GradBytes[i] are the bytes of the parameter gradients B(i) makes,
 	// which stay live to the end of the step (the optimizer reads them):
 	// BackwardTempBytes[i] and every option's count them at their moment
-	// within B(i) (where B(i) may have freed part of its tape: never
-	// less than GradBytes[i] − TapeBytes[i]), and the gradient δ_i carried on counts them and those
+	// within B(i) (where B(i) may have freed part of its tape, and δ_{i+1}
+	// where its last op handed it on: never less than GradBytes[i] −
+	// TapeBytes[i] − ActBytes[i+1]), and the gradient δ_i carried on counts them and those
 	// of every later stage (DeltaBytes). Nil: gradients are not the
 	// chain's (they are held the whole step, or there are none).
 	GradBytes     []mem.Bytes
@@ -54,6 +55,15 @@ type Chain struct {
 	// input. Nil, or false: a_i stays in ā_i until B(i-1). Indexed by
 	// activation; a_0 and a_L are never freed so.
 	UnsavedActs []bool
+	// MakerUnsaved[i] says that no op of stage i-1 saves its output a_i:
+	// once B(i) has run nothing reads a_i again, and the tape ā_i that
+	// holds it frees it then (PyTorch frees a tensor with its last
+	// reference); a storing forward of stage i-1 that runs after B(i) (a
+	// recomputation, whose output nothing keeps) frees it once it has
+	// run. Nil, or false: a_i stays in ā_i until B(i-1). Indexed by
+	// activation; a_0 and a_L are never freed so. Simulate counts it; the
+	// searches count a_i held, on the safe side.
+	MakerUnsaved []bool
 	// FAllInputFreedTempBytes[i] is FAllTempBytes[i] where F_all(i) frees
 	// an unsaved a_i after its last reader (UnsavedActs): at least
 	// −ActBytes[i]. Nil: FAllTempBytes (the input held to the end).
@@ -81,6 +91,12 @@ type Option struct {
 // (UnsavedActs).
 func (c *Chain) Unsaved(i int) bool {
 	return i > 0 && i < c.Len() && c.UnsavedActs != nil && c.UnsavedActs[i]
+}
+
+// MakerUnsavedAt reports whether no op of stage i-1 saves a_i
+// (MakerUnsaved).
+func (c *Chain) MakerUnsavedAt(i int) bool {
+	return i > 0 && i < c.Len() && c.MakerUnsaved != nil && c.MakerUnsaved[i]
 }
 
 // Len returns the number of stages L.
@@ -114,6 +130,9 @@ func (c *Chain) Validate() error {
 	if c.UnsavedActs != nil && len(c.UnsavedActs) != l+1 {
 		return fmt.Errorf("chain has unsaved flags for %d activations, not %d", len(c.UnsavedActs), l+1)
 	}
+	if c.MakerUnsaved != nil && len(c.MakerUnsaved) != l+1 {
+		return fmt.Errorf("chain has maker-unsaved flags for %d activations, not %d", len(c.MakerUnsaved), l+1)
+	}
 	if c.FAllInputFreedTempBytes != nil {
 		if len(c.FAllInputFreedTempBytes) != l {
 			return fmt.Errorf("chain has input-freed transients for %d stages, not %d", len(c.FAllInputFreedTempBytes), l)
@@ -131,13 +150,13 @@ func (c *Chain) Validate() error {
 		if g < 0 {
 			return fmt.Errorf("stage %d: negative gradient bytes", i)
 		}
-		// B(i) may free its tape before it makes the gradients, never
-		// more than its tape.
-		if c.BackwardTempBytes[i]+c.TapeBytes[i] < g {
+		// B(i) may free its tape and δ_{i+1} before it makes the
+		// gradients, never more.
+		if c.BackwardTempBytes[i]+c.TapeBytes[i]+c.ActBytes[i+1] < g {
 			return fmt.Errorf("stage %d: its backward's %d transient bytes do not count the %d bytes of gradients it makes", i, c.BackwardTempBytes[i], g)
 		}
 		for k := 1; k < c.NumOptions(i); k++ {
-			if o := c.Option(i, k); o.BackwardTempBytes+o.TapeBytes < g {
+			if o := c.Option(i, k); o.BackwardTempBytes+o.TapeBytes+c.ActBytes[i+1] < g {
 				return fmt.Errorf("stage %d, option %d: its backward's transient bytes do not count the %d bytes of gradients it makes", i, k, g)
 			}
 		}

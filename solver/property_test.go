@@ -421,3 +421,44 @@ func TestSimulateUnsavedActs(t *testing.T) {
 		{Kind: Loss, Stage: 3}, {Kind: B, Stage: 2}, {Kind: FAll, Stage: 1}, {Kind: B, Stage: 1}, {Kind: B, Stage: 0}},
 		[]mem.Bytes{31, 41, 71, 81, 81, 71, 71, 41})
 }
+
+// TestSimulateMakerUnsaved follows a_1, which no op of stage 0 saves, out
+// of the tape ā_1 once B(1) has run (Chain.MakerUnsaved): two stages,
+// a_0 1 byte, a_1 10, a_2 100, tapes 30 and 200, B(0) 400 bytes of
+// transients. Storing everything: 31 after F_all(0), 231 after F_all(1),
+// 331 at the loss (δ_2) and B(1); then δ_1 (10) and ā_1 less a_1 (20)
+// are 31 before B(0), which peaks at 431, not the 441 of a_1 held. A
+// checkpointed stage 0 rerun storing after B(1) frees a_1 once it has
+// run: 41 at the rerun, 431 at B(0). Without the flag, a_1 stays.
+func TestSimulateMakerUnsaved(t *testing.T) {
+	c := &Chain{
+		Forward: []float64{1, 1}, Backward: []float64{1, 1},
+		ActBytes: []mem.Bytes{1, 10, 100}, TapeBytes: []mem.Bytes{30, 200},
+		ForwardTempBytes: make([]mem.Bytes, 2), BackwardTempBytes: []mem.Bytes{400, 0},
+		MakerUnsaved: []bool{false, true, false},
+	}
+	rerun := Schedule{{Kind: FCk, Stage: 0}, {Kind: FAll, Stage: 1}, {Kind: Loss, Stage: 2}, {Kind: B, Stage: 1}, {Kind: FAll, Stage: 0}, {Kind: B, Stage: 0}}
+	for _, tc := range []struct {
+		name  string
+		flag  bool
+		sched Schedule
+		want  []mem.Bytes
+	}{
+		{"store", true, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 431}},
+		{"store, held", false, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 441}},
+		{"rerun", true, rerun, []mem.Bytes{11, 211, 311, 311, 41, 431}},
+		{"rerun, held", false, rerun, []mem.Bytes{11, 211, 311, 311, 41, 441}},
+	} {
+		c.MakerUnsaved[1] = tc.flag
+		r, err := Simulate(c, tc.sched)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.Equal(r.Timeline, tc.want) {
+			t.Errorf("%s: timeline %v, want %v", tc.name, r.Timeline, tc.want)
+		}
+		if u := r.Usage[len(r.Usage)-1]; u.Activations+u.Tapes+u.Gradients+u.ParamGrads+u.Transient != r.Timeline[len(r.Timeline)-1] {
+			t.Errorf("%s: B(0)'s usage %+v does not add up to %d", tc.name, u, r.Timeline[len(r.Timeline)-1])
+		}
+	}
+}

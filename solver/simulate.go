@@ -37,7 +37,7 @@ type state struct {
 	tape []bool // ā_i (index i: the tape produced by stage i-1, containing a_i)
 	opt  []int  // the option of stage i-1 that produced ā_i
 	// read says a_i, unsaved, has left ā_i: stage i's storing forward
-	// read it (Chain.UnsavedActs).
+	// read it (Chain.UnsavedActs), or B(i) has run (Chain.MakerUnsaved).
 	read     []bool
 	backward bool // the loss has run: a storing forward now is a recomputation
 	delta    []bool
@@ -156,9 +156,12 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 			s.live -= c.ActBytes[i]
 		}
 		if frees {
-			s.read[i] = true
-			s.u.Tapes -= c.ActBytes[i]
-			s.live -= c.ActBytes[i]
+			s.leaveTape(i)
+		}
+		// A recomputation after B(i+1) keeps no a_{i+1} that its own
+		// ops do not save.
+		if op.Kind == FAll && s.delta[i+1] && c.MakerUnsavedAt(i+1) {
+			s.leaveTape(i + 1)
 		}
 		return peak, c.Forward[i], nil
 	case Loss:
@@ -195,9 +198,21 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 			s.live += c.ActBytes[i+1]
 		}
 		s.gradient(i)
+		// Nothing reads a_i now but the tape ā_i, when no op of stage
+		// i-1 saves it.
+		if s.tape[i] && !s.read[i] && c.MakerUnsavedAt(i) {
+			s.leaveTape(i)
+		}
 		return peak, o.Backward, nil
 	}
 	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
+}
+
+// leaveTape frees a_i from the tape ā_i that holds it (read).
+func (s *state) leaveTape(i int) {
+	s.read[i] = true
+	s.u.Tapes -= s.c.ActBytes[i]
+	s.live -= s.c.ActBytes[i]
 }
 
 // sign returns +1 when a value becomes live, −1 when it is freed.

@@ -47,6 +47,11 @@ const (
 	// Rerun runs a node's forward again before a backward: a product whose
 	// contiguous operand copy is still live reads it instead of its input.
 	Rerun
+	// Share makes the gradient of Node (δ_i for DeltaBuf) hold the buffer
+	// of node From's gradient, allocating nothing: an add's backward hands
+	// its gradient on as it is. A Free of a gradient frees Bytes, none
+	// while another gradient still holds its buffer.
+	Share
 )
 
 // BufferKind says what a program buffer holds.
@@ -76,6 +81,7 @@ type Event struct {
 	Node    int
 	Storage int
 	Bytes   mem.Bytes
+	From    int // Share: the node whose gradient's buffer Node's gradient holds
 }
 
 // Program is a stage program.
@@ -236,6 +242,8 @@ func (st *Stage) BackwardProgram() Program {
 	delta := st.InputBytes
 	p := make(Program, 0, 4*len(nodes))
 	written := map[int]bool{} // nodes whose gradient (or δ_i, key -1) was written
+	bufs := gradBuffers{of: map[int]int{}}
+	bufs.alloc(last, gradBytes(g, last)) // δ_{i+1}, held when the backward starts
 	for k := len(nodes) - 1; k >= 0; k-- {
 		id := nodes[k]
 		if !c.RequiresGrad(id) || id != last && !written[id] {
@@ -247,9 +255,9 @@ func (st *Stage) BackwardProgram() Program {
 			if !c.RequiresGrad(src) || g.Nodes[id].Op.Routes(i) {
 				continue
 			}
-			key, bytes := src, gradBytes(g, src)
+			key, bytes, buf := src, gradBytes(g, src), GradBuf
 			if !in.has(src) {
-				key, bytes = -1, delta
+				key, bytes, buf = -1, delta, DeltaBuf
 			}
 			switch {
 			case written[key]:
@@ -257,10 +265,12 @@ func (st *Stage) BackwardProgram() Program {
 				p = append(p, e)
 				e.Kind = Free
 				scratch = append(scratch, e)
-			case key >= 0:
-				p = append(p, Event{Kind: Alloc, Buf: GradBuf, Node: src, Bytes: bytes})
+			case passesGradient(g, id, i) && bytes == gradBytes(g, id) && (id != last || !st.final):
+				p = append(p, Event{Kind: Share, Buf: buf, Node: key, From: id})
+				bufs.share(key, id)
 			default:
-				p = append(p, Event{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta})
+				p = append(p, Event{Kind: Alloc, Buf: buf, Node: key, Bytes: bytes})
+				bufs.alloc(key, bytes)
 			}
 			written[key] = true
 		}
@@ -279,9 +289,21 @@ func (st *Stage) BackwardProgram() Program {
 			scratch = append(scratch, e)
 		}
 		p = append(p, withWorkspace(c, id, true, Event{Kind: RunBackward, Node: id})...)
-		p = append(p, scratch...)
-		if id != last && written[id] {
-			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: gradBytes(g, id)})
+		for _, e := range scratch {
+			if e.Buf == ScratchBuf {
+				key := e.Node
+				if !in.has(key) {
+					key = -1
+				}
+				e.Bytes = bufs.accumulate(key, e.Bytes)
+			}
+			p = append(p, e)
+		}
+		// A node's gradient is freed once its backward has run; δ_{i+1}
+		// too where the stage's last node handed it on (else the chain
+		// frees it when the backward ends).
+		if id != last && written[id] || id == last && bufs.shared(last) {
+			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: bufs.release(id)})
 		}
 		for _, s := range st.release[id] {
 			p = append(p, st.storageEvent(Free, s))
@@ -291,6 +313,66 @@ func (st *Stage) BackwardProgram() Program {
 		p = append(p, Event{Kind: Alloc, Buf: DeltaBuf, Node: -1, Bytes: delta})
 	}
 	return p
+}
+
+// passesGradient reports whether node id's backward hands its output's
+// gradient to its input i as it is: autograd's AddBackward returns the
+// tensor it is given for an addend of the sum's shape and dtype, which
+// then holds the same memory.
+func passesGradient(g *ir.Graph, id, i int) bool {
+	n := &g.Nodes[id]
+	x := &g.Nodes[n.Inputs[i]]
+	return n.Op == ir.Add && x.DType == n.DType && slices.Equal(x.Shape, n.Shape)
+}
+
+// gradBuffers follows which buffer holds each gradient of a backward
+// program, keyed by node (-1 for δ_i): gradients handed on as they are
+// share one buffer, freed with the last of them.
+type gradBuffers struct {
+	of    map[int]int // gradient → buffer
+	refs  []int       // buffer → gradients holding it
+	bytes []mem.Bytes // buffer → its size
+}
+
+func (b *gradBuffers) alloc(key int, bytes mem.Bytes) {
+	b.of[key] = len(b.refs)
+	b.refs = append(b.refs, 1)
+	b.bytes = append(b.bytes, bytes)
+}
+
+// share makes gradient key hold the buffer of gradient from.
+func (b *gradBuffers) share(key, from int) {
+	buf := b.of[from]
+	b.of[key] = buf
+	b.refs[buf]++
+}
+
+// shared reports whether gradient key's buffer holds another gradient.
+func (b *gradBuffers) shared(key int) bool { return b.refs[b.of[key]] > 1 }
+
+// release drops gradient key and returns the bytes that frees: its
+// buffer's, where it was the last to hold it.
+func (b *gradBuffers) release(key int) mem.Bytes {
+	buf := b.of[key]
+	delete(b.of, key)
+	if b.refs[buf]--; b.refs[buf] > 0 {
+		return 0
+	}
+	return b.bytes[buf]
+}
+
+// accumulate adds a second gradient of bytes into gradient key and
+// returns the bytes that frees. Autograd adds in place into the buffer
+// it holds where no other gradient holds it too, and the second is
+// freed; else it adds the held one into the second, which becomes key's
+// buffer, and frees nothing.
+func (b *gradBuffers) accumulate(key int, bytes mem.Bytes) mem.Bytes {
+	if !b.shared(key) {
+		return bytes
+	}
+	b.release(key)
+	b.alloc(key, bytes)
+	return 0
 }
 
 // shiftedLossBackward returns the backward of a loss over shifted logits

@@ -2,6 +2,7 @@ package stage
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -78,40 +79,118 @@ func TestPrograms(t *testing.T) {
 					}
 				}
 			}
-			if live, _ := replay(t, prog, st); live != st.InputBytes+grads+unsaved {
-				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d, %d of parameter gradients and %d of tape no op saves", name, i, live, st.InputBytes, grads, unsaved)
+			// δ_{i+1} is held to the end unless the stage's last node
+			// handed it on (a residual add's gradient becomes δ_i's).
+			last := st.Nodes[len(st.Nodes)-1]
+			held := st.OutputBytes()
+			if slices.ContainsFunc(prog, func(e Event) bool { return e.Kind == Free && e.Buf == GradBuf && e.Node == last }) {
+				held = 0
+			}
+			if live, _ := replay(t, prog, st); live != st.InputBytes+grads+unsaved+held {
+				t.Errorf("%s stage %d backward: ends holding %d bytes, want δ_i = %d, %d of parameter gradients, %d of tape no op saves and δ_{i+1} %d", name, i, live, st.InputBytes, grads, unsaved, held)
 			}
 		}
 	}
 }
 
-// replay runs p from holding nothing, or the tape of st when st is not
-// nil (a backward), and returns what it ends holding.
+// replay runs p from holding nothing, or the tape of st and δ_{i+1} when
+// st is not nil (a backward), and returns what it ends holding. It
+// follows the buffers gradients share (Share) apart from the program's
+// own count, and checks each free's bytes against it: a gradient's buffer
+// is freed with the last gradient holding it, and a second gradient is
+// added into one no other gradient holds, else the first is added into
+// the second, which stays.
 func replay(t *testing.T, p Program, st *Stage) (live mem.Bytes, runs int) {
+	t.Helper()
 	held := map[[3]int]bool{}
+	grad := map[int]*mem.Bytes{} // gradient (GradBuf node, -1 for δ_i) → its buffer's size
+	gradKey := func(e Event) int {
+		if e.Buf == DeltaBuf {
+			return -1
+		}
+		return e.Node
+	}
+	holders := func(b *mem.Bytes) (n int) {
+		for _, x := range grad {
+			if x == b {
+				n++
+			}
+		}
+		return n
+	}
 	if st != nil {
 		for _, s := range st.Tape() {
 			e := st.storageEvent(Alloc, s)
 			held[[3]int{int(e.Buf), e.Node, e.Storage}] = true
 			live += e.Bytes
 		}
+		last := st.Nodes[len(st.Nodes)-1]
+		b := st.OutputBytes()
+		grad[last] = &b
+		live += b
 	}
 	for _, e := range p {
 		key := [3]int{int(e.Buf), e.Node, e.Storage}
-		switch e.Kind {
-		case Alloc:
+		switch {
+		case e.Kind == Share:
+			from, ok := grad[e.From]
+			if !ok {
+				t.Fatalf("%+v shares a gradient not held", e)
+			}
+			grad[gradKey(e)] = from
+		case e.Kind == Alloc && (e.Buf == GradBuf || e.Buf == DeltaBuf):
+			if _, ok := grad[gradKey(e)]; ok {
+				t.Fatalf("%+v allocated twice", e)
+			}
+			b := e.Bytes
+			grad[gradKey(e)] = &b
+			live += b
+		case e.Kind == Free && e.Buf == GradBuf:
+			b, ok := grad[e.Node]
+			if !ok {
+				t.Fatalf("%+v freed while not held", e)
+			}
+			delete(grad, e.Node)
+			want := *b
+			if holders(b) > 0 {
+				want = 0
+			}
+			if e.Bytes != want {
+				t.Fatalf("%+v frees %d bytes, want %d", e, e.Bytes, want)
+			}
+			live -= e.Bytes
+		case e.Kind == Free && e.Buf == ScratchBuf:
+			if !held[key] {
+				t.Fatalf("%+v freed while not held", e)
+			}
+			delete(held, key)
+			k := e.Node
+			if _, ok := grad[k]; !ok {
+				k = -1 // δ_i
+			}
+			want := e.Bytes
+			if b := grad[k]; holders(b) > 1 {
+				want = 0
+				size := e.Bytes
+				grad[k] = &size
+			}
+			if e.Bytes != want {
+				t.Fatalf("%+v frees %d bytes, want %d", e, e.Bytes, want)
+			}
+			live -= e.Bytes
+		case e.Kind == Alloc:
 			if held[key] {
 				t.Fatalf("%+v allocated twice", e)
 			}
 			held[key] = true
 			live += e.Bytes
-		case Free:
+		case e.Kind == Free:
 			if !held[key] {
 				t.Fatalf("%+v freed while not held", e)
 			}
 			delete(held, key)
 			live -= e.Bytes
-		case RunForward, RunBackward:
+		case e.Kind == RunForward || e.Kind == RunBackward:
 			runs++
 		}
 	}
@@ -170,6 +249,56 @@ func TestSoftmaxBackwardWorkspace(t *testing.T) {
 		}
 		if !found {
 			t.Fatalf("%s: no softmax in %s", tc.name, st.Name)
+		}
+	}
+}
+
+// TestAddHandsGradientOn checks where a backward's gradients share one
+// buffer: a residual add hands its output's gradient to both addends as
+// it is (autograd's AddBackward), so a Llama layer's δ_{i+1} becomes the
+// gradient of the residual stream after attention and of the MLP's
+// output, and that one δ_i and the attention's output projection's
+// gradient; GPT-2's position embedding, [seq, hidden] under a
+// [batch, seq, hidden] sum, gets a gradient of its own, summed over the
+// batch. The chain's last stage hands nothing on.
+func TestAddHandsGradientOn(t *testing.T) {
+	for _, tc := range []struct {
+		model, stage string
+		want         []string // from → to, in program order
+	}{
+		{"tiny-llama", "layers.1", []string{"resid_2 → resid_1", "resid_2 → mlp.down_proj", "resid_1 → δ_i", "resid_1 → attn.o_proj"}},
+		{"tiny-gpt2", "layers.0", []string{"resid_2 → resid_1", "resid_2 → mlp.fc2", "resid_1 → δ_i", "resid_1 → attn.out_proj"}},
+		{"tiny-gpt2", "embed", []string{"add → wte"}},
+		{"tiny-llama", "head", nil},
+	} {
+		stages := build(t, tc.model, nil)
+		i := slices.IndexFunc(stages, func(st *Stage) bool { return st.Name == tc.stage })
+		if i < 0 {
+			t.Fatalf("%s has no stage %s", tc.model, tc.stage)
+		}
+		st := stages[i]
+		g := st.Costs().Graph
+		name := func(id int) string { return strings.TrimPrefix(g.Nodes[id].Name, tc.stage+".") }
+		var got []string
+		handedOn := false
+		last := st.Nodes[len(st.Nodes)-1]
+		for _, e := range st.BackwardProgram() {
+			switch {
+			case e.Kind == Share && e.Buf == DeltaBuf:
+				got = append(got, name(e.From)+" → δ_i")
+			case e.Kind == Share:
+				got = append(got, name(e.From)+" → "+name(e.Node))
+			case e.Kind == Alloc && e.Buf == DeltaBuf && got != nil && strings.HasSuffix(got[len(got)-1], "δ_i"):
+				t.Errorf("%s %s: allocates δ_i it shares", tc.model, tc.stage)
+			case e.Kind == Free && e.Buf == GradBuf && e.Node == last:
+				handedOn = true
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s %s: shares %q, want %q", tc.model, tc.stage, got, tc.want)
+		}
+		if handedOn != (tc.want != nil && strings.HasPrefix(tc.want[0], name(last)+" ")) {
+			t.Errorf("%s %s: frees δ_{i+1} in its backward: %v", tc.model, tc.stage, handedOn)
 		}
 	}
 }

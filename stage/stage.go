@@ -61,8 +61,12 @@ type Stage struct {
 	// its only keep set keeps everything.
 	Routed bool
 
-	c    *costmodel.Costs
-	tape []int // every storage keeping everything keeps, sorted
+	c *costmodel.Costs
+	// final says the stage is the chain's last: its output is the loss,
+	// whose gradient the training loop holds to the backward's end
+	// (solver.Chain.HoldsLoss), so its backward does not hand it on.
+	final bool
+	tape  []int // every storage keeping everything keeps, sorted
 	// release says, node by node, the tape storages whose last reader
 	// its backward is: autograd frees a node's saved tensors once its
 	// backward has run, and a storage with them when no other node still
@@ -111,7 +115,7 @@ func Build(c *costmodel.Costs, byBlock bool) ([]*Stage, error) {
 		if err != nil {
 			return nil, err
 		}
-		st := newStage(c, k, sp, in, inputs)
+		st := newStage(c, k, sp, in, inputs, k == len(spans)-1)
 		st.KeepSets = []KeepSet{st.keepAll()}
 		out[k] = st
 	}
@@ -130,11 +134,12 @@ func SearchKeepSets(c *costmodel.Costs, stages []*Stage) {
 }
 
 // newStage computes a stage's tape, costs and keep-everything transients;
-// inputs is the bytes of the graph inputs, a_0.
-func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes) *Stage {
+// inputs is the bytes of the graph inputs, a_0; final says the stage is
+// the chain's last.
+func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes, final bool) *Stage {
 	g := c.Graph
 	last := sp.nodes[len(sp.nodes)-1]
-	st := &Stage{Index: k, Name: sp.name, Nodes: sp.nodes, Input: in, Output: c.OutputStorage(last), c: c, index: map[int]int{}}
+	st := &Stage{Index: k, Name: sp.name, Nodes: sp.nodes, Input: in, Output: c.OutputStorage(last), final: final, c: c, index: map[int]int{}}
 	if in >= 0 {
 		st.InputBytes = mem.Bytes(c.Storages[in].Bytes)
 	} else if k == 0 {
