@@ -103,6 +103,15 @@ func collectivesOf(g *ir.Graph, held func(int) bool) Collectives {
 	return c
 }
 
+// TiedGradBytes returns the bytes of the gradients of node i's weights
+// on one tensor-parallel rank, where a later node ties its weight to
+// them: what the two devices of a pipeline holding the copies add
+// together before the step.
+func TiedGradBytes(g *ir.Graph, i int) int64 {
+	_, _, grad := paramSizes(g, i)
+	return tpShard(g, i, g.TrainableParams(i)) * grad
+}
+
 // CommSeconds is the time of bus bytes on r's link; 0 where r has no
 // link.
 func (r Roofline) CommSeconds(busBytes int64) float64 {

@@ -125,14 +125,26 @@ func (pp Pipeline) ends(fwd, bwd [][]float64, send []float64) ([]float64, error)
 // pipelineTimes are a pipeline's times in TimeUnit, for its step's:
 // each device's chunks' forward and backward a microbatch, the backward
 // under the plan (bwd) and storing everything (stored), the sends
-// between model chunks, and each device's optimizer step and
-// data-parallel collectives (nil: none).
+// between model chunks, each device's optimizer step and data-parallel
+// collectives (nil: none), and the all-reduces of tied weights'
+// gradients between the devices that hold their copies.
 type pipelineTimes struct {
 	pp               Pipeline
 	fwd, bwd, stored [][]float64
 	send             []float64
 	update           []float64
 	comm             []*Comm
+	tied             []tiedReduce
+}
+
+// tiedReduce is the all-reduce of a tied weight's gradients between the
+// two devices that hold its copies (Megatron-LM's word embeddings on the
+// first and last stages, _allreduce_word_embedding_grads): once both
+// have ended their backwards and reduced their data-parallel gradients,
+// before the step.
+type tiedReduce struct {
+	a, b int     // the devices
+	time float64 // in TimeUnit
 }
 
 func newPipelineTimes(pp Pipeline) *pipelineTimes {
@@ -146,22 +158,30 @@ func newPipelineTimes(pp Pipeline) *pipelineTimes {
 }
 
 // step returns the step's time under the plan and storing everything,
-// and what of the plan's the collectives add.
-func (t *pipelineTimes) step() (cost, baseline, comm float64, err error) {
-	if cost, err = t.stepOf(t.bwd, t.comm); err != nil {
-		return 0, 0, 0, err
+// and what of the plan's the data-parallel collectives and the tied
+// weights' all-reduces add.
+func (t *pipelineTimes) step() (cost, baseline, comm, tied float64, err error) {
+	if cost, err = t.stepOf(t.bwd, t.comm, t.tied); err != nil {
+		return 0, 0, 0, 0, err
 	}
-	if baseline, err = t.stepOf(t.stored, t.comm); err != nil {
-		return 0, 0, 0, err
+	if baseline, err = t.stepOf(t.stored, t.comm, t.tied); err != nil {
+		return 0, 0, 0, 0, err
 	}
 	if slices.ContainsFunc(t.comm, func(c *Comm) bool { return c != nil }) {
-		alone, err := t.stepOf(t.bwd, make([]*Comm, len(t.comm)))
+		alone, err := t.stepOf(t.bwd, make([]*Comm, len(t.comm)), t.tied)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		comm = cost - alone
 	}
-	return cost, baseline, comm, nil
+	if len(t.tied) > 0 {
+		untied, err := t.stepOf(t.bwd, t.comm, nil)
+		if err != nil {
+			return 0, 0, 0, 0, err
+		}
+		tied = cost - untied
+	}
+	return cost, baseline, comm, tied, nil
 }
 
 // stepOf returns the step's time with backwards bwd and collectives comm:
@@ -169,8 +189,10 @@ func (t *pipelineTimes) step() (cost, baseline, comm float64, err error) {
 // Comm.Exposed counts it) lengthens its backwards, in proportion to
 // their times, and what they leave of the last follows its last op; the
 // devices then step together (clipping the gradients' norm waits for
-// every one), each updating its weights and gathering them again.
-func (t *pipelineTimes) stepOf(bwd [][]float64, comm []*Comm) (float64, error) {
+// every one), each updating its weights and gathering them again. A tied
+// weight's all-reduce starts once both its devices are done and ends
+// before the step.
+func (t *pipelineTimes) stepOf(bwd [][]float64, comm []*Comm, tied []tiedReduce) (float64, error) {
 	slow := slices.Clone(bwd)
 	last := make([]float64, len(bwd))
 	for k, c := range comm {
@@ -202,6 +224,9 @@ func (t *pipelineTimes) stepOf(bwd [][]float64, comm []*Comm) (float64, error) {
 		return 0, err
 	}
 	var flushed, stepped float64
+	for _, r := range tied {
+		flushed = max(flushed, max(ends[r.a]+last[r.a], ends[r.b]+last[r.b])+r.time)
+	}
 	for k, e := range ends {
 		flushed = max(flushed, e+last[k])
 		after := 0.0

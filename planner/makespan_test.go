@@ -289,14 +289,20 @@ func TestPipelineStepCollectives(t *testing.T) {
 // the update of 0.5 and the larger all-gather after it, 3: 15.5. Reduced
 // every microbatch, device 0's 4 leave 2 of each backward's 2 exposed:
 // its backwards take 4, the second ending at 12; then the update: 12.5.
+// A tied weight's all-reduce of 2 between the two devices starts once
+// both are done: at 9 alone (11.5), at 12 after the reductions once a
+// step (17.5).
 func TestPipelineTimesByHand(t *testing.T) {
 	for _, tc := range []struct {
-		comm        []*Comm
-		step, comm0 float64
+		comm               []*Comm
+		tied               float64
+		step, comm0, tied0 float64
 	}{
-		{[]*Comm{nil, nil}, 9.5, 0},
-		{[]*Comm{{Reduce: 5, OnceAStep: true, AfterStep: 1}, {Reduce: 1, OnceAStep: true, AfterStep: 3}}, 15.5, 6},
-		{[]*Comm{{Reduce: 4}, nil}, 12.5, 3},
+		{[]*Comm{nil, nil}, 0, 9.5, 0, 0},
+		{[]*Comm{{Reduce: 5, OnceAStep: true, AfterStep: 1}, {Reduce: 1, OnceAStep: true, AfterStep: 3}}, 0, 15.5, 6, 0},
+		{[]*Comm{{Reduce: 4}, nil}, 0, 12.5, 3, 0},
+		{[]*Comm{nil, nil}, 2, 11.5, 0, 2},
+		{[]*Comm{{Reduce: 5, OnceAStep: true, AfterStep: 1}, {Reduce: 1, OnceAStep: true, AfterStep: 3}}, 2, 17.5, 6, 2},
 	} {
 		pp := Pipeline{Stages: 2, Microbatches: 2, Virtual: 1}
 		times := newPipelineTimes(pp)
@@ -305,12 +311,56 @@ func TestPipelineTimesByHand(t *testing.T) {
 			times.update[k] = 0.5
 		}
 		times.comm = tc.comm
-		cost, baseline, comm, err := times.step()
+		if tc.tied > 0 {
+			times.tied = []tiedReduce{{a: 0, b: 1, time: tc.tied}}
+		}
+		cost, baseline, comm, tied, err := times.step()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cost != tc.step || baseline != tc.step || comm != tc.comm0 {
-			t.Errorf("collectives %+v: step %g, store-everything %g, collectives %g; want %g, %g, %g", tc.comm, cost, baseline, comm, tc.step, tc.step, tc.comm0)
+		if cost != tc.step || baseline != tc.step || comm != tc.comm0 || tied != tc.tied0 {
+			t.Errorf("collectives %+v, tied %g: step %g, store-everything %g, collectives %g, tied %g; want %g, %g, %g, %g", tc.comm, tc.tied, cost, baseline, comm, tied, tc.step, tc.step, tc.comm0, tc.tied0)
+		}
+	}
+}
+
+// TestTiedReduce prices the all-reduce of a tied weight's gradients
+// between the pipeline devices holding its copies: tiny-gpt2 ties its
+// head to the embedding (vocabulary 512 × hidden 64 fp32 gradients,
+// 131,072 bytes, 2(n−1)/n of them through each of 2 ranks' links), on a
+// link of 1 MB/s: 131.072 ms after both devices' backwards; so
+// tiny-llama tied (the same sizes), interleaved, its embedding in device
+// 0's first chunk and its head in device 1's last. On one device, or
+// untied, there is none.
+func TestTiedReduce(t *testing.T) {
+	r := &costmodel.Roofline{MatrixFLOPS: 1e12, MatrixFP32FLOPS: 1e11, BandwidthBytes: 1e10, MatrixEfficiency: 1, BandwidthEfficiency: 1, LaunchSeconds: 1e-6,
+		LinkBytes: 1e6, LinkEfficiency: 1}
+	for _, tc := range []struct {
+		model string
+		tied  bool
+		pp    Pipeline
+		bytes float64 // the gradients all-reduced, 0 for none
+	}{
+		{"tiny-gpt2", true, Pipeline{Stages: 2, Microbatches: 2, Virtual: 1}, 512 * 64 * 4},
+		{"tiny-llama", true, Pipeline{Stages: 2, Microbatches: 4, Virtual: 2, Schedule: "interleaved"}, 512 * 64 * 4},
+		{"tiny-gpt2", true, Pipeline{Stages: 1, Microbatches: 2, Virtual: 1}, 0},
+		{"tiny-llama", false, Pipeline{Stages: 2, Microbatches: 2, Virtual: 1}, 0},
+	} {
+		src, err := graphio.Load(tc.model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Model.TiedEmbeddings = tc.tied
+		p, err := NewTimed(src, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := p.PlanPipeline(&Options{Budget: 1 << 40, Strategy: StoreAll}, tc.pp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := tc.bytes / 1e6 * 1e12; plan.TiedCost != want {
+			t.Errorf("%s over %+v: the tied all-reduce adds %g ps, want %g", tc.model, tc.pp, plan.TiedCost, want)
 		}
 	}
 }

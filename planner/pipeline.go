@@ -85,7 +85,12 @@ type PipelinePlan struct {
 	// CommCost is what the devices' data-parallel collectives add to the
 	// step, in time: what their microbatches' backwards do not hide, and
 	// the weights' all-gather after the optimizer step (ZeRO 1 and 2).
-	CommCost float64      `json:"comm_cost,omitempty" yaml:"comm_cost,omitempty"`
+	CommCost float64 `json:"comm_cost,omitempty" yaml:"comm_cost,omitempty"`
+	// TiedCost is what the all-reduce of a tied weight's gradients
+	// between the devices that hold its copies adds to the step, in time:
+	// Megatron-LM's word embeddings on the first and last stages, after
+	// their backwards and before the optimizer step.
+	TiedCost float64      `json:"tied_cost,omitempty" yaml:"tied_cost,omitempty"`
 	Devices  []DevicePlan `json:"devices" yaml:"devices"`
 	Notes    []string     `json:"notes,omitempty" yaml:"notes,omitempty"`
 }
@@ -626,7 +631,10 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 				times.send[g] = math.Round(r.CommSeconds(int64(p.Chain.ActBytes[bounds[g+1]])) * 1e12)
 			}
 		}
-		if plan.Cost, plan.BaselineCost, plan.CommCost, err = times.step(); err != nil {
+		if r := p.Roofline; r != nil {
+			times.tied = p.tiedReduces(pp, bounds, r)
+		}
+		if plan.Cost, plan.BaselineCost, plan.CommCost, plan.TiedCost, err = times.step(); err != nil {
 			return nil, err
 		}
 		plan.UpdateCost = slices.Max(times.update)
@@ -635,6 +643,41 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		plan.Overhead = plan.Cost/plan.BaselineCost - 1
 	}
 	return plan, nil
+}
+
+// tiedReduces returns the all-reduces of tied weights' gradients between
+// the devices that hold their copies: a node whose weight is tied to a
+// node on another device (a head to the embedding), where each device
+// holds a copy (costmodel.StaticOf) and the two add their gradients
+// before the step: an all-reduce over 2 ranks moves the gradients' bytes
+// (2(n−1)/n · S) through each rank's link.
+func (p *Problem) tiedReduces(pp Pipeline, bounds []int, r *costmodel.Roofline) []tiedReduce {
+	g := p.Costs.Graph
+	device := func(node int) int {
+		for i, st := range p.Stages {
+			if slices.Contains(st.Nodes, node) {
+				chunk, _ := slices.BinarySearch(bounds, i+1)
+				return (chunk - 1) % pp.Stages
+			}
+		}
+		return -1
+	}
+	var out []tiedReduce
+	for i := range g.Nodes {
+		t := g.Nodes[i].Attrs.Tied
+		if t == "" {
+			continue
+		}
+		j, ok := g.Lookup(t)
+		if !ok {
+			continue
+		}
+		a, b := device(i), device(j)
+		if bytes := costmodel.TiedGradBytes(g, j); a >= 0 && b >= 0 && a != b && bytes > 0 {
+			out = append(out, tiedReduce{a: a, b: b, time: math.Round(r.CommSeconds(bytes) * 1e12)})
+		}
+	}
+	return out
 }
 
 // pipelineChoices returns, for the strategy, the ways each stage's first
