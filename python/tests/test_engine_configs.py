@@ -215,7 +215,7 @@ MEGATRON_CASES = {
                           ("selective", None, None, ["core_attn"]), None),
     "closest-modules": ("llama-3-8b", 1, False,
                         ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
-                         "--budget", "88GiB"],
+                         "--budget", "87GiB"],
                         ("selective", None, None, ["core_attn", "layernorm", "mlp"]), None),
     "closest-block": ("llama-3-8b", 1, False,
                       ["--profile", "megatron", "--attention", "eager", "--seq", "8192", "--zero", "1", "--dp", "8",
