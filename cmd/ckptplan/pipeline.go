@@ -170,11 +170,12 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 		if p.CommCost > 0 {
 			comm = ", and data-parallel collectives not hidden, " + costString(p.CommCost, p.Unit) + " with the all-gather after the step"
 		}
+		tied := ","
 		if p.TiedCost > 0 {
-			comm += ", and the all-reduce of the tied weights' gradients between the two stages holding them, " + costString(p.TiedCost, p.Unit)
+			tied = ", the all-reduce of the tied weights' gradients between the two stages holding them, " + costString(p.TiedCost, p.Unit) + ","
 		}
-		fmt.Fprintf(w, "step %s, store-everything %s: %.1f%% extra time (the schedule's, its bubble and sends included, then the slowest stage's optimizer step, %s%s)\n",
-			costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, costString(p.UpdateCost, p.Unit), comm)
+		fmt.Fprintf(w, "step %s, store-everything %s: %.1f%% extra time (the schedule's, its bubble and sends included%s then the slowest stage's optimizer step, %s%s)\n",
+			costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, tied, costString(p.UpdateCost, p.Unit), comm)
 	case p.Feasible:
 		fmt.Fprintf(w, "cost %s, store-everything %s: %.1f%% extra %s\n", costString(p.Cost, p.Unit), costString(p.BaselineCost, p.Unit), 100*p.Overhead, extra(p.Unit))
 	}
