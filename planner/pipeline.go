@@ -632,7 +632,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			}
 		}
 		if r := p.Roofline; r != nil {
-			times.tied = p.tiedReduces(pp, bounds, r)
+			times.tied = p.tiedReduces(nodes, r)
 		}
 		if plan.Cost, plan.BaselineCost, plan.CommCost, plan.TiedCost, err = times.step(); err != nil {
 			return nil, err
@@ -650,17 +650,11 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 // node on another device (a head to the embedding), where each device
 // holds a copy (costmodel.StaticOf) and the two add their gradients
 // before the step: an all-reduce over 2 ranks moves the gradients' bytes
-// (2(n−1)/n · S) through each rank's link.
-func (p *Problem) tiedReduces(pp Pipeline, bounds []int, r *costmodel.Roofline) []tiedReduce {
+// (2(n−1)/n · S) through each rank's link. nodes are each device's.
+func (p *Problem) tiedReduces(nodes [][]int, r *costmodel.Roofline) []tiedReduce {
 	g := p.Costs.Graph
 	device := func(node int) int {
-		for i, st := range p.Stages {
-			if slices.Contains(st.Nodes, node) {
-				chunk, _ := slices.BinarySearch(bounds, i+1)
-				return (chunk - 1) % pp.Stages
-			}
-		}
-		return -1
+		return slices.IndexFunc(nodes, func(ns []int) bool { return slices.Contains(ns, node) })
 	}
 	var out []tiedReduce
 	for i := range g.Nodes {
