@@ -18,6 +18,12 @@ type Static struct {
 	// Terms are what each registered Term (Terms) holds on the rank, in
 	// Terms' order, those that hold nothing left out.
 	Terms []Held
+	// CallArgs are what the model makes each forward and hands every
+	// decoder layer's call (term_buffers.go): the positions and eager
+	// attention's masks under the transformers profile. Not in Total:
+	// PyTorch frees them with the forward unless a checkpointed or
+	// selective layer's call holds them to its backward.
+	CallArgs int64
 	// Gather is what ZeRO stage 3 holds at its moments beyond what
 	// Gathered counts: a decoder layer's unsharded weights while it runs,
 	// forward and backward, the next layer's all-gather, a layer's
@@ -338,6 +344,7 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
 	}
 	countTerms(&rankTally{g: g, held: held, opt: opt, tensors: tensors, dequant: dequant, grads: grads, rootG: rootG, layerG: lg, static: &st})
+	st.CallArgs = callArgs(g, held)
 	st.StepBytes = stepWorkspace(g, held, opt)
 	if s.Parallel.Zero >= 1 {
 		st.StepBytes = ceilDiv(st.StepBytes, dp)

@@ -281,9 +281,10 @@ func TestStaticQLoRA(t *testing.T) {
 		OptimizerBytes: l*moments + 2*4*256,
 		Terms:          []Held{{"dequant", 2 * h * f}, {"buffers", c.Static.Of(Buffers)}},
 		Paged:          true,
-		// The rotary tables the forward makes, cos and sin of 8192 × 128,
-		// and its int64 positions.
-		StepFreedBytes: 2*8192*128*2 + 8*8192,
+		// The forward's int64 positions, which the layers' calls take.
+		CallArgs: 8 * 8192,
+		// The rotary tables the forward makes, cos and sin of 8192 × 128.
+		StepFreedBytes: 2 * 8192 * 128 * 2,
 	}
 	if diff := cmp.Diff(want, c.Static); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)

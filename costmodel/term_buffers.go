@@ -5,13 +5,19 @@ package costmodel
 // makes in each forward and the backward's graph frees (ropeTables), and
 // its registered buffers (the tables' inverse frequencies, a layer's own
 // cached tables), or the buffers measured on the live model
-// (ir.Setup.BuffersBytes). Under the transformers profile the model also
-// makes the positions (cache_position, and position_ids a view of it),
-// seq int64s each forward: a checkpointed layer's call holds them to its
-// backward, so they are counted through the forward and the backward,
-// which bounds that (storing everything, PyTorch frees them with the
-// forward); the step holds none. So is, under eager attention, the mask
-// the model makes and hands every layer (modelMasks).
+// (ir.Setup.BuffersBytes); and, where its sdpa layers take one (a padded
+// batch, a sliding window), the mask the model makes and the attention
+// saves for its backward (modelMasks).
+//
+// Under the transformers profile the model also makes, each forward, the
+// positions (cache_position, and position_ids a view of it: seq int64s)
+// and, for eager attention, the mask it adds to every layer's scores,
+// and hands them to every decoder layer's call: the call arguments
+// (CallArgs). No op saves them. PyTorch frees them when the model's
+// forward returns, unless a checkpointed or selective layer's call holds
+// them: torch.utils.checkpoint keeps its arguments for the rerun, to that
+// layer's backward. They are no static memory, and Static.Total leaves
+// them out; the chain holds them (solver.Chain.ArgBytes).
 
 import (
 	"fmt"
@@ -21,28 +27,46 @@ import (
 )
 
 // Buffers are the model's non-trained tensors that live for the whole
-// forward and backward: the rotary tables, the registered buffers, the
-// positions and eager attention's masks.
+// forward and backward: the rotary tables, the registered buffers and the
+// masks sdpa layers take.
 var Buffers = &Term{
 	Name: "buffers",
 	count: func(r *rankTally) (held, freed int64) {
 		s := &r.g.Setup
-		made, registered := ropeTables(r.g, r.held)
-		if s.BuffersBytes > 0 {
-			registered = s.BuffersBytes // measured on the live model
-		}
+		made, registered := buffers(r.g, r.held)
 		held = made + registered
 		if s.Profile != Megatron {
 			freed = made // the forward's tables, freed with the backward's graph
 		}
-		if held > 0 && s.Profile == Transformers {
-			held += 8 * s.Seq
-			freed += 8 * s.Seq
-		}
-		masks := modelMasks(r.g, r.held)
+		masks := modelMasks(r.g, r.held, ir.Attention)
 		return held + masks, freed + masks
 	},
 	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("buffers %v", b) },
+}
+
+// buffers returns ropeTables' bytes, the registered ones as measured on
+// the live model where they were (ir.Setup.BuffersBytes).
+func buffers(g *ir.Graph, held func(int) bool) (made, registered int64) {
+	made, registered = ropeTables(g, held)
+	if b := g.Setup.BuffersBytes; b > 0 {
+		registered = b
+	}
+	return made, registered
+}
+
+// callArgs returns the bytes of the call arguments (see above) of a rank
+// whose nodes held says: the positions, where the model has buffers (a
+// rotary embedding's, which the positions index), and eager layers'
+// masks. None outside the transformers profile.
+func callArgs(g *ir.Graph, held func(int) bool) int64 {
+	if g.Setup.Profile != Transformers {
+		return 0
+	}
+	var b int64
+	if made, registered := buffers(g, held); made+registered > 0 {
+		b = 8 * g.Setup.Seq
+	}
+	return b + modelMasks(g, held, ir.CausalMask)
 }
 
 // ropeTables returns the bytes of the rotary embedding's tensors the model
@@ -88,8 +112,9 @@ func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 }
 
 // modelMasks returns the bytes of the masks the model makes each forward
-// and hands its eager layers, or its sdpa layers where they take one (a
-// padded batch, a sliding window: ir.Attrs.ModelMask), each [b, 1, s, s]:
+// and hands the layers whose op is op: its eager layers (ir.CausalMask),
+// or its sdpa layers where they take one (ir.Attention: a padded batch, a
+// sliding window; ir.Attrs.ModelMask), each [b, 1, s, s]:
 // transformers makes one of each kind its layers take (a causal mask;
 // from 4.53 a sliding-window one for sliding layers beside it), for eager
 // attention materialized in the model's dtype whether or not the batch
@@ -97,12 +122,12 @@ func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 // an attention mask gets a view of one [s, s] mask, expanded over the
 // batch, and one with an attention mask a copy per sequence: counted as
 // the copy, which a training batch has.
-func modelMasks(g *ir.Graph, held func(int) bool) int64 {
+func modelMasks(g *ir.Graph, held func(int) bool, op ir.Op) int64 {
 	kinds := map[string]bool{}
 	var bytes int64
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
-		if n.Attrs.ModelMask == "" || !held(i) {
+		if n.Attrs.ModelMask == "" || n.Op != op || !held(i) {
 			continue
 		}
 		var b, s, size int64

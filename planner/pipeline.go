@@ -515,7 +515,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			return nil, err
 		}
 		statics[rank] = st
-		if d := mem.Bytes(st.Total()); opt.staticFirst && d+opt.Reserve >= opt.Budget {
+		if d := deviceStatic(st); opt.staticFirst && d+opt.Reserve >= opt.Budget {
 			// Static memory passes the budget alone: no plan of any
 			// device is needed to say the pipeline does not fit.
 			plan.Feasible = false
@@ -555,7 +555,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			}
 			segs = append(segs, s)
 		}
-		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(statics[rank].Total()), Static: &statics[rank]}
+		d := DevicePlan{Rank: rank, StaticBytes: deviceStatic(statics[rank]), Static: &statics[rank]}
 		for c, s := range segs {
 			f, b := 0.0, 0.0
 			for i := s.From; i < s.To; i++ {
@@ -753,3 +753,8 @@ func (p *Problem) inputsRead(from, to int) mem.Bytes {
 	}
 	return b
 }
+
+// deviceStatic is what a pipeline device holds the whole step: its
+// static memory, and the model's call arguments (costmodel.Static.
+// CallArgs), which its segments' search does not place in time.
+func deviceStatic(st costmodel.Static) mem.Bytes { return mem.Bytes(st.Total() + st.CallArgs) }

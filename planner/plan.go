@@ -187,7 +187,8 @@ type Moment struct {
 	// far.
 	GradientsBytes mem.Bytes `json:"gradients_bytes" yaml:"gradients_bytes"`
 	// ActivationsBytes are the activations, tapes and the gradient
-	// flowing back (δ) live then.
+	// flowing back (δ) live then, and the positions and masks the model
+	// hands its layers' calls where they are (solver.Chain.ArgBytes).
 	ActivationsBytes mem.Bytes `json:"activations_bytes" yaml:"activations_bytes"`
 	// TransientBytes are the working memory of what runs then.
 	TransientBytes mem.Bytes `json:"transient_bytes" yaml:"transient_bytes"`
@@ -235,7 +236,7 @@ func (p *Problem) moment(sched solver.Schedule, r solver.Result) *Moment {
 		at = "forward of " + p.names[op.Stage]
 	}
 	return &Moment{At: at, Step: k, StaticBytes: p.Static, GradientsBytes: u.ParamGrads,
-		ActivationsBytes: u.Activations + u.Tapes + u.Gradients, TransientBytes: u.Transient}
+		ActivationsBytes: u.Activations + u.Tapes + u.Gradients + u.Arguments, TransientBytes: u.Transient}
 }
 
 // Stage is one stage of the chain and what the plan does with it.

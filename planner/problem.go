@@ -164,6 +164,15 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 		p.Comm = newComm(costmodel.CollectivesOf(g), *r)
 	}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
+	// The model's call arguments, which each decoder layer's call takes
+	// (costmodel.Static.CallArgs): the chain's, not static.
+	if a := mem.Bytes(c.Static.CallArgs); a > 0 {
+		p.Chain.ArgBytes = a
+		p.Chain.TakesArgs = make([]bool, len(stages))
+		for i, st := range stages {
+			_, p.Chain.TakesArgs[i] = ir.LayerIndex(st.Name)
+		}
+	}
 	// The loop holds the loss and its gradient through the backward, and
 	// drops them before the optimizer step.
 	p.Chain.HoldsLoss = true

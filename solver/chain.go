@@ -64,6 +64,17 @@ type Chain struct {
 	// activation; a_0 and a_L are never freed so. Simulate counts it; the
 	// searches count a_i held, on the safe side.
 	MakerUnsaved []bool
+	// ArgBytes are what the model makes in its forward and hands the call
+	// of every stage TakesArgs names (a decoder layer's: the positions,
+	// eager attention's mask), which no op saves. They are live from the
+	// first forward of the first such stage. Where every such stage's
+	// first forward keeps its whole tape, they are freed after the last
+	// one's; the call of one whose first forward keeps less (a
+	// checkpoint, a keep set: torch.utils.checkpoint keeps its arguments
+	// for the rerun) holds them to its backward. Simulate counts them so;
+	// the searches count them held the whole step, on the safe side.
+	ArgBytes  mem.Bytes
+	TakesArgs []bool // indexed by stage; nil: none takes them
 	// FAllInputFreedTempBytes[i] is FAllTempBytes[i] where F_all(i) frees
 	// an unsaved a_i after its last reader (UnsavedActs): at least
 	// −ActBytes[i]. Nil: FAllTempBytes (the input held to the end).
@@ -99,6 +110,12 @@ func (c *Chain) MakerUnsavedAt(i int) bool {
 	return i > 0 && i < c.Len() && c.MakerUnsaved != nil && c.MakerUnsaved[i]
 }
 
+// TakesArgsAt reports whether stage i's call takes the model's call
+// arguments (ArgBytes).
+func (c *Chain) TakesArgsAt(i int) bool {
+	return c.ArgBytes > 0 && c.TakesArgs != nil && c.TakesArgs[i]
+}
+
 // Len returns the number of stages L.
 func (c *Chain) Len() int { return len(c.Forward) }
 
@@ -132,6 +149,9 @@ func (c *Chain) Validate() error {
 	}
 	if c.MakerUnsaved != nil && len(c.MakerUnsaved) != l+1 {
 		return fmt.Errorf("chain has maker-unsaved flags for %d activations, not %d", len(c.MakerUnsaved), l+1)
+	}
+	if c.ArgBytes < 0 || c.TakesArgs != nil && len(c.TakesArgs) != l {
+		return fmt.Errorf("chain has call arguments of %d bytes taken by %d stages, not %d", c.ArgBytes, len(c.TakesArgs), l)
 	}
 	if c.FAllInputFreedTempBytes != nil {
 		if len(c.FAllInputFreedTempBytes) != l {
@@ -214,6 +234,7 @@ func (c *Chain) checkTotals() error {
 	add(c.LossTempBytes)
 	add(c.BackwardHeldBytes)
 	add(c.LossHeldBytes())
+	add(c.ArgBytes)
 	cost += c.LossBackward
 	if !(bytes < 1<<62) {
 		return fmt.Errorf("chain sizes add up to %.3g bytes, past the 2^62 ckptplan can count exactly: %w", bytes, ErrTooLarge)

@@ -159,7 +159,7 @@ func (lt *LayerTable) Cost(budget mem.Bytes) float64 {
 func (lt *LayerTable) MinBudget() mem.Bytes {
 	for m := 0; m <= lt.t.slots; m++ {
 		if !math.IsInf(lt.cost[m], 1) {
-			return mem.Bytes(m+lt.t.act[0]) * lt.t.unit
+			return mem.Bytes(m+lt.t.held) * lt.t.unit
 		}
 	}
 	return math.MaxInt64

@@ -56,12 +56,16 @@ const DefaultSlots = 1000
 // Table is a filled dynamic-programming table for one chain and every budget
 // up to a maximum.
 type Table struct {
-	c       *Chain
-	l       int       // stages; the loss is index l
-	unit    mem.Bytes // bytes per slot
-	slots   int       // S: columns are m = 0..S
-	maxBud  mem.Bytes
-	act     []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
+	c      *Chain
+	l      int       // stages; the loss is index l
+	unit   mem.Bytes // bytes per slot
+	slots  int       // S: columns are m = 0..S
+	maxBud mem.Bytes
+	act    []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
+	// held is what every budget holds besides the table's columns: a_0
+	// and the model's call arguments (Chain.ArgBytes), counted live the
+	// whole step, in slots.
+	held    int
 	dlt     []int // δ_0 … δ_{L+1} in slots, the parameter gradients they carry included (Chain.DeltaBytes)
 	opts    [][]slotOption
 	ftmp    []int // F_ck, F_n
@@ -152,7 +156,7 @@ func newTable(c *Chain, maxBudget mem.Bytes, slots int, upTo mem.Bytes) (*Table,
 	}
 	t.lastCol = t.slots
 	if upTo < maxBudget {
-		t.lastCol = min(max(int(upTo/t.unit)-t.act[0], 0), t.slots)
+		t.lastCol = min(max(int(upTo/t.unit)-t.held, 0), t.slots)
 	}
 	t.blocks = t.lastCol/blockCols + 1
 	// The layout's own index, two words a block of each first stage,
@@ -185,6 +189,7 @@ func (t *Table) prepare() error {
 	for i, d := range c.deltas() {
 		t.dlt[i] = t.toSlots(d)
 	}
+	t.held = t.toSlots(c.ActBytes[0] + c.ArgBytes)
 	t.ftmp, t.fw, t.sumFw = make([]int, l), make([]float64, l), make([]float64, l+1)
 	t.opts = make([][]slotOption, l)
 	for i := 0; i < l; i++ {
@@ -328,12 +333,13 @@ func (t *Table) spanNeed(a, j, prev int) int {
 	return max(prev, t.act[k]+t.act[k+1]+t.ftmp[k])
 }
 
-// budgetSlots returns the slots left besides a_0 for a budget in bytes.
+// budgetSlots returns the slots left besides a_0 and the call arguments
+// for a budget in bytes.
 func (t *Table) budgetSlots(budget mem.Bytes) int {
 	if budget > t.maxBud {
 		budget = t.maxBud
 	}
-	return min(int(budget/t.unit)-t.act[0], t.lastCol)
+	return min(int(budget/t.unit)-t.held, t.lastCol)
 }
 
 // Cost returns the optimal cost for a budget up to the table's maximum, or
@@ -351,7 +357,7 @@ func (t *Table) Cost(budget mem.Bytes) float64 {
 func (t *Table) MinBudget() mem.Bytes {
 	for m := 0; m <= t.lastCol; m++ {
 		if !math.IsInf(t.at(0, t.l, m), 1) {
-			return mem.Bytes(m+t.act[0]) * t.unit
+			return mem.Bytes(m+t.held) * t.unit
 		}
 	}
 	return math.MaxInt64

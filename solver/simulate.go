@@ -26,6 +26,7 @@ type Usage struct {
 	// far (Chain.GradBytes), and the buffers the backward holds for them
 	// (Chain.BackwardHeldBytes).
 	ParamGrads mem.Bytes
+	Arguments  mem.Bytes // the model's call arguments (Chain.ArgBytes)
 	Transient  mem.Bytes // the op's own working memory and new outputs
 }
 
@@ -40,10 +41,17 @@ type state struct {
 	// read it (Chain.UnsavedActs), or B(i) has run (Chain.MakerUnsaved).
 	read     []bool
 	backward bool // the loss has run: a storing forward now is a recomputation
-	delta    []bool
-	dlt      []mem.Bytes // DeltaBytes
-	live     mem.Bytes
-	u        Usage // live bytes by kind, Transient unused
+	// ran says stage i has run its first forward; holds that its call
+	// holds the call arguments (Chain.ArgBytes) to B(i), holding how many
+	// do, and args where the arguments are: 0 not made, 1 live, 2 freed.
+	ran, holds []bool
+	holding    int
+	args       int
+	lastTaker  int // the last stage that takes the arguments, or -1
+	delta      []bool
+	dlt        []mem.Bytes // DeltaBytes
+	live       mem.Bytes
+	u          Usage // live bytes by kind, Transient unused
 }
 
 func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
@@ -63,7 +71,8 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // the parameter gradients B(i) makes stay, and so do the loss and its
 // gradient where the loop holds them (Chain.DeltaBytes).
 // An F_all's option gives its tape and transients, and the cost and
-// transients of the B(i) that consumes that tape.
+// transients of the B(i) that consumes that tape. The model's call
+// arguments are live as Chain.ArgBytes says.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
 	return replay(c, sched, true)
 }
@@ -75,7 +84,13 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 		return Result{}, err
 	}
 	l := c.Len()
-	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), read: make([]bool, l+1), delta: make([]bool, l+2), dlt: c.deltas()}
+	s := &state{c: c, act: make([]bool, l+1), ckpt: make([]bool, l+1), tape: make([]bool, l+1), opt: make([]int, l+1), read: make([]bool, l+1), delta: make([]bool, l+2), dlt: c.deltas(),
+		ran: make([]bool, l), holds: make([]bool, l), lastTaker: -1}
+	for i := range l {
+		if c.TakesArgsAt(i) {
+			s.lastTaker = i
+		}
+	}
 	s.setAct(0, true)
 	s.live = c.ActBytes[0]
 	var r Result
@@ -85,6 +100,7 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 	}
 	r.Peak = s.live
 	for k, op := range sched {
+		s.makeArgs(op)
 		before := s.u
 		peak, cost, err := s.step(op)
 		if err != nil {
@@ -101,7 +117,7 @@ func replay(c *Chain, sched Schedule, timeline bool) (Result, error) {
 		if after := s.u; s.live > peak {
 			u = after
 		}
-		u.Transient = top - u.Activations - u.Tapes - u.Gradients - u.ParamGrads
+		u.Transient = top - u.Activations - u.Tapes - u.Gradients - u.ParamGrads - u.Arguments
 		r.Usage[k] = u
 	}
 	if !s.delta[0] {
@@ -131,6 +147,16 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		}
 		if op.Kind == FCk && s.act[i] {
 			s.ckpt[i] = true
+		}
+		first := !s.backward && !s.ran[i]
+		if first {
+			s.ran[i] = true
+			// A call that keeps less than its whole tape is a checkpoint's,
+			// which holds its arguments to its backward.
+			if c.TakesArgsAt(i) && (op.Kind != FAll || op.Option != 0) {
+				s.holds[i] = true
+				s.holding++
+			}
 		}
 		// A storing forward before the loss frees an unsaved a_i from the
 		// tape ā_i that holds it after its last reader. (A recomputation
@@ -162,6 +188,11 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		// ops do not save.
 		if op.Kind == FAll && s.delta[i+1] && c.MakerUnsavedAt(i+1) {
 			s.leaveTape(i + 1)
+		}
+		// The model's forward is past its layers: no call holds the
+		// arguments, and they go.
+		if first && i == s.lastTaker && s.holding == 0 {
+			s.freeArgs()
 		}
 		return peak, c.Forward[i], nil
 	case Loss:
@@ -203,9 +234,34 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		if s.tape[i] && !s.read[i] && c.MakerUnsavedAt(i) {
 			s.leaveTape(i)
 		}
+		if s.holds[i] {
+			s.holds[i] = false
+			if s.holding--; s.holding == 0 {
+				s.freeArgs()
+			}
+		}
 		return peak, o.Backward, nil
 	}
 	return 0, 0, fmt.Errorf("unknown op kind %d", op.Kind)
+}
+
+// makeArgs makes the call arguments live before the first forward of
+// the first stage that takes them (Chain.ArgBytes).
+func (s *state) makeArgs(op Op) {
+	if s.args == 0 && !s.backward && op.Kind <= FAll && op.Stage >= 0 && op.Stage < s.c.Len() && s.c.TakesArgsAt(op.Stage) {
+		s.args = 1
+		s.u.Arguments += s.c.ArgBytes
+		s.live += s.c.ArgBytes
+	}
+}
+
+// freeArgs frees the call arguments, once.
+func (s *state) freeArgs() {
+	if s.args == 1 {
+		s.args = 2
+		s.u.Arguments -= s.c.ArgBytes
+		s.live -= s.c.ArgBytes
+	}
 }
 
 // leaveTape frees a_i from the tape ā_i that holds it (read).

@@ -52,6 +52,9 @@ type staticReport struct {
 	LayerGatheredBytes int64 `json:"layer_gathered_bytes,omitempty"`
 	Paged              bool  `json:"paged,omitempty"`
 	TotalBytes         int64 `json:"total_bytes"`
+	// CallArgsBytes are the positions and masks the model hands every
+	// layer's call (costmodel.Static.CallArgs), not in TotalBytes.
+	CallArgsBytes int64 `json:"call_args_bytes,omitempty"`
 }
 
 // MarshalJSON writes r's fields in their order, each term's bytes after
@@ -73,6 +76,9 @@ func (r staticReport) MarshalJSON() ([]byte, error) {
 		fields = append(fields, field{"paged", true})
 	}
 	fields = append(fields, field{"total_bytes", r.TotalBytes})
+	if r.CallArgsBytes != 0 {
+		fields = append(fields, field{"call_args_bytes", r.CallArgsBytes})
+	}
 	var b bytes.Buffer
 	b.WriteByte('{')
 	for i, f := range fields {
@@ -158,6 +164,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
 			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
 			Terms: c.Static.Terms, LayerGatheredBytes: c.Static.Gather.LayerBytes(), Paged: c.Static.Paged,
+			CallArgsBytes: c.Static.CallArgs,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
 		setup:  &g.Setup, static: c.Static,
@@ -213,6 +220,9 @@ func writeCostText(w io.Writer, r *costReport) error {
 	s := r.Static
 	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", mem.Bytes(t.SavedBytes), mem.Bytes(t.SavedBytesCheckpointEveryLayer))
 	fmt.Fprintf(w, "static memory: %v (%s); %s parameters, %s trainable\n", mem.Bytes(s.TotalBytes), staticParts(r.setup, &r.static), human(s.Parameters), human(s.TrainableParameters))
+	if s.CallArgsBytes > 0 {
+		fmt.Fprintf(w, "every layer's call takes the forward's positions and masks, %v: held to the forward's end, or by a checkpointed or selective layer's call to its backward\n", mem.Bytes(s.CallArgsBytes))
+	}
 	return nil
 }
 

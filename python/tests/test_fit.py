@@ -7,10 +7,9 @@ transformers Llama trained in fp32 with PyTorch's fused AdamW, one whole
 step under the profiler, the running total of the allocator's events over
 what the step starts with. Budgets are set from measured peaks, between the
 peak of one size and the next; fit must place the boundary where the
-measure does. Storing everything, the plan is above the measure by a few
-kilobytes that PyTorch frees earlier on the CPU (test_step_peak's
-positions), far less than a micro-batch's step; planned, the plan is the
-measure to the byte, less what a checkpointed layer keeps in host memory
+measure does. Stored or planned, the plan is the measure to the byte but
+for nll_loss's 4-byte count of targets where the loss's backward peaks
+(test_step_peak._slack), less what a checkpointed layer keeps in host memory
 (the layers' host_bytes: the CPU allocator counts them, a GPU's budget
 does not), which the comparison takes off.
 """
