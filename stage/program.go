@@ -249,6 +249,11 @@ func (st *Stage) BackwardProgram() Program {
 		if !c.RequiresGrad(id) || id != last && !written[id] {
 			continue // no gradient reaches this node
 		}
+		for _, s := range st.release[id] {
+			if st.freedFirst(s) {
+				p = append(p, st.storageEvent(Free, s))
+			}
+		}
 		var scratch []Event
 		mark := len(p) // where the gradients of the inputs start
 		for i, src := range g.Nodes[id].Inputs {
@@ -306,7 +311,9 @@ func (st *Stage) BackwardProgram() Program {
 			p = append(p, Event{Kind: Free, Buf: GradBuf, Node: id, Bytes: bufs.release(id)})
 		}
 		for _, s := range st.release[id] {
-			p = append(p, st.storageEvent(Free, s))
+			if !st.freedFirst(s) {
+				p = append(p, st.storageEvent(Free, s))
+			}
 		}
 	}
 	if !written[-1] {
@@ -314,6 +321,13 @@ func (st *Stage) BackwardProgram() Program {
 	}
 	return p
 }
+
+// freedFirst reports whether the backward of the node that releases tape
+// storage s frees it before it makes anything: nll_loss's count of the
+// targets (costmodel.TotalWeight), which autograd frees with nll_loss's
+// backward, before log_softmax's runs and makes the logits' gradient (a
+// cross-entropy node is both).
+func (st *Stage) freedFirst(s int) bool { return st.c.Storages[s].Role == costmodel.TotalWeight }
 
 // passesGradient reports whether node id's backward hands its output's
 // gradient to its input i as it is: autograd's AddBackward returns the
@@ -389,7 +403,9 @@ func (st *Stage) shiftedLossBackward(id int, ws mem.Bytes, grads []Event) Progra
 	nll.Kind, copyGrad.Kind = Free, Free
 	p = append(p, nll)
 	for _, s := range st.release[id] {
-		p = append(p, st.storageEvent(Free, s))
+		if !st.freedFirst(s) {
+			p = append(p, st.storageEvent(Free, s))
+		}
 	}
 	p = append(p, grads...)
 	return append(p, copyGrad)

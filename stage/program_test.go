@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
@@ -299,6 +300,47 @@ func TestAddHandsGradientOn(t *testing.T) {
 		}
 		if handedOn != (tc.want != nil && strings.HasPrefix(tc.want[0], name(last)+" ")) {
 			t.Errorf("%s %s: frees δ_{i+1} in its backward: %v", tc.model, tc.stage, handedOn)
+		}
+	}
+}
+
+// TestCountFreedFirst: under the transformers profile the loss's backward
+// frees nll_loss's count of the targets (costmodel.TotalWeight) before it
+// makes anything, as autograd frees it with nll_loss's backward, before
+// log_softmax's makes the logits' gradient: the shifted loss's copy
+// (before transformers 4.49) too. The head's backward program peaks 4
+// bytes lower for it than where the count is freed with the node.
+func TestCountFreedFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		shift bool
+	}{{"fused", false}, {"shifted", true}} {
+		stages := build(t, "tiny-llama", func(s *ir.Setup) { s.Profile = ir.ProfileTransformers; s.Numerics.LossShiftCopy = tc.shift })
+		head := stages[len(stages)-1]
+		c := head.Costs()
+		loss := slices.IndexFunc(head.Nodes, func(id int) bool { return c.Graph.Nodes[id].Op == ir.CrossEntropy })
+		if loss < 0 {
+			t.Fatalf("%s: the head has no cross-entropy", tc.name)
+		}
+		id := head.Nodes[loss]
+		count := c.OwnedAs(id, costmodel.TotalWeight)
+		if count < 0 {
+			t.Fatalf("%s: the loss keeps no count", tc.name)
+		}
+		p := head.BackwardProgram()
+		freed := slices.IndexFunc(p, func(e Event) bool { return e.Kind == Free && e.Buf == StorageBuf && e.Storage == count })
+		made := slices.IndexFunc(p, func(e Event) bool { return e.Kind == Alloc && (e.Node == id || e.Buf == GradBuf || e.Buf == KernelBuf) })
+		if freed < 0 || made < 0 || freed > made {
+			t.Fatalf("%s: the count is freed at event %d, the loss's backward first allocates at %d", tc.name, freed, made)
+		}
+		// Freed with the node instead: 4 bytes more at the peak.
+		late := slices.Clone(p)
+		e := late[freed]
+		late = slices.Delete(late, freed, freed+1)
+		run := slices.IndexFunc(late, func(e Event) bool { return e.Kind == RunBackward && e.Node == id })
+		late = slices.Insert(late, run+1, e)
+		if got, want := late.Peak()-p.Peak(), mem.Bytes(4); got != want {
+			t.Errorf("%s: freeing the count first lowers the head's backward peak by %d bytes, want %d", tc.name, got, want)
 		}
 	}
 }

@@ -160,7 +160,7 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     trained = sum(p.numel() for p in _layers(model)[0].parameters() if p.requires_grad) * 4
     root_trained = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4 - len(_layers(model)) * trained
     kept = {-k * trained - r * root_trained for k in range(len(_layers(model)) + 1) for r in (0, 1)}
-    assert _slack(plan, measured[part], part) - grads in (kept | {layer} if part == "backward" else kept)
+    assert _slack(plan, measured[part]) - grads in (kept | {layer} if part == "backward" else kept)
 
 
 def test_fsdp2_step_two_ranks(ckptplan_binary, tmp_path):
@@ -173,5 +173,5 @@ def test_fsdp2_step_two_ranks(ckptplan_binary, tmp_path):
     gloo = 2 * root + 3 * layer + 1
     part = max(measured, key=measured.get)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
-    assert -gloo <= _slack(plan, measured[part], part) - shard <= (layer if part == "backward" else 0)
+    assert -gloo <= _slack(plan, measured[part]) - shard <= (layer if part == "backward" else 0)
     assert 0 <= measured["step"] - (plan.step_peak_bytes + 12) <= gloo
