@@ -85,9 +85,10 @@ func (c *Costs) GradientsInBackward() bool { return c.inBackward }
 func (c *Costs) AccumulatesGradients() bool { return c.ParamGrads != nil && !c.inBackward }
 
 // HeldBytes returns the static bytes held through the whole step: all of
-// Static, less the gradients when they appear in the backward.
+// Static, less the gradients when they, or their shards, appear in the
+// backward.
 func (c *Costs) HeldBytes() int64 {
-	if GradientsInBackward(c.Graph) {
+	if GradientsInBackward(c.Graph) || ShardsInBackward(c.Graph) && c.Static.GradientsBytes > 0 {
 		return c.Static.Total() - c.Static.GradientsBytes
 	}
 	return c.Static.Total()
@@ -223,12 +224,26 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 		a.c.inBackward = GradientsInBackward(g)
 	case st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
 		// ZeRO stage 3 holds the root's gradients unsharded from the
-		// backward that makes each to the backward's end (Gather).
+		// backward that makes each to the backward's end (Gather). Where
+		// it makes the shards in the backward (FSDP2), a layer's are
+		// counted where its nodes' backwards run, the root's when the
+		// backward ends.
 		a.c.ParamGrads = paramGrads(g)
+		shards := ShardsInBackward(g) && st.GradientsBytes > 0
+		layers := int64(0)
 		for i := range g.Nodes {
 			if _, ok := ir.LayerIndex(g.Nodes[i].Block); ok {
-				a.c.ParamGrads[i] = ParamGrad{}
+				pg := ParamGrad{}
+				if shards {
+					dp := max(g.Setup.Parallel.DP, 1)
+					pg = ParamGrad{Keep: ceilDiv(a.c.ParamGrads[i].Keep, dp), Apart: ceilDiv(a.c.ParamGrads[i].Apart, dp)}
+					layers += pg.Keep
+				}
+				a.c.ParamGrads[i] = pg
 			}
+		}
+		if shards {
+			a.c.Static.Gather.RootShard = max(st.GradientsBytes-layers, 0)
 		}
 		a.c.inBackward = true
 	}

@@ -96,6 +96,19 @@ func GradientsInBackward(g *ir.Graph) bool {
 		s.Profile != Megatron && s.Optimizer != ir.OptimizerNone
 }
 
+// ShardsInBackward reports whether ZeRO stage 3 makes the rank's shard of
+// each group's gradients in the backward, instead of holding every shard
+// the whole step: FSDP2 (fully_shard) reduce-scatters a group's gradients
+// into a new shard once its backward has run, and zero_grad (set_to_none)
+// frees them all after the optimizer step; DeepSpeed keeps its flat
+// buffer. Not with gradients reduced once a step, accumulated over
+// micro-batches, or with nothing to train.
+func ShardsInBackward(g *ir.Graph) bool {
+	s := g.Setup
+	return s.Parallel.Zero >= 3 && s.Parallel.Sharder() == ir.ShardingFSDP2 && s.GradAccum < 2 &&
+		!s.Parallel.NoSync && s.Profile != Megatron && s.Optimizer != ir.OptimizerNone
+}
+
 // AccumulatesGradients reports whether a backward after the first of a
 // step adds its parameter gradients into those held (PyTorch's
 // AccumulateGrad: the new gradient made apart, added in place, freed):
@@ -482,6 +495,10 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 type Gather struct {
 	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
 	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
+	// RootShard is the rank's shard of the root's gradients where the
+	// shards are made in the backward (ShardsInBackward): the last
+	// reduce-scatter's, when the backward ends. 0 otherwise.
+	RootShard int64
 }
 
 // ForwardBytes is the most a decoder layer's forward holds gathered

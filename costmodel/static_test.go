@@ -87,9 +87,10 @@ func TestStaticZeRO(t *testing.T) {
 			StepFreedBytes: 2*psi/4 + 2*2*layer + 2*layer}},
 		// Stage 3 gathers too (TestFSDPGathers): the forward and backward
 		// hold the root (embedding, head, final norm) unsharded and a
-		// layer's all-gather output; the step none of it.
+		// layer's all-gather output; the step none of it. FSDP2 makes the
+		// root's shard of the gradients when the backward ends.
 		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			Terms: []Held{{"gathered", 2*root + 2*layer}}, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer},
+			Terms: []Held{{"gathered", 2*root + 2*layer}}, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer, RootShard: 2 * root / 4},
 			LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4, StepFreedBytes: 2*root + 2*layer}},
 	}
 	for _, tt := range tests {
@@ -112,7 +113,8 @@ func TestStaticZeRO(t *testing.T) {
 // The forward and backward hold the root unsharded and one all-gather
 // output, a layer's whole weights (every rank's shard); a layer adds, at
 // most, its weights, two more buffers and a reduce-scatter input
-// forward, and one more of its gradients backward.
+// forward, and one more of its gradients backward. The root's shard of
+// its gradients FSDP2 makes when the backward ends.
 func TestFSDPGathers(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
 	if err != nil {
@@ -123,7 +125,7 @@ func TestFSDPGathers(t *testing.T) {
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const root = 2 * (2*128256*4096 + 4096)
 	st := analyzeModel(t, m).Static
-	want := Gather{RootWeights: root, RootGrads: root, LayerWeights: layer, LayerGrads: layer}
+	want := Gather{RootWeights: root, RootGrads: root, LayerWeights: layer, LayerGrads: layer, RootShard: root / 8}
 	if diff := cmp.Diff(want, st.Gather); diff != "" {
 		t.Errorf("llama-3-8b, ZeRO 3 over 8 (-want +got)\n%s", diff)
 	}
@@ -216,6 +218,8 @@ func TestStaticNoSync(t *testing.T) {
 		if zero == 1 || zero == 2 {
 			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.Of(Buffers)-64*4+st.Of(Reduce) // all but the registered inverse frequencies
 		}
+		want.Gather.RootShard = 0 // the shards are held whole, not made in the backward
+
 		if diff := cmp.Diff(want, st); diff != "" {
 			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)
 		}
@@ -402,7 +406,9 @@ func TestDeepSpeedStep(t *testing.T) {
 // TestStaticZeRO3Engines: under ZeRO 3 DeepSpeed keeps a gradient bucket
 // (the largest layer's gradients, as its export sets reduce_bucket_size)
 // all step and converts the kept gradient partition to fp32 in its step;
-// FSDP2 has neither. Everything else is the same. Llama 3 8B on 8 ranks,
+// FSDP2 has neither, and makes the shards of the gradients in the
+// backward, the root's (its embedding, head and final norm) when it ends.
+// Everything else is the same. Llama 3 8B on 8 ranks,
 // bf16, fused AdamW: a layer's gradients are 2·218,112,000 B; the step
 // is the flat copy (2Ψ/8) and its fp32 conversion (4Ψ/8).
 func TestStaticZeRO3Engines(t *testing.T) {
@@ -421,6 +427,10 @@ func TestStaticZeRO3Engines(t *testing.T) {
 	want := fsdp
 	want.add(Bucket, 2*layer)
 	want.StepBytes = (2 + 4) * psi / 8
+	if root := int64(2 * (2*128256*4096 + 4096) / 8); fsdp.Gather.RootShard != root {
+		t.Errorf("fsdp2: the root's shard %d, want %d", fsdp.Gather.RootShard, root)
+	}
+	want.Gather.RootShard = 0
 	if diff := cmp.Diff(want, ds); diff != "" {
 		t.Errorf("deepspeed against fsdp2 (-want +got)\n%s", diff)
 	}

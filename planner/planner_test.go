@@ -468,8 +468,10 @@ func TestRoutedLayers(t *testing.T) {
 // gradients and the embedding's backward the embedding's, which it then
 // reduce-scatters through twice the root's. The forward and backward hold
 // the root and an all-gather output, R + W, beside the shards; the step
-// none of it. Stage 2's backward holds its reduce buffers from the loss's
-// backward on (a layer's gradients twice, and the root's).
+// none of it. FSDP2 makes each layer's shard of its gradients, W/8, in its
+// backward, and the root's when the backward ends; stage 2 holds its
+// shards the whole step. Stage 2's backward holds its reduce buffers from
+// the loss's backward on (a layer's gradients twice, and the root's).
 func TestZeRO3Gathers(t *testing.T) {
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const embed, head = 2 * 128256 * 4096, 2*128256*4096 + 2*4096
@@ -495,22 +497,27 @@ func TestZeRO3Gathers(t *testing.T) {
 		if got, want := c3.ForwardTempBytes[i]-c2.ForwardTempBytes[i], mem.Bytes(4*layer); got != want {
 			t.Errorf("%s: forward gathers %d, want %d", p3.names[i], got, want)
 		}
-		if got, want := c3.BackwardTempBytes[i]-c2.BackwardTempBytes[i], mem.Bytes(5*layer); got != want {
-			t.Errorf("%s: backward gathers %d, want %d", p3.names[i], got, want)
+		// What the shards made so far add at the layer's peak.
+		if got, want := c3.BackwardTempBytes[i]-c2.BackwardTempBytes[i], mem.Bytes(5*layer); got < want || got > want+layer/8 {
+			t.Errorf("%s: backward gathers %d, want %d and at most its shard %d more", p3.names[i], got, want, layer/8)
 		}
 	}
 	if got, want := c3.ForwardTempBytes[0]-c2.ForwardTempBytes[0], mem.Bytes(2*(embed+head)-layer); got != want {
 		t.Errorf("embed: forward gathers %d, want %d", got, want)
 	}
-	if got, want := c3.GradBytes, append(append([]mem.Bytes{embed}, make([]mem.Bytes, l-2)...), head); !slices.Equal(got, want) {
-		t.Errorf("the root's gradients %v, want %v", got, want)
+	shards := make([]mem.Bytes, l-2)
+	for i := range shards {
+		shards[i] = layer / 8
+	}
+	if got, want := c3.GradBytes, append(append([]mem.Bytes{embed}, shards...), head); !slices.Equal(got, want) {
+		t.Errorf("the root's gradients and the layers' shards %v, want %v", got, want)
 	}
 	if got, want := c3.BackwardTempBytes[0]-c2.BackwardTempBytes[0], mem.Bytes(embed+2*(embed+head)); got != want {
 		t.Errorf("embed: backward holds %d more, want its gradients and the reduce-scatter's %d", got, want)
 	}
 	st2, st3 := p2.Costs.Static, p3.Costs.Static
 	weights := st2.WeightsBytes - st3.WeightsBytes // what stage 3 shards
-	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights); got != want {
+	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights-st3.GradientsBytes); got != want {
 		t.Errorf("static %d more than stage 2's, want %d", got, want)
 	}
 	// Stage 2's reduce buffers are held from the loss's backward on, with

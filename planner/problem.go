@@ -320,7 +320,9 @@ func (p *Problem) gather(ga costmodel.Gather) {
 		ch.BackwardTempBytes[i] += z.backward
 	}
 	if p.Costs.GradientsInBackward() { // not held the whole step (no_sync)
-		p.stepFreedDelta += mem.Bytes(ga.RootGrads)
+		// The step holds the root's shard, made when the backward ends
+		// (FSDP2), not its unsharded gradients.
+		p.stepFreedDelta += mem.Bytes(ga.RootGrads - ga.RootShard)
 	}
 }
 
