@@ -101,16 +101,13 @@ def _layers(model) -> list:
     return ckptplan.layers.decoder_layers(model)
 
 
-def _sizes(ranks: int, lora: int = 0) -> tuple[int, int, int]:
-    """From the model itself: the rank's shard of every trained fp32
-    gradient over ranks ranks (every dimension here splits evenly), and
-    the unsharded bytes of a decoder layer and of the root (the
-    embedding, the final norm, the head)."""
+def _sizes(lora: int = 0) -> tuple[int, int]:
+    """From the model itself: the unsharded bytes of a decoder layer and
+    of the root (the embedding, the final norm, the head)."""
     model = build(lora)
     whole = sum(p.numel() for p in model.parameters()) * 4
     layer = sum(p.numel() for p in _layers(model)[0].parameters()) * 4
-    grads = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
-    return grads // ranks, layer, whole - len(_layers(model)) * layer
+    return layer, whole - len(_layers(model)) * layer
 
 
 def measure(tmp_path, ranks: int, impl: str, checkpointing: bool, lora: int = 0) -> tuple[dict, "ckptplan.Plan"]:
@@ -142,7 +139,7 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     gloo may keep reduce-scatter inputs into the step and the next
     forward: the module's docstring.)"""
     measured, plan = measure(tmp_path, 1, impl, checkpointing, lora)
-    _, layer, root = _sizes(1, lora)
+    layer, root = _sizes(lora)
     counters = (12, 20) if impl == "forloop" else (12,)
     gloo = 2 * root + 3 * layer + 1  # as on two ranks (test_fsdp2_step_two_ranks)
     assert any(0 <= measured["step"] - plan.step_peak_bytes - c <= gloo for c in counters), measured
@@ -167,7 +164,7 @@ def test_fsdp2_step_two_ranks(ckptplan_binary, tmp_path):
     optimizer step's the plan's but for the counters, each with what gloo
     may keep (the module's docstring)."""
     measured, plan = measure(tmp_path, 2, "fused", False)
-    _, layer, root = _sizes(2)
+    layer, root = _sizes()
     gloo = 2 * root + 3 * layer + 1
     part = max(measured, key=measured.get)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
