@@ -24,6 +24,16 @@ package costmodel
 // Stage 3 gathers every micro-batch. Weights are counted in the dtype they
 // are held in, gradients in theirs; quantized weights (QLoRA) are
 // gathered as the training dtype's, an upper bound.
+//
+// Under the megatron profile the collectives are Megatron-LM's, at its
+// defaults: its DistributedDataParallel accumulates every micro-batch's
+// gradients in its fp32 buffer (no_sync for all but the last) and, with
+// overlap_grad_reduce off, reduces the buffer once the last micro-batch's
+// backward is done (finalize_model_grads), hiding behind nothing: an
+// all-reduce, or with the distributed optimizer (--zero 1) a
+// reduce-scatter, and after the step an all-gather of the updated 16-bit
+// weights (overlap_param_gather off). Stages 2 and 3 are counted as the
+// ZeRO engines run them.
 
 import "github.com/ckptplan/ckptplan/ir"
 
@@ -42,11 +52,14 @@ type Collectives struct {
 	AfterStep int64
 	// OnceAStep says Reduce happens after the last micro-batch only.
 	OnceAStep bool
+	// AfterBackward says that Reduce, once a step, starts when the last
+	// micro-batch's backward has ended and hides behind nothing
+	// (Megatron-LM without overlap_grad_reduce).
+	AfterBackward bool
 }
 
 // CollectivesOf returns what g's data-parallel collectives move on one
-// rank: nothing on one rank, or under the megatron profile, whose
-// runtime's own data parallelism is not modelled.
+// rank: nothing on one rank.
 func CollectivesOf(g *ir.Graph) Collectives {
 	return collectivesOf(g, func(int) bool { return true })
 }
@@ -66,7 +79,7 @@ func CollectivesOfNodes(g *ir.Graph, nodes []int) (Collectives, error) {
 func collectivesOf(g *ir.Graph, held func(int) bool) Collectives {
 	s := g.Setup
 	n := s.Parallel.DP
-	if n <= 1 || s.Profile == Megatron {
+	if n <= 1 {
 		return Collectives{}
 	}
 	var weights, trained, grads int64 // on this tensor-parallel rank, whole
@@ -85,6 +98,13 @@ func collectivesOf(g *ir.Graph, held func(int) bool) Collectives {
 	z := s.Parallel.Zero
 	c := Collectives{OnceAStep: s.Parallel.NoSync || z == 1}
 	switch {
+	case s.Profile == Megatron && z <= 1:
+		c.OnceAStep, c.AfterBackward = true, true
+		c.Reduce = 2 * once(grads)
+		if z == 1 { // the distributed optimizer
+			c.Reduce = once(grads)
+			c.AfterStep = once(trained)
+		}
 	case z >= 3:
 		c.Gather = 2 * once(weights)
 		c.Reduce = once(grads)

@@ -88,25 +88,38 @@ func TestUpdateSeconds(t *testing.T) {
 // TestCollectivesOf counts tiny-llama's collectives over 4 ranks by hand:
 // its T trained fp32 parameters are 4T bytes of weights and as many of
 // gradients, of which an all-gather or reduce-scatter moves 3/4 through
-// each rank's link and an all-reduce twice that.
+// each rank's link and an all-reduce twice that. Under the megatron
+// profile in bf16 the gradients are Megatron-LM's fp32 buffer, 4T, and
+// the weights 2T: reduced once a step after the backward (all-reduced;
+// reduce-scattered by the distributed optimizer, which all-gathers the
+// updated weights after the step).
 func TestCollectivesOf(t *testing.T) {
 	const T = 262720
 	const once = 4 * T * 3 / 4
+	const half = 2 * T * 3 / 4
+	megatron := func(c Collectives) Collectives { c.OnceAStep, c.AfterBackward = true, true; return c }
 	for _, tc := range []struct {
 		dp, zero int64
 		noSync   bool
+		megatron bool
 		want     Collectives
 	}{
-		{1, 0, false, Collectives{}},
-		{4, 0, false, Collectives{Reduce: 2 * once}},
-		{4, 0, true, Collectives{Reduce: 2 * once, OnceAStep: true}},
-		{4, 1, false, Collectives{Reduce: 2 * once, AfterStep: once, OnceAStep: true}},
-		{4, 2, false, Collectives{Reduce: once, AfterStep: once}},
-		{4, 3, false, Collectives{Gather: 2 * once, Reduce: once}},
+		{1, 0, false, false, Collectives{}},
+		{4, 0, false, false, Collectives{Reduce: 2 * once}},
+		{4, 0, true, false, Collectives{Reduce: 2 * once, OnceAStep: true}},
+		{4, 1, false, false, Collectives{Reduce: 2 * once, AfterStep: once, OnceAStep: true}},
+		{4, 2, false, false, Collectives{Reduce: once, AfterStep: once}},
+		{4, 3, false, false, Collectives{Gather: 2 * once, Reduce: once}},
+		{1, 0, false, true, Collectives{}},
+		{4, 0, false, true, megatron(Collectives{Reduce: 2 * once})},
+		{4, 1, false, true, megatron(Collectives{Reduce: once, AfterStep: half})},
 	} {
 		src, err := graphio.Load("tiny-llama")
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tc.megatron {
+			src.Model.Training.Profile, src.Model.Training.DType = ir.ProfileMegatron, "bf16"
 		}
 		p := &src.Model.Training.Parallel
 		p.DP, p.Zero, p.NoSync = tc.dp, tc.zero, tc.noSync
@@ -115,7 +128,7 @@ func TestCollectivesOf(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got := CollectivesOf(g); got != tc.want {
-			t.Errorf("dp %d, zero %d, no_sync %v: %+v, want %+v", tc.dp, tc.zero, tc.noSync, got, tc.want)
+			t.Errorf("dp %d, zero %d, no_sync %v, megatron %v: %+v, want %+v", tc.dp, tc.zero, tc.noSync, tc.megatron, got, tc.want)
 		}
 	}
 }

@@ -472,6 +472,10 @@ type Comm struct {
 	// last with OnceAStep), hidden behind its backward.
 	Reduce    float64 `json:"reduce,omitempty" yaml:"reduce,omitempty"`
 	OnceAStep bool    `json:"once_a_step,omitempty" yaml:"once_a_step,omitempty"`
+	// AfterBackward says the reduction once a step starts when the last
+	// micro-batch's backward ends and hides behind nothing (Megatron-LM's
+	// default).
+	AfterBackward bool `json:"after_backward,omitempty" yaml:"after_backward,omitempty"`
 	// AfterStep is ZeRO 1 and 2's all-gather of the updated weights after
 	// the optimizer step: nothing hides it.
 	AfterStep float64 `json:"after_step,omitempty" yaml:"after_step,omitempty"`
@@ -495,6 +499,9 @@ func (c *Comm) Exposed(micro, backward float64, m int64) float64 {
 // step.
 func (c *Comm) perMicro(micro, backward float64) (each, last float64) {
 	over := func(gather, reduce float64) float64 { return max(0, gather+reduce-micro, reduce-backward) }
+	if c.AfterBackward {
+		return over(c.Gather, 0), c.Reduce
+	}
 	if c.OnceAStep {
 		each = over(c.Gather, 0)
 		return each, over(c.Gather, c.Reduce) - each
@@ -509,7 +516,7 @@ func newComm(cs costmodel.Collectives, r costmodel.Roofline) *Comm {
 		return nil
 	}
 	ps := func(b int64) float64 { return math.Round(r.CommSeconds(b) * 1e12) }
-	return &Comm{Gather: ps(cs.Gather), Reduce: ps(cs.Reduce), AfterStep: ps(cs.AfterStep), OnceAStep: cs.OnceAStep}
+	return &Comm{Gather: ps(cs.Gather), Reduce: ps(cs.Reduce), AfterStep: ps(cs.AfterStep), OnceAStep: cs.OnceAStep, AfterBackward: cs.AfterBackward}
 }
 
 func (p *Problem) newPlan(strategy string, budget mem.Bytes) *Plan {

@@ -19,6 +19,9 @@ func TestCommExposed(t *testing.T) {
 		{"once a step", &Comm{Reduce: 8, OnceAStep: true}, 10, 6, 2, 3},
 		{"once a step, gathers every time", &Comm{Gather: 12, Reduce: 8, OnceAStep: true}, 10, 6, 2*2 + 10, 3},
 		{"after the step", &Comm{Reduce: 4, AfterStep: 7}, 10, 6, 7, 2},
+		// Megatron-LM's: the reduction hides behind no backward.
+		{"after the backward", &Comm{Reduce: 4, OnceAStep: true, AfterBackward: true}, 10, 6, 4, 3},
+		{"after the backward and the step", &Comm{Reduce: 4, AfterStep: 7, OnceAStep: true, AfterBackward: true}, 10, 6, 4 + 7, 3},
 	} {
 		if got := tc.c.Exposed(tc.micro, tc.backward, tc.m); got != tc.want {
 			t.Errorf("%s: Exposed = %g, want %g", tc.name, got, tc.want)
