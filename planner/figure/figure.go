@@ -162,8 +162,8 @@ type Step struct {
 }
 
 // Timeline draws memory over a schedule, stacked by kind (static,
-// activations and checkpoints, tapes, parameter gradients, the gradient
-// flowing back, transients), with the budget as a line and, when measured
+// activations and checkpoints, the model's call arguments, tapes,
+// parameter gradients, the gradient flowing back, transients), with the budget as a line and, when measured
 // is not nil, the measured per-op peak over it; and, when step is not
 // nil, the optimizer step as a last column.
 func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *Step, measured []mem.Bytes) (*plot.Plot, error) {
@@ -198,6 +198,7 @@ func Timeline(title string, static, budget mem.Bytes, sim solver.Result, step *S
 	}{
 		{"static", func(k int, _ solver.Usage) mem.Bytes { return staticAt(k) }, color.RGBA{199, 199, 199, 255}},
 		{"activations and checkpoints", func(_ int, u solver.Usage) mem.Bytes { return u.Activations }, color.RGBA{31, 119, 180, 255}},
+		{"positions and masks the layers take", func(_ int, u solver.Usage) mem.Bytes { return u.Arguments }, color.RGBA{23, 190, 207, 255}},
 		{"kept tensors (tapes)", func(_ int, u solver.Usage) mem.Bytes { return u.Tapes }, color.RGBA{255, 127, 14, 255}},
 		{"parameter gradients", func(_ int, u solver.Usage) mem.Bytes { return u.ParamGrads }, color.RGBA{148, 103, 189, 255}},
 		{"gradients", func(_ int, u solver.Usage) mem.Bytes { return u.Gradients }, color.RGBA{44, 160, 44, 255}},
