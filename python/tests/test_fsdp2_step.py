@@ -146,7 +146,11 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     part = max(measured, key=measured.get)
     assert part == _part(plan.peak_at), (part, plan.peak_at)
     if checkpointing:
-        assert part == "backward" and measured[part] <= plan.peak_bytes
+        # What gloo kept of the backward's reduce-scatters into the step
+        # (a layer's inputs or two: 738,304 bytes each here), it held at
+        # the backward's peak too: past that, the peak is within the plan.
+        kept = measured["step"] - plan.step_peak_bytes - counters[0]
+        assert part == "backward" and measured[part] - kept <= plan.peak_bytes, (measured, kept)
         return
     # What gloo may keep of a step's reduce-scatters into the next step's
     # forward: whole groups' trained gradients, layers' and the root's (the
