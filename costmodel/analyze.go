@@ -65,6 +65,9 @@ type Costs struct {
 	// where); otherwise, with ParamGrads, each backward after the first
 	// of a step makes them apart and adds them in (AccumulatesGradients).
 	inBackward bool
+	// shards: ZeRO stage 3 makes the gradients' shards in the backward
+	// (ShardsInBackward), which ParamGrads places.
+	shards bool
 
 	outputs []int   // storage of each node's output
 	grad    []bool  // whether each node's output requires grad
@@ -88,7 +91,7 @@ func (c *Costs) AccumulatesGradients() bool { return c.ParamGrads != nil && !c.i
 // Static, less the gradients when they, or their shards, appear in the
 // backward.
 func (c *Costs) HeldBytes() int64 {
-	if GradientsInBackward(c.Graph) || ShardsInBackward(c.Graph) && c.Static.GradientsBytes > 0 {
+	if GradientsInBackward(c.Graph) || c.shards {
 		return c.Static.Total() - c.Static.GradientsBytes
 	}
 	return c.Static.Total()
@@ -218,18 +221,19 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	}
 	st.add(Buffers, a.heldInputs())
 	a.c.Static = st
+	shards := ShardsInBackward(g) && st.GradientsBytes > 0
 	switch {
 	case st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)):
 		a.c.ParamGrads = paramGrads(g)
 		a.c.inBackward = GradientsInBackward(g)
-	case st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
+	case shards || st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
 		// ZeRO stage 3 holds the root's gradients unsharded from the
 		// backward that makes each to the backward's end (Gather). Where
 		// it makes the shards in the backward (FSDP2), a layer's are
 		// counted where its nodes' backwards run, the root's when the
 		// backward ends.
 		a.c.ParamGrads = paramGrads(g)
-		shards := ShardsInBackward(g) && st.GradientsBytes > 0
+		a.c.shards = shards
 		layers := int64(0)
 		for i := range g.Nodes {
 			if _, ok := ir.LayerIndex(g.Nodes[i].Block); ok {

@@ -512,3 +512,38 @@ func TestTermsRegistered(t *testing.T) {
 		t.Errorf("terms %v: want the step counters and the buffers at least", before.Terms)
 	}
 }
+
+// TestFSDP2ShardsPlaced: where FSDP2 makes the gradients' shards in the
+// backward (ShardsInBackward), every shard the static memory counts is
+// placed once, the layers' with their nodes' backwards (ParamGrads) and
+// the root's when the backward ends (RootShard), and none is held the
+// whole step: full fine-tuning, and LoRA, whose frozen root makes none.
+func TestFSDP2ShardsPlaced(t *testing.T) {
+	for _, lora := range []int64{0, 8} {
+		src, err := graphio.Load("tiny-llama")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := src.Model
+		m.Training.Parallel = ir.Parallel{DP: 2, TP: 1, Zero: 3}
+		if lora > 0 {
+			m.Training.LoRA = ir.LoRA{Rank: lora, Targets: []ir.LoRATarget{"q", "v"}}
+		}
+		c := analyzeModel(t, m)
+		if !c.GradientsInBackward() {
+			t.Fatalf("LoRA %d: the shards are not made in the backward", lora)
+		}
+		placed := c.Static.Gather.RootShard
+		for i, pg := range c.ParamGrads {
+			if _, ok := ir.LayerIndex(c.Graph.Nodes[i].Block); ok {
+				placed += pg.Keep
+			}
+		}
+		if placed != c.Static.GradientsBytes {
+			t.Errorf("LoRA %d: %d bytes of shards placed, want the %d the static memory counts", lora, placed, c.Static.GradientsBytes)
+		}
+		if got, want := c.HeldBytes(), c.Static.Total()-c.Static.GradientsBytes; got != want {
+			t.Errorf("LoRA %d: held %d, want all but the shards, %d", lora, got, want)
+		}
+	}
+}
