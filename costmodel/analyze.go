@@ -79,7 +79,7 @@ type Costs struct {
 // the backward (the function of that name) rather than being held the
 // whole step; under ZeRO stage 3, the root's unsharded gradients, which
 // it holds from the backward that makes each to the backward's end
-// (Gather).
+// (Gather), and under FSDP2 the gradients' shards (ShardsInBackward).
 func (c *Costs) GradientsInBackward() bool { return c.inBackward }
 
 // AccumulatesGradients reports whether the backward of a micro-batch
