@@ -161,7 +161,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 			}
 			// A recomputation after B(i+1) keeps no output its own ops
 			// do not save.
-			if op.Kind == solver.FAll && done[i+1] && ch.MakerUnsavedAt(i+1) {
+			if op.Kind == solver.FAll && done[i+1] && ch.OutputLeavesTape(i+1, op.Option) {
 				r.freeStorage(st.Output)
 				read[i] = true
 			}
@@ -190,7 +190,7 @@ func (r *Runner) Step(s solver.Schedule) error {
 			}
 			// Nothing reads a_i now but the tape that holds it, when no
 			// op of stage i-1 saves it.
-			if i > 0 && tape[i-1] && !read[i-1] && ch.MakerUnsavedAt(i) {
+			if i > 0 && tape[i-1] && !read[i-1] && ch.OutputLeavesTape(i, tapeOpt[i-1]) {
 				r.freeStorage(r.stages[i-1].Output)
 				read[i-1] = true
 			}

@@ -536,3 +536,29 @@ func TestZeRO3Gathers(t *testing.T) {
 		t.Errorf("step %d more than stage 2's, want %d", got, want)
 	}
 }
+
+// TestStoreAllAfterSearch: searching keep sets leaves storing everything
+// as it was. GPT-2's and Gemma's embeddings make a_1 in an op that saves
+// nothing, and one of their keep sets reruns that op in B(0)
+// (solver.Option.RemakesOutput): that option holds a_1 to B(0), and
+// option 0 still frees it once B(1) has run, searched or not.
+func TestStoreAllAfterSearch(t *testing.T) {
+	for _, name := range []string{"gpt2", "gemma-2b"} {
+		p := load(t, name)
+		before, err := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.SearchKeepSets()
+		after, err := solver.Simulate(p.Chain, solver.StoreAll(p.Chain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(before.Timeline, after.Timeline) {
+			t.Errorf("%s: storing everything, the timeline is %v before the keep sets are searched and %v after", name, before.Timeline, after.Timeline)
+		}
+		if !p.Chain.MakerUnsavedAt(1) || !slices.ContainsFunc(p.Chain.Options[0], func(o solver.Option) bool { return o.RemakesOutput }) {
+			t.Fatalf("%s: a_1 is saved by its maker, or no keep set of stage 0 remakes it: the test tests nothing", name)
+		}
+	}
+}

@@ -241,14 +241,6 @@ func (p *Problem) SearchKeepSets() {
 	p.searched = true
 	stage.SearchKeepSets(p.Costs, p.Stages)
 	p.Chain.Options = chainOptions(p.Stages, p.zero)
-	// A keep set that reruns the stage's last node remakes a_{i+1} in
-	// B(i): the tape holds it there, freed or not before.
-	for i, st := range p.Stages {
-		last := st.Nodes[len(st.Nodes)-1]
-		if p.Chain.MakerUnsaved != nil && slices.ContainsFunc(st.KeepSets, func(k stage.KeepSet) bool { return slices.Contains(k.Recompute, last) }) {
-			p.Chain.MakerUnsaved[i+1] = false
-		}
-	}
 	var wide []string
 	for _, st := range p.Stages {
 		if st.FrontTooWide {
@@ -269,9 +261,11 @@ func chainOptions(stages []*stage.Stage, zero []zeroBytes) [][]solver.Option {
 		if zero != nil {
 			z = zero[i]
 		}
+		last := st.Nodes[len(st.Nodes)-1]
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
 			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes + z.forward,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + z.backward, Named: k.Named})
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + z.backward, Named: k.Named,
+				RemakesOutput: slices.Contains(k.Recompute, last)})
 		}
 	}
 	return out

@@ -96,6 +96,10 @@ type Option struct {
 	// (Optimal, its table, the pipeline's) pass it over. A runtime's own
 	// policy is such an option: a plan runs it when asked for it.
 	Named bool
+	// RemakesOutput: B(i) reruns the op that makes a_{i+1}, into the
+	// tape's a_{i+1}, which the tape therefore holds to B(i) whether or
+	// not an op of stage i saves it (Chain.MakerUnsaved).
+	RemakesOutput bool
 }
 
 // Unsaved reports whether a_i is saved by no op of the stages around it
@@ -108,6 +112,14 @@ func (c *Chain) Unsaved(i int) bool {
 // (MakerUnsaved).
 func (c *Chain) MakerUnsavedAt(i int) bool {
 	return i > 0 && i < c.Len() && c.MakerUnsaved != nil && c.MakerUnsaved[i]
+}
+
+// OutputLeavesTape reports whether a_i leaves the tape ā_i that option
+// opt of stage i-1 keeps once B(i) has run: no op of stage i-1 saves it
+// (MakerUnsaved) and B(i-1) under that option does not remake it
+// (Option.RemakesOutput).
+func (c *Chain) OutputLeavesTape(i, opt int) bool {
+	return c.MakerUnsavedAt(i) && (opt == 0 || !c.Options[i-1][opt-1].RemakesOutput)
 }
 
 // TakesArgsAt reports whether stage i's call takes the model's call

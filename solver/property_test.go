@@ -430,26 +430,41 @@ func TestSimulateUnsavedActs(t *testing.T) {
 // are 31 before B(0), which peaks at 431, not the 441 of a_1 held. A
 // checkpointed stage 0 rerun storing after B(1) frees a_1 once it has
 // run: 41 at the rerun, 431 at B(0). Without the flag, a_1 stays.
+//
+// Stage 0's option 1 keeps a tape of 25 bytes, a_1 included: 26 after
+// its F_all, 36 after B(1). Where its B(0) reruns the op that makes a_1
+// (Option.RemakesOutput), the tape holds a_1 to B(0), which peaks at
+// 436; where it does not, a_1 leaves as with option 0, and B(0) peaks
+// at 426.
 func TestSimulateMakerUnsaved(t *testing.T) {
 	c := &Chain{
 		Forward: []float64{1, 1}, Backward: []float64{1, 1},
 		ActBytes: []mem.Bytes{1, 10, 100}, TapeBytes: []mem.Bytes{30, 200},
 		ForwardTempBytes: make([]mem.Bytes, 2), BackwardTempBytes: []mem.Bytes{400, 0},
 		MakerUnsaved: []bool{false, true, false},
+		Options:      [][]Option{{{TapeBytes: 25, Backward: 2, BackwardTempBytes: 400}}, nil},
 	}
 	rerun := Schedule{{Kind: FCk, Stage: 0}, {Kind: FAll, Stage: 1}, {Kind: Loss, Stage: 2}, {Kind: B, Stage: 1}, {Kind: FAll, Stage: 0}, {Kind: B, Stage: 0}}
+	option := Schedule{{Kind: FAll, Stage: 0, Option: 1}, {Kind: FAll, Stage: 1}, {Kind: Loss, Stage: 2}, {Kind: B, Stage: 1}, {Kind: B, Stage: 0}}
+	rerunOption := Schedule{{Kind: FCk, Stage: 0}, {Kind: FAll, Stage: 1}, {Kind: Loss, Stage: 2}, {Kind: B, Stage: 1}, {Kind: FAll, Stage: 0, Option: 1}, {Kind: B, Stage: 0}}
 	for _, tc := range []struct {
-		name  string
-		flag  bool
-		sched Schedule
-		want  []mem.Bytes
+		name          string
+		flag, remakes bool
+		sched         Schedule
+		want          []mem.Bytes
 	}{
-		{"store", true, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 431}},
-		{"store, held", false, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 441}},
-		{"rerun", true, rerun, []mem.Bytes{11, 211, 311, 311, 41, 431}},
-		{"rerun, held", false, rerun, []mem.Bytes{11, 211, 311, 311, 41, 441}},
+		{"store", true, false, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 431}},
+		{"store, held", false, false, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 441}},
+		{"store, an option remakes", true, true, StoreAll(c), []mem.Bytes{31, 231, 331, 331, 431}},
+		{"rerun", true, false, rerun, []mem.Bytes{11, 211, 311, 311, 41, 431}},
+		{"rerun, held", false, false, rerun, []mem.Bytes{11, 211, 311, 311, 41, 441}},
+		{"option", true, false, option, []mem.Bytes{26, 226, 326, 326, 426}},
+		{"option remakes", true, true, option, []mem.Bytes{26, 226, 326, 326, 436}},
+		{"rerun option", true, false, rerunOption, []mem.Bytes{11, 211, 311, 311, 36, 426}},
+		{"rerun option remakes", true, true, rerunOption, []mem.Bytes{11, 211, 311, 311, 36, 436}},
 	} {
 		c.MakerUnsaved[1] = tc.flag
+		c.Options[0][0].RemakesOutput = tc.remakes
 		r, err := Simulate(c, tc.sched)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)

@@ -186,7 +186,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		}
 		// A recomputation after B(i+1) keeps no a_{i+1} that its own
 		// ops do not save.
-		if op.Kind == FAll && s.delta[i+1] && c.MakerUnsavedAt(i+1) {
+		if op.Kind == FAll && s.delta[i+1] && c.OutputLeavesTape(i+1, op.Option) {
 			s.leaveTape(i + 1)
 		}
 		// The model's forward is past its layers: no call holds the
@@ -231,7 +231,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		s.gradient(i)
 		// Nothing reads a_i now but the tape ā_i, when no op of stage
 		// i-1 saves it.
-		if s.tape[i] && !s.read[i] && c.MakerUnsavedAt(i) {
+		if s.tape[i] && !s.read[i] && c.OutputLeavesTape(i, s.opt[i]) {
 			s.leaveTape(i)
 		}
 		if s.holds[i] {
