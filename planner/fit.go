@@ -19,8 +19,10 @@ package planner
 // largest micro-batch Fit reports is one whose plan fits and one more
 // is one whose plan does not, under the same budget, reserve and
 // strategy. A search costs O(log n) plans; the settings are searched
-// concurrently, each on problems of its own (a Problem is not safe for
-// concurrent use).
+// concurrently, and meet on the same setups (the base setting is the
+// base; storing everything and planning probe the same small sizes), so
+// each setup's problem is built, and each plan of it made, once
+// (sharedPlans).
 //
 // A setting is ranked by the compute a GPU spends on each sequence of
 // the step, recomputation included: the step's FLOPs (or time) over its
@@ -264,6 +266,8 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 	if tp := max(base.Parallel.TP, 1); fo.GPUs > 1 && fo.GPUs%tp != 0 {
 		return nil, fmt.Errorf("%d GPUs do not divide into tensor-parallel groups of %d", fo.GPUs, tp)
 	}
+	sp := newSharedPlans(build)
+	build = sp.problem
 	first, err := build(base)
 	if err != nil {
 		return nil, err
@@ -290,7 +294,7 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 		model.Zero, model.PP = 0, 0
 		ok, seen := built[model]
 		if !seen {
-			_, err := build(c.apply(base, fo.GPUs))
+			_, err := sp.built(c.apply(base, fo.GPUs))
 			ok = err == nil
 			built[model] = ok
 		}
@@ -311,13 +315,13 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 	}
 	for i := range strategies {
 		run(i, func() (err error) {
-			f.Largest[i], err = reach(build, base, &strategies[i], fo)
+			f.Largest[i], err = reach(sp, base, &strategies[i], fo)
 			return err
 		})
 	}
 	for i, c := range changes {
 		run(len(strategies)+i, func() (err error) {
-			f.Settings[i], err = fitSetting(build, base, c, &o, fo)
+			f.Settings[i], err = fitSetting(sp, base, c, &o, fo)
 			return err
 		})
 	}
@@ -457,46 +461,122 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 	return out
 }
 
-// prober plans a builder's setups under one set of options, each size
-// once.
+// sharedPlans builds a Fit's problems and makes their plans, each once,
+// whichever of its concurrent searches asks first. A problem's keep sets
+// are searched before it is shared, so that Plan, which would otherwise
+// search them on its first call, only reads it.
+type sharedPlans struct {
+	build    Builder
+	mu       sync.Mutex
+	problems map[string]*made[*sharedProblem]
+	plans    map[planKey]*made[probe]
+}
+
+// sharedProblem is a problem and the search of its keep sets, once.
+type sharedProblem struct {
+	p      *Problem
+	search sync.Once
+}
+
+// made is a value made once.
+type made[T any] struct {
+	once sync.Once
+	v    T
+	err  error
+}
+
+// planKey is a setup (printed whole) planned by one strategy: a Fit's
+// options differ in nothing else.
+type planKey struct{ setup, strategy string }
+
+// probe is a setup's plan; tooLarge says its sizes pass what int64
+// counts, and no budget holds it.
+type probe struct {
+	plan     *Plan
+	tooLarge bool
+}
+
+func newSharedPlans(build Builder) *sharedPlans {
+	return &sharedPlans{build: build, problems: map[string]*made[*sharedProblem]{}, plans: map[planKey]*made[probe]{}}
+}
+
+// once returns m's value for k, made by mk on the first call for k.
+func once[K comparable, T any](mu *sync.Mutex, m map[K]*made[T], k K, mk func() (T, error)) (T, error) {
+	mu.Lock()
+	e, ok := m[k]
+	if !ok {
+		e = &made[T]{}
+		m[k] = e
+	}
+	mu.Unlock()
+	e.once.Do(func() { e.v, e.err = mk() })
+	return e.v, e.err
+}
+
+// built returns s's problem, built once; its keep sets may not have
+// been searched: it is not to be planned.
+func (sp *sharedPlans) built(s ir.Setup) (*sharedProblem, error) {
+	return once(&sp.mu, sp.problems, fmt.Sprintf("%#v", s), func() (*sharedProblem, error) {
+		p, err := sp.build(s)
+		return &sharedProblem{p: p}, err
+	})
+}
+
+// problem is the Builder of the shared problems, their keep sets
+// searched.
+func (sp *sharedPlans) problem(s ir.Setup) (*Problem, error) {
+	b, err := sp.built(s)
+	if err != nil {
+		return nil, err
+	}
+	b.search.Do(b.p.SearchKeepSets)
+	return b.p, nil
+}
+
+// plan plans s under opt; its schedule is not kept.
+func (sp *sharedPlans) plan(s ir.Setup, opt *Options) (probe, error) {
+	return once(&sp.mu, sp.plans, planKey{fmt.Sprintf("%#v", s), opt.Strategy.Name}, func() (probe, error) {
+		prob, err := sp.problem(s)
+		var pl *Plan
+		if err == nil {
+			pl, err = prob.Plan(opt)
+		}
+		if errors.Is(err, ir.ErrTooLarge) || errors.Is(err, solver.ErrTooLarge) {
+			return probe{plan: &Plan{Solver: opt.Strategy.Name}, tooLarge: true}, nil
+		}
+		if err != nil {
+			return probe{}, err
+		}
+		pl.Schedule = nil
+		return probe{plan: pl}, nil
+	})
+}
+
+// prober plans a setup's sizes under one set of options.
 type prober struct {
-	build Builder
-	opt   *Options
-	plans map[[2]int64]*Plan // by batch and sequence
-	setup ir.Setup
+	shared *sharedPlans
+	opt    *Options
+	setup  ir.Setup
 	// tooLarge are the sizes past what int64 counts.
 	tooLarge map[[2]int64]bool
 }
 
-func newProber(build Builder, s ir.Setup, opt *Options) *prober {
-	return &prober{build: build, opt: opt, plans: map[[2]int64]*Plan{}, setup: s, tooLarge: map[[2]int64]bool{}}
+func newProber(sp *sharedPlans, s ir.Setup, opt *Options) *prober {
+	return &prober{shared: sp, opt: opt, setup: s, tooLarge: map[[2]int64]bool{}}
 }
 
 // plan plans the setup at batch and seq; the plan says whether it fits.
 func (p *prober) plan(batch, seq int64) (*Plan, error) {
-	key := [2]int64{batch, seq}
-	if pl, ok := p.plans[key]; ok {
-		return pl, nil
-	}
 	s := p.setup
 	s.Batch, s.Seq = batch, seq
-	prob, err := p.build(s)
-	var pl *Plan
-	if err == nil {
-		pl, err = prob.Plan(p.opt)
-	}
-	if errors.Is(err, ir.ErrTooLarge) || errors.Is(err, solver.ErrTooLarge) {
-		// Past what int64 counts, no budget holds it.
-		pl = &Plan{Solver: p.opt.Strategy.Name}
-		p.plans[key], p.tooLarge[key] = pl, true
-		return pl, nil
-	}
+	pr, err := p.shared.plan(s, p.opt)
 	if err != nil {
 		return nil, err
 	}
-	pl.Schedule = nil // a probe's schedule is not kept
-	p.plans[key] = pl
-	return pl, nil
+	if pr.tooLarge {
+		p.tooLarge[[2]int64{batch, seq}] = true
+	}
+	return pr.plan, nil
 }
 
 // largest returns the largest n in [1, limit] whose plan size(n) fits,
@@ -580,8 +660,8 @@ func largestDivisor(n, m int64) int64 {
 
 // reach searches the base setup's largest micro-batch and longest
 // sequence under one strategy.
-func reach(build Builder, base ir.Setup, opt *Options, fo FitOptions) (Reach, error) {
-	p := newProber(build, base, opt)
+func reach(sp *sharedPlans, base ir.Setup, opt *Options, fo FitOptions) (Reach, error) {
+	p := newProber(sp, base, opt)
 	r := Reach{Solver: opt.Strategy.Name}
 	b, pl, err := p.largest(fo.MaxBatch, func(n int64) (int64, int64) { return n, base.Seq })
 	if err != nil {
@@ -627,9 +707,9 @@ func ddpNoSync(s ir.Setup) bool {
 
 // fitSetting searches one setting: the micro-batch and accumulation that
 // reach the global batch, or its largest micro-batch.
-func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
+func fitSetting(sp *sharedPlans, base ir.Setup, c Change, opt *Options, fo FitOptions) (SettingFit, error) {
 	if c.PP > 1 {
-		return fitPipeline(build, base, c, opt, fo)
+		return fitPipeline(sp.problem, base, c, opt, fo)
 	}
 	s := c.apply(base, fo.GPUs)
 	sf := SettingFit{Name: c.Name(s), Change: c, Setup: s}
@@ -639,7 +719,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 	var pl *Plan
 	switch share := fo.GlobalBatch / s.Parallel.DP; {
 	case fo.GlobalBatch == 0:
-		p := newProber(build, s, opt)
+		p := newProber(sp, s, opt)
 		m, best, err := p.largest(fo.MaxBatch, func(n int64) (int64, int64) { return n, s.Seq })
 		if err != nil {
 			return sf, err
@@ -654,7 +734,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 		whole := &Plan{}
 		if share <= fo.MaxBatch {
 			var err error
-			if whole, err = newProber(build, one, opt).plan(share, s.Seq); err != nil {
+			if whole, err = newProber(sp, one, opt).plan(share, s.Seq); err != nil {
 				return sf, err
 			}
 		}
@@ -666,7 +746,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 				acc := s
 				acc.GradAccum = 2
 				acc.Parallel.NoSync = acc.Parallel.NoSync || ddpNoSync(acc)
-				p := newProber(build, acc, opt)
+				p := newProber(sp, acc, opt)
 				m, _, err := p.largest(min(share-1, fo.MaxBatch), func(n int64) (int64, int64) { return n, s.Seq })
 				if err != nil {
 					return sf, err
@@ -692,7 +772,7 @@ func fitSetting(build Builder, base ir.Setup, c Change, opt *Options, fo FitOpti
 		case fo.GlobalBatch > 0:
 			one.GradAccum = 1
 		}
-		prob, err := build(one)
+		prob, err := sp.problem(one)
 		if err != nil {
 			return sf, err
 		}

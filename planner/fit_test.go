@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	"github.com/google/go-cmp/cmp"
 )
 
 // fitBuilder returns a bundled model's builder and its setup.
@@ -429,6 +431,53 @@ func TestFitPipelineUnplannable(t *testing.T) {
 			if st.Change.PP > 1 && (st.Fits || st.Shortfall == nil || !strings.Contains(st.Shortfall.String(), tt.want)) {
 				t.Errorf("--max-batch %d: %s fits %v: %v, want %q", tt.maxBatch, st.Name, st.Fits, st.Shortfall, tt.want)
 			}
+		}
+	}
+}
+
+// TestFitBuildsEachSetupOnce: Fit's concurrent searches share their
+// problems, so no setup is built twice, and the answer is the one each
+// search gets on problems of its own: a Fit over a builder that hands out
+// fresh problems (the shared ones' keep sets searched or not) equals one
+// through the first.
+func TestFitBuildsEachSetupOnce(t *testing.T) {
+	build, base := fitBuilder(t, "tiny-llama")
+	var mu sync.Mutex
+	builds := map[string]int{}
+	counted := Builder(func(s ir.Setup) (*Problem, error) {
+		mu.Lock()
+		builds[fmt.Sprintf("%#v", s)]++
+		mu.Unlock()
+		return build(s)
+	})
+	opt := &Options{Budget: 4 << 20}
+	fo := FitOptions{GPUs: 4, GlobalBatch: 16}
+	shared, err := counted.Fit(base, opt, fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, n := range builds {
+		if n > 1 {
+			t.Errorf("built %d times: %s", n, s)
+		}
+	}
+	if len(builds) < 10 {
+		t.Errorf("%d setups built: the fit searched almost nothing", len(builds))
+	}
+	// Each probe on a problem of its own.
+	own := &sharedPlans{build: build}
+	for i, c := range settings(base, fo.GPUs, func(Change) bool { return true }) {
+		own.problems, own.plans = map[string]*made[*sharedProblem]{}, map[planKey]*made[probe]{}
+		got, err := fitSetting(own, base, c, &Options{Budget: opt.Budget, Strategy: Selective}, fo.withDefaults())
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := slices.IndexFunc(shared.Settings, func(sf SettingFit) bool { return sf.Change == c })
+		if j < 0 {
+			continue // not a valid setting: no model under it
+		}
+		if d := cmp.Diff(shared.Settings[j], got); d != "" {
+			t.Errorf("setting %d, %s: shared (-) and its own (+):\n%s", i, c.Name(got.Setup), d)
 		}
 	}
 }

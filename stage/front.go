@@ -402,7 +402,10 @@ type namedBits struct {
 type searched struct {
 	found []namedBits
 	sets  []KeepSet
-	at    map[int]int // the first stage's nodes' positions
+	nodes []int // the first stage's, in graph order
+	// named is the first stage's runtime policy (TorchtitanOp), where it
+	// has one and is a layer, which it is offered in.
+	named *KeepSet
 }
 
 // keepSets returns the keep sets of a stage: the policies, then the points
@@ -452,29 +455,47 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 			// The same stage but for its nodes' names: the same sizes and
 			// transients, and its own nodes to rerun, at the positions of
 			// the first stage's (the signature lists the nodes in order).
-			ks := found.sets[i]
-			ks.Recompute = make([]int, len(ks.Recompute))
-			for j, id := range found.sets[i].Recompute {
-				ks.Recompute[j] = st.Nodes[found.at[id]]
-			}
-			out = append(out, ks)
+			out = append(out, st.renamed(&found.sets[i], found.nodes))
 			continue
 		}
 		out = append(out, k.keepSet(nb, mods))
 	}
 	if len(found.sets) == 0 {
-		found.sets = out
-		found.at = make(map[int]int, len(st.Nodes))
-		for j, id := range st.Nodes {
-			found.at[id] = j
-		}
+		found.sets, found.nodes = out, st.Nodes
 	}
-	// A runtime's own policy, which holds storages of this stage's own:
-	// computed per stage, offered only by name.
-	if nb, ok := k.torchtitanOp(); ok {
+	// A runtime's own policy, offered only by name, which holds storages
+	// of the stage's own: the first stage's, at the same positions.
+	if _, layer := ir.LayerIndex(st.Name); layer && found.named != nil {
+		out = append(out, st.renamed(found.named, found.nodes))
+	} else if nb, ok := k.torchtitanOp(); ok {
 		ks := k.keepSet(nb, mods)
 		ks.Named = true
 		out = append(out, ks)
+		if found.named == nil && layer {
+			found.named = &ks
+		}
+	}
+	return out
+}
+
+// renamed returns keep set ks of another stage with the same signature,
+// whose nodes (in graph order) were nodes, as this stage's: its own nodes
+// to rerun and storages to hold, at the same positions.
+func (st *Stage) renamed(ks *KeepSet, nodes []int) KeepSet {
+	at := func(id int) int { j, _ := slices.BinarySearch(nodes, id); return j }
+	out := *ks
+	out.Recompute = make([]int, len(ks.Recompute))
+	for j, id := range ks.Recompute {
+		out.Recompute[j] = st.Nodes[at(id)]
+	}
+	if ks.held != nil {
+		c := st.c
+		out.held = make([]int, len(ks.held))
+		for j, s := range ks.held {
+			node := c.Storages[s].Node
+			out.held[j] = c.Owned(st.Nodes[at(node)])[slices.Index(c.Owned(node), s)]
+		}
+		slices.Sort(out.held)
 	}
 	return out
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
+	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 // build cuts a bundled model, with a few training fields changed, into
@@ -544,8 +546,9 @@ func nodeNamed(t *testing.T, g *ir.Graph, name string) int {
 }
 
 // TestSharedKeepSetsRerunTheirOwnNodes: a stage whose signature an earlier
-// stage has takes that stage's keep sets, with its own nodes to rerun; they
-// are the nodes its own search reruns.
+// stage has takes that stage's keep sets, torchtitan's op policy
+// included, with its own nodes to rerun and storages to hold; they are
+// the keep sets its own search finds, field by field.
 func TestSharedKeepSetsRerunTheirOwnNodes(t *testing.T) {
 	for _, tt := range []struct {
 		model string
@@ -560,6 +563,7 @@ func TestSharedKeepSetsRerunTheirOwnNodes(t *testing.T) {
 		{"llama-3-8b", func(s *ir.Setup) { s.LoRA.Rank = 16 }},
 	} {
 		shared := build(t, tt.model, tt.edit)
+		held := 0 // shared keep sets that hold storages no op saves
 		c := shared[0].c
 		mods := costmodel.FindModules(c.Graph)
 		for i, st := range shared {
@@ -571,7 +575,16 @@ func TestSharedKeepSetsRerunTheirOwnNodes(t *testing.T) {
 				if !slices.Equal(sets[j].Recompute, st.KeepSets[j].Recompute) {
 					t.Errorf("%s stage %d keep set %q: reruns %v shared, %v its own", tt.model, i, sets[j].Name, st.KeepSets[j].Recompute, sets[j].Recompute)
 				}
+				if d := gocmp.Diff(sets[j], st.KeepSets[j], gocmp.AllowUnexported(KeepSet{}), cmpopts.EquateEmpty()); d != "" {
+					t.Errorf("%s stage %d keep set %q, its own (-) and shared (+):\n%s", tt.model, i, sets[j].Name, d)
+				}
+				if sets[j].Named && len(sets[j].held) > 0 {
+					held++
+				}
 			}
+		}
+		if tt.model == "llama-3-8b" && tt.edit == nil && held == 0 {
+			t.Errorf("%s: no shared keep set holds a storage no op saves: torchtitan's op policy goes untested", tt.model)
 		}
 	}
 }
