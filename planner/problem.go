@@ -80,7 +80,8 @@ func (p *Problem) baseline() float64 { return p.cost(baselineCost(p.Chain)) }
 // their blocks, graphs at their cut points, profiled chains as given.
 // O(nodes) plus the cost model's work. The stages' keep sets are searched
 // when a strategy that recomputes inside stages first needs them, so a
-// Problem is not safe for concurrent use.
+// Problem is not safe for concurrent use until SearchKeepSets has run;
+// after it, Plan only reads it.
 func New(src *graphio.Source) (*Problem, error) { return NewTimed(src, nil) }
 
 // NewTimed is New with the costs in time on a roofline, picoseconds
