@@ -122,8 +122,9 @@ type DevicePlan struct {
 type Chunk struct {
 	Stages []Stage `json:"stages" yaml:"stages"`
 	// InputBytes is what a microbatch holds on the device before its first
-	// stage runs: the activation received, and the graph inputs its
-	// stages read.
+	// stage runs: the activation received, the graph inputs its stages
+	// read, and the call arguments its layers take (solver.Chain.ArgBytes,
+	// under the transformers profile), held to its backward.
 	InputBytes mem.Bytes `json:"input_bytes" yaml:"input_bytes"`
 	// OutputFreed: the output is freed once sent (the megatron profile).
 	OutputFreed bool `json:"output_freed,omitempty" yaml:"output_freed,omitempty"`
@@ -515,7 +516,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			return nil, err
 		}
 		statics[rank] = st
-		if d := deviceStatic(st); opt.staticFirst && d+opt.Reserve >= opt.Budget {
+		if d := mem.Bytes(st.Total()); opt.staticFirst && d+opt.Reserve >= opt.Budget {
 			// Static memory passes the budget alone: no plan of any
 			// device is needed to say the pipeline does not fit.
 			plan.Feasible = false
@@ -540,7 +541,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 		var segs []solver.Segment
 		for c := 0; c < pp.Virtual; c++ {
 			from, to := bounds[c*pp.Stages+rank], bounds[c*pp.Stages+rank+1]
-			s := solver.Segment{From: from, To: to, InputBytes: p.inputsRead(from, to), Loss: to == p.Chain.Len(), InFlight: counts[c]}
+			s := solver.Segment{From: from, To: to, InputBytes: p.inputsRead(from, to) + p.argsTaken(from, to), Loss: to == p.Chain.Len(), InFlight: counts[c]}
 			if from > 0 {
 				s.InputBytes += p.Chain.ActBytes[from]
 			}
@@ -555,7 +556,7 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 			}
 			segs = append(segs, s)
 		}
-		d := DevicePlan{Rank: rank, StaticBytes: deviceStatic(statics[rank]), Static: &statics[rank]}
+		d := DevicePlan{Rank: rank, StaticBytes: mem.Bytes(statics[rank].Total()), Static: &statics[rank]}
 		for c, s := range segs {
 			f, b := 0.0, 0.0
 			for i := s.From; i < s.To; i++ {
@@ -754,7 +755,18 @@ func (p *Problem) inputsRead(from, to int) mem.Bytes {
 	return b
 }
 
-// deviceStatic is what a pipeline device holds the whole step: its
-// static memory, and the model's call arguments (costmodel.Static.
-// CallArgs), which its segments' search does not place in time.
-func deviceStatic(st costmodel.Static) mem.Bytes { return mem.Bytes(st.Total() + st.CallArgs) }
+// argsTaken returns the model's call arguments (solver.Chain.ArgBytes)
+// where stages [from, to) take them, as a chunk holds them for each
+// microbatch: its forward makes them for its layers' calls, and a
+// checkpointed or selective layer's call holds them to its backward.
+// They are counted held from the chunk's forward to its backward, on
+// the safe side where every layer stores its whole tape (then they are
+// freed with the chunk's forward).
+func (p *Problem) argsTaken(from, to int) mem.Bytes {
+	for i := from; i < to; i++ {
+		if p.Chain.TakesArgsAt(i) {
+			return p.Chain.ArgBytes
+		}
+	}
+	return 0
+}

@@ -303,3 +303,54 @@ func TestPipelineForMegatron(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineCallArgsInFlight: under the transformers profile each
+// chunk's forward makes the call arguments (eager attention's mask and
+// the positions) for each microbatch, and its checkpointed layers' calls
+// hold them to their backward, so a device holds one copy for each
+// microbatch in flight: checkpointing every layer of tiny-llama, each
+// device's activation peak is the one without the arguments plus the
+// arguments times its microbatches in flight, and its static memory has
+// none of them.
+func TestPipelineCallArgsInFlight(t *testing.T) {
+	src, err := graphio.Load("tiny-llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Profile, src.Model.Training.Attention = "transformers", "eager"
+	// Gradients held through the microbatches already: the pipeline
+	// plans this problem, not one rebuilt to hold them.
+	src.Model.Training.GradAccum = 4
+	p, err := New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := p.Chain.ArgBytes
+	if args < mem.Bytes(src.Model.Training.Seq*src.Model.Training.Seq) {
+		t.Fatalf("call arguments %v: no eager mask", args)
+	}
+	pp := Pipeline{Stages: 2, Microbatches: 4}
+	opt := &Options{Budget: mem.GiB, Strategy: EveryK, K: 1}
+	with, err := p.PlanPipeline(opt, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Chain.ArgBytes = 0
+	without, err := p.PlanPipeline(opt, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, d := range with.Devices {
+		w := without.Devices[r]
+		if d.StaticBytes != w.StaticBytes || d.StaticBytes != mem.Bytes(d.Static.Total()) {
+			t.Errorf("device %d: static %v with the arguments, %v without, %v counted", r, d.StaticBytes, w.StaticBytes, d.Static.Total())
+		}
+		n := mem.Bytes(d.Chunks[0].InFlight)
+		if got := d.ActivationPeakBytes - w.ActivationPeakBytes; got != n*args {
+			t.Errorf("device %d: the arguments add %v to its peak, want %d in flight × %v", r, got, n, args)
+		}
+	}
+	if with.Devices[0].Chunks[0].InFlight < 2 {
+		t.Errorf("the first device holds %d microbatches: the test tests one copy", with.Devices[0].Chunks[0].InFlight)
+	}
+}

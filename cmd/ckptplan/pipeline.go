@@ -213,11 +213,10 @@ func writePipelineText(w io.Writer, p *planner.PipelinePlan) error {
 	}
 	if p.Feasible && len(p.Devices) > 0 {
 		if st := p.Devices[0].Static; st != nil && p.Setup != nil {
-			args := ""
-			if st.CallArgs > 0 { // held as static by a pipeline's device (planner.DevicePlan.StaticBytes)
-				args = fmt.Sprintf(", the positions and masks the layers' calls take %v", mem.Bytes(st.CallArgs))
+			fmt.Fprintf(w, "static of stage 0: %s\n", staticParts(p.Setup, st))
+			if st.CallArgs > 0 { // in each chunk's input (planner.Chunk.InputBytes)
+				fmt.Fprintf(w, "each microbatch holds the positions and masks its layers' calls take, %v, to its backward\n", mem.Bytes(st.CallArgs))
 			}
-			fmt.Fprintf(w, "static of stage 0: %s%s\n", staticParts(p.Setup, st), args)
 		}
 	}
 	return nil
