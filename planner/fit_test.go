@@ -465,10 +465,8 @@ func TestFitBuildsEachSetupOnce(t *testing.T) {
 		t.Errorf("%d setups built: the fit searched almost nothing", len(builds))
 	}
 	// Each probe on a problem of its own.
-	own := &sharedPlans{build: build}
 	for i, c := range settings(base, fo.GPUs, func(Change) bool { return true }) {
-		own.problems, own.plans = map[string]*made[*sharedProblem]{}, map[planKey]*made[probe]{}
-		got, err := fitSetting(own, base, c, &Options{Budget: opt.Budget, Strategy: Selective}, fo.withDefaults())
+		got, err := fitSetting(newSharedPlans(build), base, c, &Options{Budget: opt.Budget, Strategy: Selective}, fo.withDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -403,9 +403,10 @@ type searched struct {
 	found []namedBits
 	sets  []KeepSet
 	nodes []int // the first stage's, in graph order
-	// named is the first stage's runtime policy (TorchtitanOp), where it
-	// has one and is a layer, which it is offered in.
-	named *KeepSet
+	// named is a layer's runtime policy (TorchtitanOp), the first layer's
+	// with the signature, and namedNodes that layer's nodes.
+	named      *KeepSet
+	namedNodes []int
 }
 
 // keepSets returns the keep sets of a stage: the policies, then the points
@@ -466,13 +467,13 @@ func (st *Stage) keepSets(mods *costmodel.ModuleMap, cache map[string]*searched)
 	// A runtime's own policy, offered only by name, which holds storages
 	// of the stage's own: the first stage's, at the same positions.
 	if _, layer := ir.LayerIndex(st.Name); layer && found.named != nil {
-		out = append(out, st.renamed(found.named, found.nodes))
+		out = append(out, st.renamed(found.named, found.namedNodes))
 	} else if nb, ok := k.torchtitanOp(); ok {
 		ks := k.keepSet(nb, mods)
 		ks.Named = true
 		out = append(out, ks)
-		if found.named == nil && layer {
-			found.named = &ks
+		if layer {
+			found.named, found.namedNodes = &ks, st.Nodes
 		}
 	}
 	return out
