@@ -55,15 +55,18 @@ func buffers(g *ir.Graph, held func(int) bool) (made, registered int64) {
 }
 
 // callArgs returns the bytes of the call arguments (see above) of a rank
-// whose nodes held says: the positions, where the model has buffers (a
-// rotary embedding's, which the positions index), and eager layers'
-// masks. None outside the transformers profile.
+// whose nodes held says: the positions, where a rotary embedding indexes
+// them, and eager layers' masks. None outside the transformers profile.
+// A model with learned positions (GPT-2) makes them for its position
+// embedding, which saves them to its backward, the step's last: they are
+// that embedding's input (a "positions" input node), held past every
+// layer's backward whether or not a layer's call takes them too.
 func callArgs(g *ir.Graph, held func(int) bool) int64 {
 	if g.Setup.Profile != Transformers {
 		return 0
 	}
 	var b int64
-	if made, registered := buffers(g, held); made+registered > 0 {
+	if made, registered := ropeTables(g, held); made+registered > 0 {
 		b = 8 * g.Setup.Seq
 	}
 	return b + modelMasks(g, held, ir.CausalMask)

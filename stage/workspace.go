@@ -63,6 +63,14 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 			return mem.Bytes(c.Storages[s].Bytes)
 		}
 		return 0 // a shifted loss's backward: shiftedLossBackward
+	case ir.GELU:
+		// transformers' gelu_new, 0.5·x·(1 + tanh(…)) in Python ops: the
+		// backward of its last product makes the gradients of both
+		// factors at once, one beyond the gradient of x.
+		if backward && n.Attrs.TanhPy && c.Profile == costmodel.Transformers {
+			return mem.Bytes(c.Storages[c.OutputStorage(id)].Bytes)
+		}
+		return 0
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape

@@ -433,3 +433,44 @@ def test_whole_step_padded(ckptplan_binary, share):
     new = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
     freed = BATCH * SEQ * SEQ * (1 if new else 4) if part == "backward" else 0
     assert over == freed
+
+
+def build_gpt2(dropout: float) -> "torch.nn.Module":
+    """A GPT-2 of the Llama's size (h128, 4 layers, vocabulary VOCAB),
+    its input and output embeddings tied, learned positions, LayerNorm
+    and GELU(tanh); with that dropout on the embeddings, the attention
+    probabilities and both residual branches."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=512, vocab_size=VOCAB,
+                                  attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
+    cfg._attn_implementation = "sdpa"
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.config.use_cache = False
+    return model
+
+
+@pytest.mark.parametrize("share", [100, 80, 60])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_whole_step_gpt2(ckptplan_binary, dropout, share):
+    """GPT-2, stored and planned, with and without dropout: the step's
+    measured peak is the plan's (_slack), and falls where the plan says.
+    Its layers differ from the Llama's in what a store-everything
+    backward holds: the head's output no op of the last layer saves, tied
+    embeddings (one weight, one gradient), and with dropout each dropout's
+    mask, which the CPU kernel keeps scaled in the input's dtype (CUDA's
+    fused kernel keeps one byte an element). A planned layer's call holds
+    the positions the model makes, and on the CPU sdpa with dropout runs
+    its math path, whose probabilities and mask the plan keeps."""
+    model = build_gpt2(dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    if share < 100:
+        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
+        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
+        ckptplan.apply(model, plan)
+        assert any(layer.mode != "store" for layer in plan.layers)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert _slack(plan, measured) == 0
