@@ -53,7 +53,7 @@ const (
 	RNGState                    // CUDA's flash sdpa: its philox seed, int64
 	RNGOffset                   // and offset
 	ShiftLabels                 // cross-entropy over shifted logits: the contiguous copy of the shifted targets, int64
-	TotalWeight                 // cross-entropy: nll_loss's count of the targets that count, a 0-dim fp32
+	TotalWeight                 // cross-entropy: nll_loss's count of the targets that count, 0-dim, in the logits' dtype
 	// Out1 is a traced op's first extra output; its k-th is Out1+k-1
 	// (ExtraRole), up to ir.MaxExtras.
 	Out1

@@ -153,11 +153,11 @@ func (a *analyzer) keeps(n *ir.Node) {
 			a.c.reads[n.ID] = append(a.c.reads[n.ID], a.lay.out[h])
 		}
 		if a.profile == Transformers {
-			// nll_loss keeps the count it divides by, a 0-dim fp32
-			// tensor. (PyTorch frees it once nll_loss's backward has
-			// run, before log_softmax's: a cross_entropy node frees it
-			// after both.)
-			a.keep(n, a.extra(n, TotalWeight, ir.Shape{1}, ir.FP32, false))
+			// nll_loss keeps the count it divides by, a 0-dim tensor in
+			// the log-probabilities' dtype. (PyTorch frees it once
+			// nll_loss's backward has run, before log_softmax's: a
+			// cross_entropy node frees it after both.)
+			a.keep(n, a.extra(n, TotalWeight, ir.Shape{1}, x().DType, false))
 		}
 	case ir.Attention:
 		a.keepAttention(n)

@@ -186,7 +186,7 @@ func (b *builder) head(x int) int {
 		logits = b.op("logits_scaling", ir.Scale, ir.Attrs{Factor: 1 / b.m.LogitsScaling}, logits)
 	}
 	logits = b.softcap("logit_softcap", b.m.FinalSoftcap, logits)
-	if t.Numerics.LogitsFP32 {
+	if t.Numerics.LogitsFP32 && (b.m.Family != "gpt2" || !t.Numerics.GPT2LossModelDType) {
 		logits = b.cast("logits_fp32", ir.FP32, logits)
 	}
 	return b.op("loss", ir.CrossEntropy, ir.Attrs{}, logits, targets)

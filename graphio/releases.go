@@ -8,8 +8,9 @@ package graphio
 // mask, and under sdpa a causal layer gets none), 4.54 (K and V go to
 // sdpa unexpanded, with enable_gqa, where there is no mask), 4.56 (the
 // contiguous copies dropped again) and in 5.2 and 5.4 (GPT-2's eager
-// attention became Llama's), and the causal LM loss stopped copying the
-// shifted logits in 4.49. Each of those changes what autograd saves,
+// attention became Llama's); GPT-2 took the shared causal LM loss, which
+// upcasts the logits, in 4.48, and that loss stopped copying the shifted
+// logits in 4.49. Each of those changes what autograd saves,
 // so the transformers profile plans for one release, named in the setup
 // (training.transformers, --transformers), and this table is the one place
 // that says what a release does: every rule is a field of ir.Numerics,
@@ -47,6 +48,7 @@ type releaseRules struct {
 	from                                Release
 	sdpaContiguous, sdpaGQA, modelMasks bool
 	gpt2AdditiveMask, gpt2FloatScale    bool
+	gpt2LossModelDType                  bool
 	phi3RopeCat                         bool
 	// lossShiftCopy: the causal LM loss shifts the logits by a
 	// contiguous copy (before 4.49).
@@ -61,7 +63,7 @@ type releaseRules struct {
 }
 
 var releases = []releaseRules{
-	{from: Release{4, 46}, lossShiftCopy: true},
+	{from: Release{4, 46}, lossShiftCopy: true, gpt2LossModelDType: true},
 	{from: Release{4, 48}, sdpaContiguous: true, phi3RopeCat: true, lossShiftCopy: true},
 	{from: Release{4, 49}, sdpaContiguous: true, phi3RopeCat: true},
 	{from: Release{4, 53}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true},
@@ -130,6 +132,7 @@ func ApplyRelease(t *ir.Setup, r Release) {
 	n := &t.Numerics
 	n.SDPAContiguous, n.SDPAGQA, n.ModelMasks = rules.sdpaContiguous, rules.sdpaGQA, rules.modelMasks
 	n.GPT2AdditiveMask, n.GPT2FloatScale = rules.gpt2AdditiveMask, rules.gpt2FloatScale
+	n.GPT2LossModelDType = rules.gpt2LossModelDType
 	n.Phi3RopeCat = rules.phi3RopeCat
 	n.LossShiftCopy = rules.lossShiftCopy
 }

@@ -12,7 +12,9 @@ import (
 // integrations/sdpa_attention.py calls .contiguous() on q, k and v (4.48 to
 // 4.55) and passes enable_gqa (4.54 on), whether masking_utils.py makes the
 // masks (4.53 on), GPT-2's eager_attention_forward (torch.where until 5.1,
-// torch.full until 5.3), Phi-3's apply_rotary_pos_emb (torch.cat from 4.48),
+// torch.full until 5.3), GPT2LMHeadModel's loss (its own CrossEntropyLoss
+// until 4.47, self.loss_function from 4.48), Phi-3's apply_rotary_pos_emb
+// (torch.cat from 4.48),
 // Gemma 2's _supports_sdpa (False from 5.21) and Mixtral's experts
 // (@use_experts_implementation from 5.0).
 func TestApplyRelease(t *testing.T) {
@@ -22,8 +24,8 @@ func TestApplyRelease(t *testing.T) {
 		eager   bool // soft-capped attention runs eager only
 		experts bool // mixtures of experts run through experts kernels
 	}{
-		{"4.46.3", ir.Numerics{LossShiftCopy: true}, false, false},
-		{"4.47", ir.Numerics{LossShiftCopy: true}, false, false},
+		{"4.46.3", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true}, false, false},
+		{"4.47", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true}, false, false},
 		{"4.48.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true, LossShiftCopy: true}, false, false},
 		{"4.49.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},
 		{"4.51.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},
@@ -102,5 +104,42 @@ func TestReleaseRefusesSoftcapSDPA(t *testing.T) {
 	ApplyRelease(&m.Training, Release{5, 20})
 	if err := m.Validate(); err != nil {
 		t.Errorf("sdpa on 5.20: %v", err)
+	}
+}
+
+// TestGPT2LossDType: GPT2LMHeadModel's own CrossEntropyLoss (transformers
+// before 4.48) reads the logits in the model's dtype; from 4.48 the
+// shared loss upcasts them (logits.float()), as every other family's
+// does. The release's rule applies to GPT-2 alone.
+func TestGPT2LossDType(t *testing.T) {
+	const gpt2 = `{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100, "torch_dtype": "bfloat16"}`
+	const llama = `{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100, "torch_dtype": "bfloat16"}`
+	for _, tc := range []struct {
+		config, release string
+		upcast          bool
+	}{
+		{gpt2, "4.46", false},
+		{gpt2, "4.47", false},
+		{gpt2, "4.48", true},
+		{gpt2, "5.24", true},
+		{llama, "4.46", true},
+	} {
+		m, err := ParseHFConfig("config.json", []byte(tc.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := ParseRelease(tc.release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ApplyRelease(&m.Training, r)
+		g, err := Build(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loss := &g.Nodes[g.Output]
+		if got := g.Nodes[loss.Inputs[0]].DType == ir.FP32; got != tc.upcast {
+			t.Errorf("%s on transformers %s: the loss reads fp32 logits = %v, want %v", m.Family, tc.release, got, tc.upcast)
+		}
 	}
 }

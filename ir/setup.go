@@ -111,6 +111,11 @@ type Numerics struct {
 	// its scores (transformers 5.2 and later), as Llama's does, instead
 	// of torch.where over its causal buffer.
 	GPT2AdditiveMask bool `yaml:"gpt2_additive_mask,omitempty" json:"gpt2_additive_mask,omitempty"`
+	// GPT2LossModelDType: GPT-2's loss is its own CrossEntropyLoss over
+	// the logits in the model's dtype, whatever LogitsFP32 says
+	// (transformers before 4.48; later releases share the loss of the
+	// other families, which upcasts).
+	GPT2LossModelDType bool `yaml:"gpt2_loss_model_dtype,omitempty" json:"gpt2_loss_model_dtype,omitempty"`
 	// LossShiftCopy: the causal LM loss copies the logits of the first
 	// s−1 positions contiguous and takes the log-softmax of those
 	// (transformers before 4.49); later releases pad the labels instead

@@ -69,7 +69,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.autocast, "autocast", "", "16-bit dtype torch.autocast computes products in over fp32 weights: bf16 | fp16 | none (default: the model's)")
 	fs.StringVar(&s.attention, "attention", "", "attention kernel: "+ir.Join(ir.Attentions(), " | ")+", or transformers' attn_implementation (flash_attention_2 is flash) (default: the model's)")
 	fs.Float64Var(&s.dropout, "dropout", 0, "dropout probability of attention and residuals (default: the model's)")
-	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss) | model (default: the model's)")
+	fs.StringVar(&s.logits, "logits-dtype", "", "dtype the loss reads the logits in: fp32 (transformers' loss, which upcasts; GPT-2's own before 4.48 does not) | model (default: the model's, for a config.json its release's loss)")
 	fs.Int64Var(&s.loraRank, "lora-rank", 0, "LoRA rank; 0 keeps the model's setting")
 	fs.StringVar(&s.loraTargets, "lora-targets", "", "comma-separated linears LoRA adapts: q,k,v,o,gate,up,down, PEFT's module names for the family (q_proj, GPT-2's c_attn) or all-linear (default: the model's; for a config.json PEFT's default for its model type, q,v for Llama)")
 	fs.StringVar(&s.dropoutMask, "dropout-mask", "", "what a dropout keeps: byte (a 1-byte mask: CUDA) | dtype (a mask in its input's dtype: CPU) (default: the model's)")
@@ -169,6 +169,7 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Dropout = s.dropout
 		case "logits-dtype":
 			t.Numerics.LogitsFP32 = s.logits == "fp32"
+			t.Numerics.GPT2LossModelDType = false // what the flag says, whatever the release does
 		case "dropout-mask":
 			t.Numerics.ByteMasks = s.dropoutMask == "byte"
 		case "rope-tables":

@@ -52,7 +52,7 @@ class Setup:
     dtype: str
     attention: str
     dropout: Optional[float] = None
-    logits_dtype: str = "fp32"
+    logits_dtype: Optional[str] = None  # fp32 or model; None: what the release's loss does
     rope_tables: str = "model"
     transformers: str = ""  # the live transformers release, whose rules the plan follows
     gqa_kernel: str = "fused"  # math: this PyTorch's sdpa has no fused kernel for enable_gqa here
@@ -72,8 +72,10 @@ class Setup:
         """The ckptplan command-line flags for this setup."""
         f = ["--batch", str(self.batch), "--seq", str(self.seq), "--dtype", self.dtype,
              "--attention", self.attention, "--profile", "transformers",
-             "--logits-dtype", self.logits_dtype, "--rope-tables", self.rope_tables,
+             "--rope-tables", self.rope_tables,
              "--dropout-mask", self.dropout_mask, "--kernels", "cpu" if self.dropout_mask == "dtype" else "cuda"]
+        if self.logits_dtype:
+            f += ["--logits-dtype", self.logits_dtype]
         if self.transformers:
             f += ["--transformers", self.transformers, "--gqa-kernel", self.gqa_kernel]
         if self.legacy_sdpa:
@@ -157,7 +159,7 @@ def describe(model: nn.Module, *, batch: int, seq: int, logits_dtype: Optional[s
         # PyTorch's fused CPU kernel has no dropout: sdpa runs its math path.
         attention = "sdpa-math"
     setup = Setup(config=cfg, batch=batch, seq=seq, dtype=dtype, attention=attention,
-                  dropout=dropout, logits_dtype=logits_dtype or "fp32", rope_tables=rope,
+                  dropout=dropout, logits_dtype=logits_dtype, rope_tables=rope,
                   dropout_mask="dtype" if on_cpu else "byte", autocast=autocast,
                   transformers=versions.transformers_release(),
                   gqa_kernel=_gqa_kernel(next(layers.parameters()), _TORCH[dtype],
