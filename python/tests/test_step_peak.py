@@ -550,3 +550,29 @@ def test_whole_step_gpt2_lora(ckptplan_binary, share):
 
     taken = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
     assert _slack(plan, measured) == (0 if share < 100 and taken else 8 * SEQ)
+
+
+@pytest.mark.parametrize("dropout,dtype", [(0.0, "fp32"), (0.1, "fp32"), (0.1, "bf16")])
+def test_memtracker_agrees_gpt2(ckptplan_binary, dropout, dtype):
+    """On GPT-2, storing everything, PyTorch's own tracker sees the plan's
+    peak to the byte. The CPU allocator sees the host bytes beside it
+    (_slack): gelu_new's products with Python numbers wrap each number in
+    a tensor the layer's backward keeps, which C++ makes outside the
+    tracker's dispatch mode."""
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    model = build_gpt2(dropout, dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    train_step(model, optimizer, batch)  # the optimizer state
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(model, optimizer, *batch.values())
+    with tracker:
+        train_step(model, optimizer, batch)
+    tracked = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    measured, _ = whole_step(model, optimizer, plan, batch)
+    host = sum(layer.host_bytes for layer in plan.layers)
+    assert host > 0
+    assert tracked == plan.peak_bytes
+    assert measured == tracked + host
