@@ -56,6 +56,10 @@ type Export struct {
 	// and ckptplan.apply run it, when known.
 	RuntimePeakBytes mem.Bytes `json:"runtime_peak_bytes,omitempty"`
 	Overhead         float64   `json:"overhead"`
+	// HostBytes is what the step keeps in host memory, every stage's
+	// (the layers', and the embedding's and head's: the Python numbers
+	// their products keep), apart from PeakBytes and the budget.
+	HostBytes mem.Bytes `json:"host_bytes,omitempty"`
 	// Runtime is what the plan was made for (planner.Runtime): per-layer
 	// for every runtime an export writes for, unless asked otherwise.
 	Runtime planner.Runtime `json:"runtime,omitempty"`
@@ -126,6 +130,7 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	var nested, keptNothing []string
 	var nothingBytes mem.Bytes
 	for i, st := range plan.Stages {
+		e.HostBytes += st.HostBytes
 		n, layer := ir.LayerIndex(st.Name)
 		if !layer {
 			switch st.Decision {

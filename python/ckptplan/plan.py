@@ -40,6 +40,7 @@ MODES = ("store", "checkpoint", "selective")
 FIELDS = {
     "plan": ("schema", "model", "solver", "feasible", "budget_bytes", "reserve_bytes", "static_bytes",
              "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "runtime", "overhead", "recompute_flops",
+             "host_bytes",
              "batch", "seq", "dtype", "autocast", "attention", "profile", "zero", "layers", "notes"),
     "layer": ("name", "mode", "policy", "keeps", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
     "saved": ("name", "bytes", "keep"),
@@ -115,6 +116,7 @@ class Plan:
     step_peak_bytes: int = 0  # what the optimizer step holds (0: not known)
     runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
     runtime: str = "per-layer"  # what it was planned for: per-layer (apply, the exports) or nested
+    host_bytes: int = 0  # kept in host memory by every stage (layers' host_bytes, the embedding's, the head's), apart from peak_bytes
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # The same request for another batch and seq (and budget, in bytes,
     # when given), where the plan is ckptplan.plan's of a model's config:
@@ -167,7 +169,7 @@ class Plan:
                    attention=d.get("attention", ""), layers=layers,
                    static_bytes=int(d.get("static_bytes", 0)),
                    runtime_peak_bytes=int(d.get("runtime_peak_bytes", 0)),
-                   runtime=d.get("runtime") or "per-layer",
+                   runtime=d.get("runtime") or "per-layer", host_bytes=int(d.get("host_bytes", 0)),
                    peak_at=d.get("peak_at", ""), step_peak_bytes=int(d.get("step_peak_bytes", 0)),
                    notes=tuple(d.get("notes") or ()), raw=d)
 

@@ -33,8 +33,8 @@ def _batch(batch: int, seq: int = SEQ) -> dict:
 
 def _measured(model, optimizer, batch: int, seq: int = SEQ, plan=None) -> int:
     """The step's measured peak on the allocator, less what the plan's
-    layers keep in host memory."""
-    host = sum(layer.host_bytes for layer in plan.layers) if plan is not None else 0
+    stages keep in host memory."""
+    host = plan.host_bytes if plan is not None else 0
     return max(step_peaks(model, optimizer, _batch(batch, seq)).values()) - host
 
 

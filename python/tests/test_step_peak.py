@@ -144,9 +144,10 @@ def whole_step(model, optimizer, plan, batch, micro: int = 1) -> tuple[int, str]
 
 def _slack(plan, measured: int) -> int:
     """What the plan counts beyond the measured peak, less what it is
-    known to: on the CPU the allocator counts too what the layers keep in
-    host memory (plan.layers' host_bytes: the Python numbers products
-    keep, and the random-number state torch.utils.checkpoint stashes),
+    known to: on the CPU the allocator counts too what the step keeps in
+    host memory (plan.host_bytes, every stage's: the Python numbers
+    products keep, and the random-number state torch.utils.checkpoint
+    stashes),
     apart from the GPU's budget. nll_loss's count of targets (4 bytes)
     the plan frees as PyTorch does, with nll_loss's own backward, before
     log_softmax's makes the logits' gradient. A stage output
@@ -154,8 +155,7 @@ def _slack(plan, measured: int) -> int:
     fp32 copy; the frozen embedding's under LoRA) the plan frees as
     PyTorch does, once its last reader in the next stored stage has run
     (solver.Chain.UnsavedActs)."""
-    host = sum(layer.host_bytes for layer in plan.layers)
-    return plan.peak_bytes + host - measured
+    return plan.peak_bytes + plan.host_bytes - measured
 
 
 # (name, LoRA rank, micro-batches a step accumulates gradients over, dtype)
@@ -244,7 +244,7 @@ def test_whole_step_peak_in_a_layer(ckptplan_binary, share):
     ckptplan.apply(model, plan)
     measured, part = whole_step(model, optimizer, plan, batch)
     assert part == "backward" and plan.peak_at == "backward of layers.3", (part, plan.peak_at)
-    host = sum(layer.host_bytes for layer in plan.layers)  # on the CPU allocator too (_slack)
+    host = plan.host_bytes  # on the CPU allocator too (_slack)
     assert plan.peak_bytes + host == measured
 
 
@@ -572,7 +572,7 @@ def test_memtracker_agrees_gpt2(ckptplan_binary, dropout, dtype):
         train_step(model, optimizer, batch)
     tracked = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     measured, _ = whole_step(model, optimizer, plan, batch)
-    host = sum(layer.host_bytes for layer in plan.layers)
+    host = plan.host_bytes
     assert host > 0
     assert tracked == plan.peak_bytes
     assert measured == tracked + host
