@@ -115,9 +115,10 @@ func ropeTables(g *ir.Graph, held func(int) bool) (made, registered int64) {
 }
 
 // modelMasks returns the bytes of the masks the model makes each forward
-// and hands the layers whose op is op: its eager layers (ir.CausalMask),
-// or its sdpa layers where they take one (ir.Attention: a padded batch, a
-// sliding window; ir.Attrs.ModelMask), each [b, 1, s, s]:
+// and hands the layers whose op is op: its eager layers and the masked
+// layers of sdpa's math path (ir.CausalMask), or its sdpa layers where
+// they take one (ir.Attention: a padded batch, a sliding window;
+// ir.Attrs.ModelMask), each [b, 1, s, s]:
 // transformers makes one of each kind its layers take (a causal mask;
 // from 4.53 a sliding-window one for sliding layers beside it), for eager
 // attention materialized in the model's dtype whether or not the batch
@@ -137,6 +138,9 @@ func modelMasks(g *ir.Graph, held func(int) bool, op ir.Op) int64 {
 		switch {
 		case n.Op == ir.CausalMask && len(n.Shape) >= 4:
 			b, s, size = n.Shape[0], n.Shape.Last(), g.DType.Size()
+			if g.Setup.Attention == ir.AttentionSDPAMath && g.Setup.Numerics.ModelMasks {
+				size = 1 // sdpa's boolean mask, which its math path adds
+			}
 		case n.Op == ir.Attention:
 			// q [b, heads, s, d]; boolean from 4.53.
 			q := g.Nodes[n.Inputs[0]].Shape

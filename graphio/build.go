@@ -388,7 +388,14 @@ func (b *builder) sdpaMath(q, k, v int, interleave bool) int {
 	q = b.op("attn.q_scaled", ir.Scale, ir.Attrs{Factor: root, ScalarArg: true}, q)
 	k = b.op("attn.k_scaled", ir.Scale, ir.Attrs{Factor: root, ScalarArg: true}, k)
 	s := b.op("attn.qk_matmul", ir.MatMul, ir.Attrs{TransposeB: true}, q, k)
-	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{}, s)
+	// The mask the model hands a masked layer (sdpaMasked) is the
+	// layer's call argument, as an eager layer's: the math path adds it
+	// and saves none.
+	mask := ""
+	if b.sdpaMasked() {
+		mask = b.modelMask(true)
+	}
+	s = b.op("attn.causal_mask", ir.CausalMask, ir.Attrs{ModelMask: mask}, s)
 	s = b.op("attn.softmax", ir.Softmax, ir.Attrs{Safe: true}, s)
 	s = b.dropout("attn.attn_dropout", s)
 	o := b.op("attn.av_matmul", ir.MatMul, ir.Attrs{}, s, v)

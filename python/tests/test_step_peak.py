@@ -21,14 +21,16 @@ import ckptplan  # noqa: E402
 BATCH, SEQ, VOCAB = 2, 256, 1000
 
 
-def build(lora: int = 0, dtype: str = "fp32", attention: str = "sdpa", vocab: int = VOCAB) -> "torch.nn.Module":
-    """The Llama the tests train, in dtype, with that attention and
-    vocabulary; with LoRA adapters of that rank on q and v (PEFT) when
-    lora is not 0."""
+def build(lora: int = 0, dtype: str = "fp32", attention: str = "sdpa", vocab: int = VOCAB,
+          dropout: float = 0.0) -> "torch.nn.Module":
+    """The Llama the tests train, in dtype, with that attention,
+    vocabulary and attention dropout; with LoRA adapters of that rank on
+    q and v (PEFT) when lora is not 0."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
-                                   max_position_embeddings=512, tie_word_embeddings=False)
+                                   max_position_embeddings=512, tie_word_embeddings=False,
+                                   attention_dropout=dropout)
     cfg._attn_implementation = attention
     model = transformers.LlamaForCausalLM(cfg)
     model.config.use_cache = False
@@ -434,6 +436,34 @@ def test_whole_step_padded(ckptplan_binary, share):
     freed = BATCH * SEQ * SEQ * (1 if new else 4) if part == "backward" else 0
     assert over == freed
 
+
+
+@pytest.mark.parametrize("share", [100, 80, 60])
+def test_whole_step_padded_math(ckptplan_binary, share):
+    """A padded batch under attention dropout: on the CPU sdpa runs its
+    math path, which adds the model's mask to its scores and saves none.
+    The mask (from transformers 4.53 a boolean [batch, 1, seq, seq],
+    before, additive in the model's dtype) is then each layer's call
+    argument, as eager attention's: freed with the forward storing
+    everything, held by a checkpointed or selective layer's call to its
+    backward. The plan is the measure, stored and planned (it was below
+    by the boolean mask, 131,072 bytes, planned on transformers 5.24)."""
+    model = build(dropout=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, SEQ - 56:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, padded=True)
+    assert plan.attention == "sdpa-math"
+    if share < 100:
+        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
+        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, padded=True)
+        ckptplan.apply(model, plan)
+        assert any(layer.mode != "store" for layer in plan.layers)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert _slack(plan, measured) == 0
 
 
 def build_gpt2(dropout: float, dtype: str = "fp32", lora: int = 0) -> "torch.nn.Module":
