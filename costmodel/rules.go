@@ -117,8 +117,11 @@ func (a *analyzer) keeps(n *ir.Node) {
 	case ir.Scale:
 		switch {
 		case n.Attrs.TensorConst && a.profile == Transformers && grad(0):
-			// Dividing by a 0-dim tensor keeps the divisor.
-			a.keep(n, a.extra(n, Divisor, ir.Shape{1}, x().DType, false))
+			// Dividing by a 0-dim tensor keeps the divisor, unless it
+			// is one of the model's buffers (counted with them).
+			if !n.Attrs.Buffer {
+				a.keep(n, a.extra(n, Divisor, ir.Shape{1}, x().DType, false))
+			}
 		case !n.Attrs.TensorConst && !n.Attrs.ScalarArg && a.profile == Transformers && grad(0):
 			// A product with (or quotient by) a Python number keeps the
 			// number, wrapped, in host memory.

@@ -44,10 +44,17 @@ var Buffers = &Term{
 	Describe: func(_ *ir.Setup, _ Static, b mem.Bytes) string { return fmt.Sprintf("buffers %v", b) },
 }
 
-// buffers returns ropeTables' bytes, the registered ones as measured on
-// the live model where they were (ir.Setup.BuffersBytes).
+// buffers returns ropeTables' bytes, with Gemma's embedding scale among
+// the registered ones where it is a buffer (ir.Attrs.Buffer); the
+// registered ones as measured on the live model where they were
+// (ir.Setup.BuffersBytes).
 func buffers(g *ir.Graph, held func(int) bool) (made, registered int64) {
 	made, registered = ropeTables(g, held)
+	for i := range g.Nodes {
+		if n := &g.Nodes[i]; n.Op == ir.Scale && n.Attrs.Buffer && held(i) {
+			registered += g.DType.Size() // a 0-dim buffer (ir.Attrs.Buffer)
+		}
+	}
 	if b := g.Setup.BuffersBytes; b > 0 {
 		registered = b
 	}

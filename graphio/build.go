@@ -161,8 +161,9 @@ func (b *builder) embed() int {
 	switch m.Family {
 	case "gemma", "gemma2":
 		// Gemma scales its embeddings by √hidden, a 0-dim tensor in the
-		// model dtype.
-		x = b.op("normalizer", ir.Scale, ir.Attrs{Factor: math.Sqrt(float64(m.Hidden)), TensorConst: true}, x)
+		// model dtype, or from 5.4 a buffer in it.
+		x = b.op("normalizer", ir.Scale, ir.Attrs{Factor: math.Sqrt(float64(m.Hidden)), TensorConst: true,
+			Buffer: b.m.Training.Numerics.GemmaScaleBuffer}, x)
 	case "granite":
 		x = b.op("multiplier", ir.Scale, ir.Attrs{Factor: m.EmbeddingMultiplier}, x)
 	}

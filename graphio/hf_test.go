@@ -17,7 +17,8 @@ import (
 // handed q, k and v as they are and K and V unexpanded where the model's
 // masks leave a layer none (integrations/sdpa_attention.py,
 // masking_utils.py), GPT-2's eager attention scaled by a float and masked
-// by addition (models/gpt2/modeling_gpt2.py), and a loss that reads the
+// by addition (models/gpt2/modeling_gpt2.py), Gemma's embeddings scaled by
+// a registered buffer (models/gemma/modeling_gemma.py), and a loss that reads the
 // logits in fp32 (LlamaForCausalLM's loss_function calls logits.float()).
 func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s := ir.DefaultSetup()
@@ -26,6 +27,7 @@ func hfSetup(dtype string, dropout float64, seq int64) ir.Setup {
 	s.Transformers = "5.24"
 	s.Numerics.ByteMasks, s.Numerics.SDPAGQA, s.Numerics.ModelMasks = true, true, true
 	s.Numerics.GPT2FloatScale, s.Numerics.GPT2AdditiveMask, s.Numerics.Phi3RopeCat = true, true, true
+	s.Numerics.GemmaScaleBuffer = true
 	s.LoRA.Targets = []ir.LoRATarget{"q", "v"} // PEFT's default for Llama and its kin
 	return s
 }
@@ -102,9 +104,11 @@ func TestParseHFConfigKeys(t *testing.T) {
 		edit(m)
 		if m.Experts > 0 {
 			// transformers 4.57, the newest whose experts ckptplan
-			// models: GPT-2's attention as before 5.2.
+			// models: GPT-2's attention as before 5.2, Gemma's
+			// embedding scale as before 5.4.
 			m.Training.Transformers = "4.57"
 			m.Training.Numerics.GPT2FloatScale, m.Training.Numerics.GPT2AdditiveMask = false, false
+			m.Training.Numerics.GemmaScaleBuffer = false
 		}
 		return m
 	}

@@ -8,7 +8,7 @@ package graphio
 // mask, and under sdpa a causal layer gets none), 4.54 (K and V go to
 // sdpa unexpanded, with enable_gqa, where there is no mask), 4.56 (the
 // contiguous copies dropped again) and in 5.2 and 5.4 (GPT-2's eager
-// attention became Llama's); GPT-2 took the shared causal LM loss, which
+// attention became Llama's; Gemma's embedding scale a buffer); GPT-2 took the shared causal LM loss, which
 // upcasts the logits, in 4.48, and that loss stopped copying the shifted
 // logits in 4.49. Each of those changes what autograd saves,
 // so the transformers profile plans for one release, named in the setup
@@ -49,6 +49,7 @@ type releaseRules struct {
 	sdpaContiguous, sdpaGQA, modelMasks bool
 	gpt2AdditiveMask, gpt2FloatScale    bool
 	gpt2LossModelDType                  bool
+	gemmaScaleBuffer                    bool
 	phi3RopeCat                         bool
 	// lossShiftCopy: the causal LM loss shifts the logits by a
 	// contiguous copy (before 4.49).
@@ -71,8 +72,8 @@ var releases = []releaseRules{
 	{from: Release{4, 56}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true},
 	{from: Release{5, 0}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true},
 	{from: Release{5, 2}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true},
-	{from: Release{5, 4}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true},
-	{from: Release{5, 21}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true, softcapEager: true},
+	{from: Release{5, 4}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true, gemmaScaleBuffer: true},
+	{from: Release{5, 21}, phi3RopeCat: true, modelMasks: true, sdpaGQA: true, expertsKernels: true, gpt2AdditiveMask: true, gpt2FloatScale: true, gemmaScaleBuffer: true, softcapEager: true},
 }
 
 var (
@@ -133,6 +134,7 @@ func ApplyRelease(t *ir.Setup, r Release) {
 	n.SDPAContiguous, n.SDPAGQA, n.ModelMasks = rules.sdpaContiguous, rules.sdpaGQA, rules.modelMasks
 	n.GPT2AdditiveMask, n.GPT2FloatScale = rules.gpt2AdditiveMask, rules.gpt2FloatScale
 	n.GPT2LossModelDType = rules.gpt2LossModelDType
+	n.GemmaScaleBuffer = rules.gemmaScaleBuffer
 	n.Phi3RopeCat = rules.phi3RopeCat
 	n.LossShiftCopy = rules.lossShiftCopy
 }

@@ -15,6 +15,7 @@ import (
 // torch.full until 5.3), GPT2LMHeadModel's loss (its own CrossEntropyLoss
 // until 4.47, self.loss_function from 4.48), Phi-3's apply_rotary_pos_emb
 // (torch.cat from 4.48),
+// Gemma's and Gemma 2's embedding scale (a registered buffer from 5.4),
 // Gemma 2's _supports_sdpa (False from 5.21) and Mixtral's experts
 // (@use_experts_implementation from 5.0).
 func TestApplyRelease(t *testing.T) {
@@ -38,11 +39,11 @@ func TestApplyRelease(t *testing.T) {
 		{"5.1.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true}, false, true},
 		{"5.2.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false, true},
 		{"5.3.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true}, false, true},
-		{"5.4.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false, true},
-		{"5.20.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, false, true},
-		{"5.21.1", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
-		{"5.24.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
-		{"6.0.0.dev0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true}, true, true},
+		{"5.4.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true, GemmaScaleBuffer: true}, false, true},
+		{"5.20.2", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true, GemmaScaleBuffer: true}, false, true},
+		{"5.21.1", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true, GemmaScaleBuffer: true}, true, true},
+		{"5.24.0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true, GemmaScaleBuffer: true}, true, true},
+		{"6.0.0.dev0", ir.Numerics{SDPAGQA: true, Phi3RopeCat: true, ModelMasks: true, GPT2AdditiveMask: true, GPT2FloatScale: true, GemmaScaleBuffer: true}, true, true},
 	} {
 		r, err := ParseRelease(tc.version)
 		if err != nil {

@@ -26,7 +26,7 @@ func (a *Attrs) AppendKey(b []byte) []byte {
 	var flags uint64
 	for i, v := range [...]bool{a.Bias, a.Frozen, a.Upcast, a.Safe, a.OnePlus, a.Autocast,
 		a.Flash, a.BSHD, a.TanhPy, a.TensorConst, a.ScalarArg, a.Causal, a.MaskKept,
-		a.TransposeB, a.Tables, a.View, a.Interleave, a.Grad} {
+		a.TransposeB, a.Tables, a.View, a.Interleave, a.Grad, a.Buffer} {
 		if v {
 			flags |= 1 << i
 		}

@@ -162,6 +162,7 @@ type Attrs struct {
 	BSHD        bool    // Attention: output laid out [b, s, heads, d] (PyTorch's sdpa kernels), so merging heads is a view
 	TanhPy      bool    // GELU: the tanh approximation in Python ops (transformers' gelu_new), which keeps four tensors
 	TensorConst bool    // Scale: the constant is a 0-dim tensor in the model dtype (GPT-2's torch.full), which the backward keeps
+	Buffer      bool    // Scale with TensorConst: the constant is a registered buffer in the model's dtype, which the product keeps itself (Gemma's embedding scale, transformers 5.4 on)
 	// ScalarArg: Scale's constant is the op's own Scalar argument
 	// (aten.mul.Scalar, as PyTorch's kernels call it), which autograd
 	// keeps inside its node; otherwise a Python number, which PyTorch

@@ -116,6 +116,13 @@ type Numerics struct {
 	// (transformers before 4.48; later releases share the loss of the
 	// other families, which upcasts).
 	GPT2LossModelDType bool `yaml:"gpt2_loss_model_dtype,omitempty" json:"gpt2_loss_model_dtype,omitempty"`
+	// GemmaScaleBuffer: Gemma and Gemma 2 scale their embeddings by a
+	// registered 0-dim buffer (transformers 5.4 and later), in the
+	// model's dtype as converting the model converts it, and cast to the
+	// weights' dtype, which is then no copy: the product keeps the buffer
+	// itself. Before, a 0-dim tensor in the model dtype made each
+	// forward.
+	GemmaScaleBuffer bool `yaml:"gemma_scale_buffer,omitempty" json:"gemma_scale_buffer,omitempty"`
 	// LossShiftCopy: the causal LM loss copies the logits of the first
 	// s−1 positions contiguous and takes the log-softmax of those
 	// (transformers before 4.49); later releases pad the labels instead

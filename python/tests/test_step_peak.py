@@ -466,6 +466,39 @@ def test_whole_step_padded_math(ckptplan_binary, share):
     assert _slack(plan, measured) == 0
 
 
+@pytest.mark.parametrize("share", [100, 80])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_whole_step_gemma(ckptplan_binary, dtype, share):
+    """Gemma, stored and planned: the measure is the plan's (_slack).
+    Gemma scales its embeddings by √hidden, a 0-dim tensor the product
+    keeps: made each forward in the model's dtype before transformers
+    5.4, from 5.4 a registered buffer in it (the model's dtype conversion
+    converts it; its cast to the weights' dtype is no copy), which the
+    plan then counts once, with the buffers (it was 4 bytes above in
+    fp32, counting both)."""
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=VOCAB,
+                                   max_position_embeddings=512, hidden_activation="gelu_pytorch_tanh")
+    cfg._attn_implementation = "sdpa"
+    model = transformers.GemmaForCausalLM(cfg)
+    model.config.use_cache = False
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
+    if share < 100:
+        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
+        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
+        ckptplan.apply(model, plan)
+        assert any(layer.mode != "store" for layer in plan.layers)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    assert _slack(plan, measured) == 0
+
+
 def build_gpt2(dropout: float, dtype: str = "fp32", lora: int = 0) -> "torch.nn.Module":
     """A GPT-2 of the Llama's size (h128, 4 layers, vocabulary VOCAB),
     its input and output embeddings tied, learned positions, LayerNorm
