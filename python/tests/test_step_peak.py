@@ -32,13 +32,18 @@ def build(lora: int = 0, dtype: str = "fp32", attention: str = "sdpa", vocab: in
                                    max_position_embeddings=512, tie_word_embeddings=False,
                                    attention_dropout=dropout)
     cfg._attn_implementation = attention
-    model = transformers.LlamaForCausalLM(cfg)
+    return _trained(transformers.LlamaForCausalLM(cfg), dtype, lora, target_modules=["q_proj", "v_proj"])
+
+
+def _trained(model, dtype: str, lora: int = 0, **lora_config) -> "torch.nn.Module":
+    """model as a step trains it: no key/value cache, in dtype, with LoRA
+    adapters of rank lora (PEFT, lora_config) when lora is not 0."""
     model.config.use_cache = False
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
     if lora:
         peft = pytest.importorskip("peft")
-        model = peft.get_peft_model(model, peft.LoraConfig(r=lora, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+        model = peft.get_peft_model(model, peft.LoraConfig(r=lora, lora_alpha=16, **lora_config))
     return model
 
 
@@ -160,6 +165,34 @@ def _slack(plan, measured: int) -> int:
     return plan.peak_bytes + plan.host_bytes - measured
 
 
+def _plan_at(model, optimizer, share: int, **kwargs) -> "ckptplan.Plan":
+    """The plan storing everything (share 100), or else the selective
+    plan in share% of the activations storing everything holds, applied
+    to model; kwargs go to ckptplan.plan."""
+    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, **kwargs)
+    if share < 100:
+        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
+        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, **kwargs)
+        ckptplan.apply(model, plan)
+        assert any(layer.mode != "store" for layer in plan.layers)
+    return plan
+
+
+def _step_at(model, share: int, batch: "dict | None" = None, **kwargs) -> tuple["ckptplan.Plan", int]:
+    """_plan_at's plan of model under fused AdamW over its trained
+    weights, and the measured peak of a step of batch (random tokens, as
+    their own labels, by default), which must fall in the part of the
+    step the plan says."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
+    if batch is None:
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        batch = {"input_ids": ids, "labels": ids.clone()}
+    plan = _plan_at(model, optimizer, share, **kwargs)
+    measured, part = whole_step(model, optimizer, plan, batch)
+    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    return plan, measured
+
+
 # (name, LoRA rank, micro-batches a step accumulates gradients over, dtype)
 SETUPS = [("full", 0, 1, "fp32"), ("lora", 8, 1, "fp32"), ("accumulate", 0, 2, "fp32"), ("bf16", 0, 1, "bf16")]
 
@@ -266,17 +299,7 @@ def test_whole_step_eager(ckptplan_binary, dtype, share):
     view of one [seq, seq] mask, which the plan counts as the copy per
     sequence a batch with one gets: the plan is above by at most that."""
     model = build(0, dtype, "eager")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    plan, measured = _step_at(model, share)
     size = 4 if dtype == "fp32" else 2
     mask = BATCH * SEQ * SEQ * size
     over = _slack(plan, measured)
@@ -412,20 +435,8 @@ def test_whole_step_padded(ckptplan_binary, share):
     on the CPU. The positions are freed with the forward in both
     (solver.Chain.ArgBytes). Planned, a layer's call holds both to its
     backward: the plan is the measure."""
-    model, optimizer, _, _ = _setup(0, 1)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
-    mask[1, SEQ - 56:] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, padded=True)
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, padded=True)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    model = build()
+    plan, measured = _step_at(model, share, _padded_batch(), padded=True)
     over = _slack(plan, measured)
     if share < 100:
         assert over == 0
@@ -433,9 +444,17 @@ def test_whole_step_padded(ckptplan_binary, share):
     from ckptplan.introspect import describe
 
     new = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
-    freed = BATCH * SEQ * SEQ * (1 if new else 4) if part == "backward" else 0
+    freed = BATCH * SEQ * SEQ * (1 if new else 4) if _part(plan.peak_at) == "backward" else 0
     assert over == freed
 
+
+def _padded_batch() -> dict:
+    """A batch whose second sequence is 56 tokens short, masked, its
+    labels -100."""
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, SEQ - 56:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
 @pytest.mark.parametrize("share", [100, 80, 60])
@@ -448,21 +467,8 @@ def test_whole_step_padded_math(ckptplan_binary, share):
     everything, held by a checkpointed or selective layer's call to its
     backward. The plan is the measure, stored and planned (it was below
     by the boolean mask, 131,072 bytes, planned on transformers 5.24)."""
-    model = build(dropout=0.1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
-    mask[1, SEQ - 56:] = 0
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer, padded=True)
+    plan, measured = _step_at(build(dropout=0.1), share, _padded_batch(), padded=True)
     assert plan.attention == "sdpa-math"
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer, padded=True)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
     assert _slack(plan, measured) == 0
 
 
@@ -481,21 +487,7 @@ def test_whole_step_gemma(ckptplan_binary, dtype, share):
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=VOCAB,
                                    max_position_embeddings=512, hidden_activation="gelu_pytorch_tanh")
     cfg._attn_implementation = "sdpa"
-    model = transformers.GemmaForCausalLM(cfg)
-    model.config.use_cache = False
-    if dtype == "bf16":
-        model = model.to(torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    plan, measured = _step_at(_trained(transformers.GemmaForCausalLM(cfg), dtype), share)
     assert _slack(plan, measured) == 0
 
 
@@ -509,15 +501,7 @@ def build_gpt2(dropout: float, dtype: str = "fp32", lora: int = 0) -> "torch.nn.
     cfg = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=512, vocab_size=VOCAB,
                                   attn_pdrop=dropout, resid_pdrop=dropout, embd_pdrop=dropout)
     cfg._attn_implementation = "sdpa"
-    model = transformers.GPT2LMHeadModel(cfg)
-    model.config.use_cache = False
-    if dtype == "bf16":
-        model = model.to(torch.bfloat16)
-    if lora:
-        peft = pytest.importorskip("peft")
-        model = peft.get_peft_model(model, peft.LoraConfig(r=lora, lora_alpha=16, target_modules=["c_attn"],
-                                                           fan_in_fan_out=True))
-    return model
+    return _trained(transformers.GPT2LMHeadModel(cfg), dtype, lora, target_modules=["c_attn"], fan_in_fan_out=True)
 
 
 def _bf16_linear_buffer(rows: int, features: list[tuple[int, int]]) -> int:
@@ -568,17 +552,7 @@ def test_whole_step_gpt2(ckptplan_binary, dropout, dtype, share):
     which the plan, modelling CUDA, does not count: the measure is above
     the plan by at most that."""
     model = build_gpt2(dropout, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    plan, measured = _step_at(model, share)
     over = _slack(plan, measured)
     if dtype == "bf16" and plan.peak_at.startswith("backward of layers."):
         hidden = model.config.n_embd
@@ -598,17 +572,7 @@ def test_whole_step_gpt2_lora(ckptplan_binary, share):
     (seq int64s); planned, by them where the layers do not take them,
     else it is the measure."""
     model = build_gpt2(0.1, lora=8)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    plan = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, solver="none", optimizer=optimizer)
-    if share < 100:
-        budget = plan.static_bytes + (plan.peak_bytes - plan.static_bytes) * share // 100
-        plan = ckptplan.plan(model, budget, batch=BATCH, seq=SEQ, optimizer=optimizer)
-        ckptplan.apply(model, plan)
-        assert any(layer.mode != "store" for layer in plan.layers)
-    measured, part = whole_step(model, optimizer, plan, batch)
-    assert part == _part(plan.peak_at), (part, plan.peak_at)
+    plan, measured = _step_at(model, share)
     from ckptplan.introspect import describe
 
     taken = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
