@@ -8,10 +8,11 @@ package graphio
 // mask, and under sdpa a causal layer gets none), 4.54 (K and V go to
 // sdpa unexpanded, with enable_gqa, where there is no mask), 4.56 (the
 // contiguous copies dropped again) and in 5.2 and 5.4 (GPT-2's eager
-// attention became Llama's; Gemma's embedding scale a buffer); GPT-2 took the shared causal LM loss, which
-// upcasts the logits, in 4.48, and that loss stopped copying the shifted
-// logits in 4.49. Each of those changes what autograd saves,
-// so the transformers profile plans for one release, named in the setup
+// attention became Llama's; Gemma's embedding scale a buffer); GPT-2
+// took the shared causal LM loss, which upcasts the logits, in 4.48, and
+// that loss stopped copying the shifted logits in 4.49. Each of those
+// changes what autograd saves, so the transformers profile plans for one
+// release, named in the setup
 // (training.transformers, --transformers), and this table is the one place
 // that says what a release does: every rule is a field of ir.Numerics,
 // which the builders read. A release between two rows runs as the older

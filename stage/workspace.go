@@ -25,6 +25,11 @@ import (
 // backward of a shifted loss holds more, in an order of its own
 // (shiftedLossWorkspace, shiftedLossBackward).
 //
+// transformers' gelu_new runs in Python ops, and the backward of its last
+// product, 0.5·x times 1 + tanh(…), makes the gradients of both factors at
+// once: an output's worth beyond the gradient of x the node allocates
+// (a selective layer that reruns it peaks there).
+//
 // sdpa's math path takes _safe_softmax (PyTorch 2.5 on), which makes the
 // softmax apart, a boolean mask of the -inf scores and a flag a row, and
 // writes its output through torch.where with two 0-dim fp32 scalars:
@@ -64,9 +69,6 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		}
 		return 0 // a shifted loss's backward: shiftedLossBackward
 	case ir.GELU:
-		// transformers' gelu_new, 0.5·x·(1 + tanh(…)) in Python ops: the
-		// backward of its last product makes the gradients of both
-		// factors at once, one beyond the gradient of x.
 		if backward && n.Attrs.TanhPy && c.Profile == costmodel.Transformers {
 			return mem.Bytes(c.Storages[c.OutputStorage(id)].Bytes)
 		}
