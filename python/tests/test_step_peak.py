@@ -530,6 +530,7 @@ def _bf16_linear_buffer(rows: int, features: list[tuple[int, int]]) -> int:
         most = max(most, peak - live)
     return most
 
+
 @pytest.mark.parametrize("share", [100, 80, 60])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
