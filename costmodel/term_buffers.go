@@ -4,15 +4,18 @@ package costmodel
 // activations: the rotary embedding's cos and sin tables, which the model
 // makes in each forward and the backward's graph frees (ropeTables), and
 // its registered buffers (the tables' inverse frequencies, a layer's own
-// cached tables), or the buffers measured on the live model
+// cached tables, Gemma's embedding scale from transformers 5.4), or the
+// buffers measured on the live model
 // (ir.Setup.BuffersBytes); and, where its sdpa layers take one (a padded
 // batch, a sliding window), the mask the model makes and the attention
 // saves for its backward (modelMasks).
 //
 // Under the transformers profile the model also makes, each forward, the
 // positions (cache_position, and position_ids a view of it: seq int64s)
-// and, for eager attention, the mask it adds to every layer's scores,
-// and hands them to every decoder layer's call: the call arguments
+// and, for eager attention and sdpa's math path, the mask it adds to
+// every layer's scores, and hands them to every decoder layer's call
+// (learned positions are the position embedding's input instead, which
+// saves them): the call arguments
 // (CallArgs). No op saves them. PyTorch frees them when the model's
 // forward returns, unless a checkpointed or selective layer's call holds
 // them: torch.utils.checkpoint keeps its arguments for the rerun, to that

@@ -165,6 +165,12 @@ def _slack(plan, measured: int) -> int:
     return plan.peak_bytes + plan.host_bytes - measured
 
 
+def _release() -> tuple[int, int]:
+    """The installed transformers release, (major, minor)."""
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _plan_at(model, optimizer, share: int, **kwargs) -> "ckptplan.Plan":
     """The plan storing everything (share 100), or else the selective
     plan in share% of the activations storing everything holds, applied
@@ -232,8 +238,7 @@ def test_whole_step_planned(ckptplan_binary, name, lora, micro, dtype, share):
     model, optimizer, batch, extra = _setup(lora, micro, dtype)
     from ckptplan.introspect import describe
 
-    setup = describe(model, batch=BATCH, seq=SEQ)
-    if setup.gqa_kernel == "math" and tuple(map(int, setup.transformers.split("."))) >= (4, 54):
+    if describe(model, batch=BATCH, seq=SEQ).gqa_kernel == "math" and _release() >= (4, 54):
         # PyTorch 2.5 to 2.7 on the CPU run sdpa's math path for grouped
         # K and V (transformers 4.54 and later), one C++ function whose
         # locals (the scaled q, the repeated K and V, the causal mask it
@@ -303,9 +308,7 @@ def test_whole_step_eager(ckptplan_binary, dtype, share):
     size = 4 if dtype == "fp32" else 2
     mask = BATCH * SEQ * SEQ * size
     over = _slack(plan, measured)
-    from ckptplan.introspect import describe
-
-    if tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53):
+    if _release() >= (4, 53):
         assert over == 0
     else:
         # Storing everything the mask is gone by the backward: the copy
@@ -441,10 +444,7 @@ def test_whole_step_padded(ckptplan_binary, share):
     if share < 100:
         assert over == 0
         return
-    from ckptplan.introspect import describe
-
-    new = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
-    freed = BATCH * SEQ * SEQ * (1 if new else 4) if _part(plan.peak_at) == "backward" else 0
+    freed = BATCH * SEQ * SEQ * (1 if _release() >= (4, 53) else 4) if _part(plan.peak_at) == "backward" else 0
     assert over == freed
 
 
@@ -574,9 +574,7 @@ def test_whole_step_gpt2_lora(ckptplan_binary, share):
     else it is the measure."""
     model = build_gpt2(0.1, lora=8)
     plan, measured = _step_at(model, share)
-    from ckptplan.introspect import describe
-
-    taken = tuple(map(int, describe(model, batch=BATCH, seq=SEQ).transformers.split(".")[:2])) >= (4, 53)
+    taken = _release() >= (4, 53)
     assert _slack(plan, measured) == (0 if share < 100 and taken else 8 * SEQ)
 
 
