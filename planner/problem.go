@@ -174,6 +174,9 @@ func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline)
 			_, p.Chain.TakesArgs[i] = ir.LayerIndex(st.Name)
 		}
 	}
+	if c.Profile == costmodel.Transformers {
+		p.Chain.Embeds = embeds(c, stages)
+	}
 	// The loop holds the loss and its gradient through the backward, and
 	// drops them before the optimizer step.
 	p.Chain.HoldsLoss = true
@@ -337,6 +340,38 @@ func (p *Problem) reduceInBackward(r mem.Bytes) {
 
 // toChain turns stages into a solver chain: costs in FLOPs, the last
 // stage's output a_L as the loss input; keep sets come with SearchKeepSets.
+// embeds returns what a transformers model's forward holds in variables
+// of its own until it is past its layers (solver.Chain.Embeds): the
+// outputs of the embeddings of stage 0, which it names inputs_embeds
+// (GPT-2 position_embeds too) and drops only when it returns.
+func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
+	var e solver.Embeds
+	for i, st := range stages {
+		if _, layer := ir.LayerIndex(st.Name); layer && i > 0 {
+			e.Until = i
+		}
+	}
+	if e.Until == 0 {
+		return solver.Embeds{}
+	}
+	first := stages[0]
+	for _, id := range first.Nodes {
+		if c.Graph.Nodes[id].Op != ir.Embedding {
+			continue
+		}
+		switch s := c.OutputStorage(id); {
+		case s == first.Output:
+			e.Act = true
+		case !first.Saves(s):
+			e.Bytes += mem.Bytes(c.Storages[s].Bytes)
+		}
+	}
+	if !e.Act && e.Bytes == 0 {
+		return solver.Embeds{}
+	}
+	return e
+}
+
 func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 	ch := &solver.Chain{}
 	for _, st := range stages {

@@ -75,6 +75,10 @@ type Chain struct {
 	// the searches count them held the whole step, on the safe side.
 	ArgBytes  mem.Bytes
 	TakesArgs []bool // indexed by stage; nil: none takes them
+	// Embeds is what the model's forward holds in variables of its own
+	// until it is past its layers: transformers' inputs_embeds, GPT-2's
+	// position_embeds. Zero: nothing.
+	Embeds Embeds
 	// FAllInputFreedTempBytes[i] is FAllTempBytes[i] where F_all(i) frees
 	// an unsaved a_i after its last reader (UnsavedActs): at least
 	// −ActBytes[i]. Nil: FAllTempBytes (the input held to the end).
@@ -84,6 +88,24 @@ type Chain struct {
 	// chain's own tape, option k ≥ 1 is Options[i][k-1]. Nil: none.
 	Options [][]Option
 }
+
+// Embeds is what the model's forward holds in variables of its own from
+// stage 0's first forward until the first forward of stage Until has run
+// (the last layer's: the model is past its layers), whatever the stages'
+// ops save. Bytes are the embeddings' outputs stage 0 makes, keeps no
+// copy of in its tape, and does not hand on (a scaled or summed one is
+// a_1): live beside a_1. Act says that a_1 is itself such an output: an
+// unsaved a_1 (UnsavedActs) stays in its tape ā_1 to then, where the
+// first storing forward of stage 1 would free it. Simulate counts both;
+// the searches count Bytes held the whole step, on the safe side.
+type Embeds struct {
+	Bytes mem.Bytes
+	Act   bool
+	Until int
+}
+
+// holds reports whether the model's forward holds anything (Embeds).
+func (e Embeds) holds() bool { return e.Bytes > 0 || e.Act }
 
 // Option is a variant of a storing forward: F_all(i) keeps a smaller tape
 // and B(i) first recomputes what it dropped.
@@ -164,6 +186,9 @@ func (c *Chain) Validate() error {
 	}
 	if c.ArgBytes < 0 || c.TakesArgs != nil && len(c.TakesArgs) != l {
 		return fmt.Errorf("chain has call arguments of %d bytes taken by %d stages, not %d", c.ArgBytes, len(c.TakesArgs), l)
+	}
+	if e := c.Embeds; e.Bytes < 0 || e.holds() && (e.Until < 1 || e.Until >= l) {
+		return fmt.Errorf("chain holds %d bytes of embeddings to stage %d of %d", e.Bytes, e.Until, l)
 	}
 	if c.FAllInputFreedTempBytes != nil {
 		if len(c.FAllInputFreedTempBytes) != l {

@@ -62,9 +62,9 @@ type Table struct {
 	slots  int       // S: columns are m = 0..S
 	maxBud mem.Bytes
 	act    []int // a_0 … a_{L+1} in slots (a_{L+1} = 0)
-	// held is what every budget holds besides the table's columns: a_0
-	// and the model's call arguments (Chain.ArgBytes), counted live the
-	// whole step, in slots.
+	// held is what every budget holds besides the table's columns: a_0,
+	// the model's call arguments (Chain.ArgBytes) and the embeddings its
+	// forward holds (Chain.Embeds), counted live the whole step, in slots.
 	held    int
 	dlt     []int // δ_0 … δ_{L+1} in slots, the parameter gradients they carry included (Chain.DeltaBytes)
 	opts    [][]slotOption
@@ -189,7 +189,7 @@ func (t *Table) prepare() error {
 	for i, d := range c.deltas() {
 		t.dlt[i] = t.toSlots(d)
 	}
-	t.held = t.toSlots(c.ActBytes[0] + c.ArgBytes)
+	t.held = t.toSlots(c.ActBytes[0] + c.ArgBytes + c.Embeds.Bytes)
 	t.ftmp, t.fw, t.sumFw = make([]int, l), make([]float64, l), make([]float64, l+1)
 	t.opts = make([][]slotOption, l)
 	for i := 0; i < l; i++ {

@@ -48,10 +48,14 @@ type state struct {
 	holding    int
 	args       int
 	lastTaker  int // the last stage that takes the arguments, or -1
-	delta      []bool
-	dlt        []mem.Bytes // DeltaBytes
-	live       mem.Bytes
-	u          Usage // live bytes by kind, Transient unused
+	// embeds says where Chain.Embeds are: 0 not made, 1 live, 2 freed;
+	// keepsAct that a_1, unsaved, stays in its tape to then.
+	embeds   int
+	keepsAct bool
+	delta    []bool
+	dlt      []mem.Bytes // DeltaBytes
+	live     mem.Bytes
+	u        Usage // live bytes by kind, Transient unused
 }
 
 func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
@@ -162,6 +166,10 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		// tape ā_i that holds it after its last reader. (A recomputation
 		// in the backward is a checkpoint's, which holds its input.)
 		frees := op.Kind == FAll && op.Option == 0 && !s.backward && c.Unsaved(i) && s.tape[i] && !s.read[i]
+		// The model's forward holds an a_1 it made to its end (Embeds).
+		if frees && i == 1 && c.Embeds.Act && s.embeds < 2 {
+			frees, s.keepsAct = false, true
+		}
 		out, tmp := c.ActBytes[i+1], c.ForwardTempBytes[i]
 		if op.Kind == FAll {
 			o := c.Option(i, op.Option)
@@ -194,6 +202,7 @@ func (s *state) step(op Op) (peak mem.Bytes, cost float64, err error) {
 		if first && i == s.lastTaker && s.holding == 0 {
 			s.freeArgs()
 		}
+		s.embed(i, first)
 		return peak, c.Forward[i], nil
 	case Loss:
 		if i != l {
@@ -252,6 +261,27 @@ func (s *state) makeArgs(op Op) {
 		s.args = 1
 		s.u.Arguments += s.c.ArgBytes
 		s.live += s.c.ArgBytes
+	}
+}
+
+// embed makes Chain.Embeds live after stage 0's first forward, and
+// frees them after stage Embeds.Until's.
+func (s *state) embed(i int, first bool) {
+	e := s.c.Embeds
+	switch {
+	case !first || !e.holds():
+	case i == 0 && s.embeds == 0:
+		s.embeds = 1
+		s.u.Activations += e.Bytes
+		s.live += e.Bytes
+	case i == e.Until && s.embeds == 1:
+		s.embeds = 2
+		s.u.Activations -= e.Bytes
+		s.live -= e.Bytes
+		if s.keepsAct && s.tape[1] && !s.read[1] {
+			s.leaveTape(1)
+		}
+		s.keepsAct = false
 	}
 }
 

@@ -139,6 +139,9 @@ func (st *Stage) StoringProgramFreeingInput(k *KeepSet) Program {
 	}
 	p := st.StoringProgram(k)
 	j := len(p) - 1
+	if _, layer := ir.LayerIndex(st.Name); layer && c.Profile == costmodel.Transformers {
+		last = -1 // the model's loop holds a layer's input until the call returns
+	}
 	if last >= 0 {
 		j = slices.IndexFunc(p, func(e Event) bool { return e.Kind == RunForward && e.Node == last })
 	}
@@ -165,6 +168,11 @@ func (st *Stage) forward(holds func(int) bool) Program {
 			if in.has(c.Storages[s].Node) {
 				lastUse[s], read[s] = max(lastUse[s], k), true
 			}
+		}
+	}
+	for s, end := range st.moduleArgEnds() {
+		if k, ok := lastUse[s]; ok {
+			lastUse[s] = max(k, end)
 		}
 	}
 	p := make(Program, 0, 4*len(nodes)) // an alloc, a run and a free or two a node
@@ -204,6 +212,22 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 	for i, id := range k.Recompute {
 		for _, src := range g.Nodes[id].Inputs {
 			lastUse[c.OutputStorage(src)] = i
+		}
+	}
+	// A module holds its arguments to the last of its nodes the rerun
+	// runs.
+	if ends := st.moduleArgEnds(); len(ends) > 0 {
+		pos := make(map[int]int, len(st.Nodes))
+		for j, id := range st.Nodes {
+			pos[id] = j
+		}
+		for s, end := range ends {
+			if i, ok := lastUse[s]; ok {
+				for i+1 < len(k.Recompute) && pos[k.Recompute[i+1]] <= end {
+					i++
+				}
+				lastUse[s] = i
+			}
 		}
 	}
 	var p Program

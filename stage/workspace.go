@@ -76,6 +76,9 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape
+			if b := peftMixedBytes(c, id, backward); b > 0 {
+				return b // which the executor, fp32 only, never runs
+			}
 			floats = scratch.LoRA(int(x.NumElements()/x.Last()), int(x.Last()), int(r))
 		}
 	case ir.Attention:
@@ -104,4 +107,26 @@ func shiftedLossWorkspace(c *costmodel.Costs, id int) mem.Bytes {
 		return mem.Bytes(c.Storages[s].Bytes)
 	}
 	return 0
+}
+
+// peftMixedBytes is what PEFT's LoRA layer holds beyond its output, kept
+// tensors and gradients where fp32 adapters (ir.LoRA.FP32) sit over a
+// 16-bit base and no autocast runs: its forward adds the adapters' fp32
+// output to the base's 16-bit one, which promotes a copy of the base to
+// fp32 beside the scaled output and their fp32 sum, three of the output's
+// size in fp32; its backward casts the output's gradient to fp32, scales
+// it, and casts it back to 16 bits for the base's product, two fp32 and
+// one 16-bit. Only the transformers profile runs PEFT.
+func peftMixedBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
+	g := c.Graph
+	n := &g.Nodes[id]
+	if c.Profile != costmodel.Transformers || !g.Setup.LoRA.FP32 || n.Attrs.Autocast || n.DType == ir.FP32 {
+		return 0
+	}
+	out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
+	fp32 := out / n.DType.Size() * ir.FP32.Size()
+	if backward {
+		return mem.Bytes(2*fp32 + out)
+	}
+	return mem.Bytes(3 * fp32)
 }

@@ -1,0 +1,62 @@
+package stage
+
+import (
+	"strings"
+
+	"github.com/ckptplan/ckptplan/costmodel"
+)
+
+// A PyTorch module's forward holds its arguments in Python variables
+// until it returns: LlamaMLP holds the post-attention norm's output
+// through its down projection, the attention its input norm's through
+// the output projection, a decoder layer (through the model's loop) its
+// input to its end. Where an op saves the argument this changes nothing;
+// where none does (a 16-bit input that LoRA's adapters cast to fp32 and
+// a frozen base product does not save) the argument outlives its last
+// reader, and a forward, or a checkpoint's rerun, peaks with it.
+//
+// A node's module is its name less the last dotted part
+// ("layers.3.mlp.down_proj" is in "layers.3.mlp"); a submodule of the
+// stage is one whose name is longer than the stage's common prefix. Only
+// the transformers profile runs the model's own modules: the executor's
+// programs free a tensor after its last reader.
+
+// moduleArgEnds returns, for each storage a submodule of the stage reads
+// but does not make, the index in st.Nodes of the submodule's last node:
+// the storage lives at least until it has run. Nil outside the
+// transformers profile.
+func (st *Stage) moduleArgEnds() map[int]int {
+	c := st.c
+	if c.Profile != costmodel.Transformers {
+		return nil
+	}
+	g := c.Graph
+	module := make([]string, len(st.Nodes))
+	last := map[string]int{}
+	for k, id := range st.Nodes {
+		name := g.Nodes[id].Name
+		if dot := strings.LastIndexByte(name, '.'); dot >= 0 && len(name[:dot+1]) > len(st.prefix) {
+			module[k] = name[:dot]
+			last[module[k]] = k
+		}
+	}
+	pos := make(map[int]int, len(st.Nodes))
+	for k, id := range st.Nodes {
+		pos[id] = k
+	}
+	ends := map[int]int{}
+	for k, id := range st.Nodes {
+		m := module[k]
+		if m == "" {
+			continue
+		}
+		for _, src := range g.Nodes[id].Inputs {
+			if j, ok := pos[src]; ok && module[j] == m {
+				continue // made inside the module
+			}
+			s := c.OutputStorage(src)
+			ends[s] = max(ends[s], last[m])
+		}
+	}
+	return ends
+}
