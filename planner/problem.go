@@ -338,12 +338,14 @@ func (p *Problem) reduceInBackward(r mem.Bytes) {
 	p.Chain.LossTempBytes += r
 }
 
-// toChain turns stages into a solver chain: costs in FLOPs, the last
-// stage's output a_L as the loss input; keep sets come with SearchKeepSets.
 // embeds returns what a transformers model's forward holds in variables
 // of its own until it is past its layers (solver.Chain.Embeds): the
-// outputs of the embeddings of stage 0, which it names inputs_embeds
-// (GPT-2 position_embeds too) and drops only when it returns.
+// embeddings of stage 0 as it names them, inputs_embeds (GPT-2's
+// position_embeds too), which it drops only when it returns. Those are
+// an embedding's output, or its scaled one where the scale rebinds the
+// name (Granite's multiplier) or runs inside the embedding's module
+// (Gemma's from transformers 5.4, ir.Attrs.Buffer); Gemma's earlier
+// normalizer scales into a name of its own.
 func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
 	var e solver.Embeds
 	for i, st := range stages {
@@ -354,12 +356,20 @@ func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
 	if e.Until == 0 {
 		return solver.Embeds{}
 	}
+	g := c.Graph
+	readers := g.Consumers()
 	first := stages[0]
 	for _, id := range first.Nodes {
-		if c.Graph.Nodes[id].Op != ir.Embedding {
+		if g.Nodes[id].Op != ir.Embedding {
 			continue
 		}
-		switch s := c.OutputStorage(id); {
+		held := id
+		if r := readers[id]; len(r) == 1 {
+			if n := &g.Nodes[r[0]]; n.Op == ir.Scale && (!n.Attrs.TensorConst || n.Attrs.Buffer) {
+				held = r[0]
+			}
+		}
+		switch s := c.OutputStorage(held); {
 		case s == first.Output:
 			e.Act = true
 		case !first.Saves(s):
@@ -372,6 +382,8 @@ func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
 	return e
 }
 
+// toChain turns stages into a solver chain: costs in FLOPs, the last
+// stage's output a_L as the loss input; keep sets come with SearchKeepSets.
 func toChain(stages []*stage.Stage, outputBytes mem.Bytes) *solver.Chain {
 	ch := &solver.Chain{}
 	for _, st := range stages {

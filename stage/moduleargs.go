@@ -60,3 +60,40 @@ func (st *Stage) moduleArgEnds() map[int]int {
 	}
 	return ends
 }
+
+// lastReads returns, for each storage the stage's nodes make, the index
+// in st.Nodes of the last node that reads it, or of the last node of a
+// submodule that takes it (moduleArgEnds): where the forward's Python
+// lets it go. Nil outside the transformers profile.
+func (st *Stage) lastReads() map[int]int {
+	ends := st.moduleArgEnds()
+	if ends == nil {
+		return nil
+	}
+	c, g := st.c, st.c.Graph
+	last := map[int]int{}
+	mine := map[int]bool{}
+	for k, id := range st.Nodes {
+		for _, s := range c.Owned(id) {
+			last[s], mine[s] = k, true
+		}
+	}
+	for k, id := range st.Nodes {
+		for _, src := range g.Nodes[id].Inputs {
+			if s := c.OutputStorage(src); mine[s] {
+				last[s] = max(last[s], k)
+			}
+		}
+		for _, s := range c.Reads(id) {
+			if mine[s] {
+				last[s] = max(last[s], k)
+			}
+		}
+	}
+	for s, end := range ends {
+		if mine[s] {
+			last[s] = max(last[s], end)
+		}
+	}
+	return last
+}

@@ -214,20 +214,24 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 			lastUse[c.OutputStorage(src)] = i
 		}
 	}
-	// A module holds its arguments to the last of its nodes the rerun
-	// runs.
-	if ends := st.moduleArgEnds(); len(ends) > 0 {
+	// Under the transformers profile the rerun is the layer's own code,
+	// run until it has remade what the backward needs: a tensor lives as
+	// in the forward (lastReads), to the last node of the rerun before its
+	// last reader there, or to the rerun's end.
+	if last := st.lastReads(); last != nil {
 		pos := make(map[int]int, len(st.Nodes))
 		for j, id := range st.Nodes {
 			pos[id] = j
 		}
-		for s, end := range ends {
-			if i, ok := lastUse[s]; ok {
-				for i+1 < len(k.Recompute) && pos[k.Recompute[i+1]] <= end {
-					i++
-				}
-				lastUse[s] = i
+		for s, i := range lastUse {
+			end, ok := last[s]
+			if !ok {
+				continue
 			}
+			for i+1 < len(k.Recompute) && pos[k.Recompute[i+1]] <= end {
+				i++
+			}
+			lastUse[s] = i
 		}
 	}
 	var p Program
@@ -251,6 +255,10 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 			p = append(p, st.storageEvent(Free, s))
 		}
 		temp = rest
+	}
+	if id, b := st.beforeUnpack(); len(p) > 0 && b > 0 {
+		p = slices.Insert(p, 0, Event{Kind: Alloc, Buf: KernelBuf, Node: id, Bytes: b})
+		p = append(p, Event{Kind: Free, Buf: KernelBuf, Node: id, Bytes: b})
 	}
 	return p
 }

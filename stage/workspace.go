@@ -1,6 +1,8 @@
 package stage
 
 import (
+	"slices"
+
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
@@ -129,4 +131,29 @@ func peftMixedBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		return mem.Bytes(2*fp32 + out)
 	}
 	return mem.Bytes(3 * fp32)
+}
+
+// beforeUnpack returns the node whose backward holds memory when a
+// checkpoint's rerun starts, and those bytes; 0 when none does.
+// torch.utils.checkpoint reruns the forward when the backward first
+// unpacks a saved tensor. The ops at the stage's end that save nothing (a
+// residual add) run their backward before; so does PEFT's mixed-precision
+// tail of the last adapted product (peftMixedBytes): the gradient of the
+// base's 16-bit output and the scaled fp32 gradient of the adapters' are
+// made before the adapter's product unpacks its input.
+func (st *Stage) beforeUnpack() (int, mem.Bytes) {
+	c := st.c
+	g := c.Graph
+	for _, id := range slices.Backward(st.Nodes) {
+		n := &g.Nodes[id]
+		if n.Op == ir.Add && len(c.Nodes[id].Saved) == 0 {
+			continue
+		}
+		if n.Op != ir.Linear || n.Attrs.LoRARank == 0 || peftMixedBytes(c, id, true) == 0 {
+			return id, 0
+		}
+		out := c.Storages[c.OutputStorage(id)].Bytes
+		return id, mem.Bytes(out + out/n.DType.Size()*ir.FP32.Size())
+	}
+	return -1, 0
 }

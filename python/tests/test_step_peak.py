@@ -171,6 +171,12 @@ def _release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# Some runs on transformers 5 hold one 8-byte host number fewer than the
+# plan's host_bytes where the step peaks, depending on what the process
+# ran before: the plan is 0 or 8 bytes over.
+_HOST_NUMBER = (0,) if _release() < (5, 0) else (0, 8)
+
+
 def _plan_at(model, optimizer, share: int, **kwargs) -> "ckptplan.Plan":
     """The plan storing everything (share 100), or else the selective
     plan in share% of the activations storing everything holds, applied
@@ -286,9 +292,7 @@ def test_whole_step_peak_in_a_layer(ckptplan_binary, share):
     assert part == "backward" and plan.peak_at == "backward of layers.3", (part, plan.peak_at)
     host = plan.host_bytes  # on the CPU allocator too (_slack)
     over = plan.peak_bytes + host - measured
-    # transformers 5 (not 4.46) holds 8 bytes fewer at that moment, which
-    # the plan does not yet place: 8 over, on the safe side.
-    assert over == (0 if _release() < (5, 0) else 8), over
+    assert over in _HOST_NUMBER, over
 
 
 @pytest.mark.parametrize("share", [100, 80, 60])
@@ -640,6 +644,31 @@ def test_whole_step_lora_every_linear_bf16(ckptplan_binary, attention):
         last = int(plan.peak_at.rsplit(".", 1)[1])
         host = sum(layer.host_bytes for layer in plan.layers[:last + 1])
     over = plan.peak_bytes + host - measured
-    # transformers 5 (not 4.46) holds 8 bytes fewer at that moment, which
-    # the plan does not yet place: 8 over, on the safe side.
-    assert over == (0 if _release() < (5, 0) else 8), over
+    assert over in _HOST_NUMBER, over
+
+
+@pytest.mark.parametrize("share", [80, 60])
+def test_whole_step_lora_every_linear_planned(ckptplan_binary, share):
+    """LoRA on every linear of a bf16 Llama, planned: the step peaks in the
+    rerun of the last layer, a selective one (transformers 5), where the
+    measure is the plan's but for host memory. torch.utils.checkpoint
+    reruns a layer when its backward first unpacks a saved tensor, and
+    PEFT's backward of the down projection has by then made the gradient
+    of the base's bf16 output and the adapters' scaled fp32 one
+    (stage.beforeUnpack); the rerun runs the layer's own code, whose
+    variables hold what the forward's do (the residual to the layer's
+    last add). Without these the plan was 408,648 bytes below the measure
+    on transformers 5.24. The CPU allocator counts the rerun's host
+    memory besides the plan's host_bytes: the random-number state it
+    forks, and the Python numbers of the adapters it has rerun (8 bytes each)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                   max_position_embeddings=512, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    model = _trained(transformers.LlamaForCausalLM(cfg), "bf16", 8, target_modules=ALL_LINEARS)
+    plan, measured = _step_at(model, share)
+    if _release() >= (5, 0):  # before 4.49 the loss's shifted copy peaks in the head's forward
+        assert plan.peak_at.startswith("backward of layers."), plan.peak_at
+    rerun = torch.get_rng_state().numel() + 8 * len(ALL_LINEARS)
+    assert -rerun <= _slack(plan, measured) <= 0, (_slack(plan, measured), rerun)

@@ -1,0 +1,128 @@
+package stage
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/ckptplan/ckptplan/ir"
+	"github.com/ckptplan/ckptplan/mem"
+)
+
+// loraBF16 sets a bf16 step with PEFT's fp32 adapters on every linear of
+// the decoder layers, under profile.
+func loraBF16(profile ir.Profile) func(*ir.Setup) {
+	return func(s *ir.Setup) {
+		s.Profile, s.DType = profile, "bf16"
+		s.LoRA = ir.LoRA{Rank: 4, FP32: true, Alpha: 8,
+			Targets: []ir.LoRATarget{"q", "k", "v", "o", "gate", "up", "down"}}
+	}
+}
+
+// position returns the index in p of the first event that satisfies f,
+// or -1.
+func position(p Program, f func(Event) bool) int { return slices.IndexFunc(p, f) }
+
+// TestModuleHoldsArguments checks where a layer's storing forward frees
+// the post-attention norm's output, which no op saves under LoRA over
+// bf16 weights (the adapters cast it to fp32, the frozen products keep
+// their weights): PyTorch's LlamaMLP holds its argument until it returns,
+// after the down projection, under the transformers profile; the
+// executor's programs (torch-eager) free it after its last reader, the
+// up projection.
+func TestModuleHoldsArguments(t *testing.T) {
+	for _, tc := range []struct {
+		profile ir.Profile
+		after   string // the node whose run the free follows
+	}{
+		{ir.ProfileTransformers, "mlp.down_proj"},
+		{ir.ProfileTorchEager, "mlp.up_proj"},
+	} {
+		st := build(t, "tiny-llama", loraBF16(tc.profile))[1]
+		c, g := st.Costs(), st.Costs().Graph
+		norm := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.post_attention_layernorm" })
+		if norm < 0 {
+			t.Fatal("no layers.0.post_attention_layernorm")
+		}
+		out := c.OutputStorage(norm)
+		all := st.keepAll()
+		p := st.StoringProgram(&all)
+		free := position(p, func(e Event) bool { return e.Kind == Free && e.Buf == StorageBuf && e.Storage == out })
+		if free < 0 {
+			t.Fatalf("%s: the norm's output is never freed", tc.profile)
+		}
+		k := free - 1
+		for k >= 0 && p[k].Kind != RunForward {
+			k--
+		}
+		if got := g.Nodes[p[k].Node].Name; got != "layers.0."+tc.after {
+			t.Errorf("%s: the norm's output is freed after %s, want after layers.0.%s", tc.profile, got, tc.after)
+		}
+	}
+}
+
+// TestPEFTMixedWorkspace checks the working memory of an adapted product
+// whose fp32 adapters sit over a bf16 base (peftMixedBytes): forward,
+// the base's output promoted to fp32, the scaled adapters' output and
+// their sum; backward, the output's gradient in fp32, scaled, and cast
+// back to bf16. Without the mix (fp32 weights) it is the executor's
+// LoRA scratch, smaller than an output's worth here.
+func TestPEFTMixedWorkspace(t *testing.T) {
+	st := build(t, "tiny-llama", loraBF16(ir.ProfileTransformers))[1]
+	c, g := st.Costs(), st.Costs().Graph
+	down := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.mlp.down_proj" })
+	o16 := mem.Bytes(c.Storages[c.OutputStorage(down)].Bytes)
+	o32 := 2 * o16
+	if got, want := workspaceBytes(c, down, false), 3*o32; got != want {
+		t.Errorf("forward: %d bytes, want %d", got, want)
+	}
+	if got, want := workspaceBytes(c, down, true), 2*o32+o16; got != want {
+		t.Errorf("backward: %d bytes, want %d", got, want)
+	}
+	if id, got := st.beforeUnpack(); id != down || got != o32+o16 {
+		t.Errorf("before the rerun: %d bytes of %s, want %d of %s", got, g.Nodes[max(id, 0)].Name, o32+o16, g.Nodes[down].Name)
+	}
+	fp32 := build(t, "tiny-llama", func(s *ir.Setup) {
+		loraBF16(ir.ProfileTransformers)(s)
+		s.DType = "fp32"
+	})[1]
+	if got := peftMixedBytes(fp32.Costs(), down, false); got != 0 {
+		t.Errorf("fp32 weights: %d bytes of mixed working memory, want none", got)
+	}
+}
+
+// TestRerunHoldsLikeForward checks a checkpoint's rerun under the
+// transformers profile: it is the layer's own code, so the residual sum
+// after attention, which the layer's variable holds to the last add,
+// stays to the rerun's end, though the rerun's last reader of it is the
+// post-attention norm; the executor's rerun (torch-eager) frees it there.
+func TestRerunHoldsLikeForward(t *testing.T) {
+	for _, tc := range []struct {
+		profile ir.Profile
+		toEnd   bool
+	}{
+		{ir.ProfileTransformers, true},
+		{ir.ProfileTorchEager, false},
+	} {
+		st := build(t, "tiny-llama", loraBF16(tc.profile))[1]
+		c, g := st.Costs(), st.Costs().Graph
+		node := func(name string) int {
+			return slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0."+name })
+		}
+		resid, last := node("resid_1"), node("resid_2")
+		k := slices.IndexFunc(st.KeepSets, func(k KeepSet) bool {
+			return slices.Contains(k.Recompute, resid) && slices.Contains(k.Recompute, node("post_attention_layernorm")) &&
+				!slices.Contains(k.Recompute, last) && !st.Holds(&k, c.OutputStorage(resid))
+		})
+		if k < 0 {
+			t.Fatalf("%s: no keep set reruns resid_1 and not resid_2", tc.profile)
+		}
+		p := st.RecomputeProgram(&st.KeepSets[k])
+		free := position(p, func(e Event) bool {
+			return e.Kind == Free && e.Buf == StorageBuf && e.Storage == c.OutputStorage(resid)
+		})
+		rerun := slices.IndexFunc(p[free+1:], func(e Event) bool { return e.Kind == Rerun }) >= 0
+		if free < 0 || rerun == tc.toEnd {
+			t.Errorf("%s, %s: resid_1 freed at event %d of %d, a rerun after it: %v", tc.profile, st.KeepSets[k].Name, free, len(p), rerun)
+		}
+	}
+}
