@@ -24,7 +24,7 @@ import (
 // moduleArgEnds returns, for each storage a submodule of the stage reads
 // but does not make, the index in st.Nodes of the submodule's last node:
 // the storage lives at least until it has run. Nil outside the
-// transformers profile.
+// transformers profile. Build keeps it as st.argEnds.
 func (st *Stage) moduleArgEnds() map[int]int {
 	c := st.c
 	if c.Profile != costmodel.Transformers {
@@ -63,10 +63,11 @@ func (st *Stage) moduleArgEnds() map[int]int {
 
 // lastReads returns, for each storage the stage's nodes make, the index
 // in st.Nodes of the last node that reads it, or of the last node of a
-// submodule that takes it (moduleArgEnds): where the forward's Python
-// lets it go. Nil outside the transformers profile.
+// submodule that takes it (st.argEnds): where the forward's Python lets
+// it go. Nil outside the transformers profile. Build keeps it as
+// st.lastRead.
 func (st *Stage) lastReads() map[int]int {
-	ends := st.moduleArgEnds()
+	ends := st.argEnds
 	if ends == nil {
 		return nil
 	}

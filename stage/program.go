@@ -170,7 +170,7 @@ func (st *Stage) forward(holds func(int) bool) Program {
 			}
 		}
 	}
-	for s, end := range st.moduleArgEnds() {
+	for s, end := range st.argEnds {
 		if k, ok := lastUse[s]; ok {
 			lastUse[s] = max(k, end)
 		}
@@ -218,7 +218,7 @@ func (st *Stage) RecomputeProgram(k *KeepSet) Program {
 	// run until it has remade what the backward needs: a tensor lives as
 	// in the forward (lastReads), to the last node of the rerun before its
 	// last reader there, or to the rerun's end.
-	if last := st.lastReads(); last != nil {
+	if last := st.lastRead; last != nil {
 		pos := make(map[int]int, len(st.Nodes))
 		for j, id := range st.Nodes {
 			pos[id] = j

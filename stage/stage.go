@@ -74,6 +74,8 @@ type Stage struct {
 	release map[int][]int
 	index   map[int]int // saved storage → its index in Saved
 	prefix  string      // the nodes' common dotted name prefix, left out of tensor names
+	// argEnds and lastRead are moduleArgEnds' and lastReads'.
+	argEnds, lastRead map[int]int
 }
 
 // Build cuts a costed graph into stages, at its blocks when byBlock (a
@@ -182,6 +184,8 @@ func newStage(c *costmodel.Costs, k int, sp span, in int, inputs mem.Bytes, fina
 		}
 	}
 	st.prefix = commonPrefix(g, sp.nodes)
+	st.argEnds = st.moduleArgEnds()
+	st.lastRead = st.lastReads()
 	all := st.keepAll()
 	st.ForwardTempBytes = st.ForwardProgram().Peak() - st.OutputBytes()
 	st.FAllTempBytes = st.StoringProgram(&all).Peak() - st.TapeBytes
