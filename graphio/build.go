@@ -415,13 +415,27 @@ func (b *builder) gpt2Layer(x int) int {
 	o := b.merge(b.core(qkvs[0], qkvs[1], qkvs[2]))
 	o = b.linear("attn.out_proj", "o", m.Hidden, true, o)
 	o = b.dropout("attn.resid_dropout", o)
+	// GPT2Block's variables: hidden_states holds the first norm's output
+	// to the first residual add and the second's to the last, and
+	// attn_output the attention's to its end.
+	b.holdTo(h, "resid_1")
+	b.holdTo(o, "resid_2")
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	h = b.norm("ln_2", x)
+	b.holdTo(h, "resid_2")
 	h = b.linear("mlp.fc1", "up", m.FFN, true, h)
 	h = b.op("mlp.gelu", ir.GELU, ir.Attrs{TanhPy: true}, h)
 	h = b.linear("mlp.fc2", "down", m.Hidden, true, h)
 	h = b.dropout("mlp.resid_dropout", h)
 	return b.op("resid_2", ir.Add, ir.Attrs{}, x, h)
+}
+
+// holdTo says that the block's code holds node id's output until its
+// node region has run (ir.Attrs.HeldTo).
+func (b *builder) holdTo(id int, region string) {
+	if b.err == nil {
+		b.g.Nodes[id].Attrs.HeldTo = b.block + "." + region
+	}
 }
 
 // llamaLayer is the decoder layer of the rotary families: Llama's, with

@@ -32,7 +32,7 @@ func (a *Attrs) AppendKey(b []byte) []byte {
 		}
 	}
 	b = strconv.AppendUint(b, flags, 36)
-	for _, s := range [...]string{a.Tied, a.ModelMask, a.Fn} {
+	for _, s := range [...]string{a.Tied, a.ModelMask, a.Fn, a.HeldTo} {
 		b = append(b, ' ')
 		b = strconv.AppendQuote(b, s)
 	}

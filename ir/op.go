@@ -176,7 +176,11 @@ type Attrs struct {
 	// itself. On Attention (sdpa), the model's mask the kernel is handed:
 	// from 4.53 a boolean one (a byte an element), before it one in the
 	// model's dtype.
-	ModelMask  string
+	ModelMask string
+	// HeldTo: the layer's code holds the op's output in a variable of its
+	// own until the node of this name has run (GPT-2's block holds its
+	// attention's output to its last add), under the transformers profile.
+	HeldTo     string
 	MaskKept   bool    // Attention: the fused kernel is passed, and keeps, an additive mask [b, 1, s, s] in q's dtype that its layer made (Gemma 2's sliding-window layers under sdpa, and all of them under autocast)
 	TransposeB bool    // MatMul: use the transpose of the last two axes of b
 	Axis       int     // Transpose: first axis

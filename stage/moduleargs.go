@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"slices"
 	"strings"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -13,7 +14,10 @@ import (
 // input to its end. Where an op saves the argument this changes nothing;
 // where none does (a 16-bit input that LoRA's adapters cast to fp32 and
 // a frozen base product does not save) the argument outlives its last
-// reader, and a forward, or a checkpoint's rerun, peaks with it.
+// reader, and a forward, or a checkpoint's rerun, peaks with it. A
+// layer's code may hold a tensor in a variable of its own beyond its
+// module's end too (ir.Attrs.HeldTo: GPT-2's block holds its attention's
+// output to its last add).
 //
 // A node's module is its name less the last dotted part
 // ("layers.3.mlp.down_proj" is in "layers.3.mlp"); a submodule of the
@@ -22,8 +26,9 @@ import (
 // programs free a tensor after its last reader.
 
 // moduleArgEnds returns, for each storage a submodule of the stage reads
-// but does not make, the index in st.Nodes of the submodule's last node:
-// the storage lives at least until it has run. Nil outside the
+// but does not make, the index in st.Nodes of the submodule's last node,
+// and for each a variable holds (ir.Attrs.HeldTo), that of the node it is
+// held to: the storage lives at least until it has run. Nil outside the
 // transformers profile. Build keeps it as st.argEnds.
 func (st *Stage) moduleArgEnds() map[int]int {
 	c := st.c
@@ -45,6 +50,14 @@ func (st *Stage) moduleArgEnds() map[int]int {
 		pos[id] = k
 	}
 	ends := map[int]int{}
+	for _, id := range st.Nodes {
+		if to := g.Nodes[id].Attrs.HeldTo; to != "" {
+			if j := slices.IndexFunc(st.Nodes, func(n int) bool { return g.Nodes[n].Name == to }); j >= 0 {
+				s := c.OutputStorage(id)
+				ends[s] = max(ends[s], j)
+			}
+		}
+	}
 	for k, id := range st.Nodes {
 		m := module[k]
 		if m == "" {

@@ -126,3 +126,41 @@ func TestRerunHoldsLikeForward(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockHoldsAttentionOutput checks GPT-2's block (ir.Attrs.HeldTo):
+// attn_output, the attention's output, which under LoRA over bf16
+// weights no op saves, is freed after the block's last add under the
+// transformers profile, after the first add, its last reader, under
+// torch-eager.
+func TestBlockHoldsAttentionOutput(t *testing.T) {
+	for _, tc := range []struct {
+		profile ir.Profile
+		after   string
+	}{
+		{ir.ProfileTransformers, "resid_2"},
+		{ir.ProfileTorchEager, "resid_1"},
+	} {
+		st := build(t, "tiny-gpt2", func(s *ir.Setup) {
+			loraBF16(tc.profile)(s)
+			s.LoRA.Targets = []ir.LoRATarget{"q", "k", "v", "o", "up", "down"}
+			s.Dropout = 0
+		})[1]
+		c, g := st.Costs(), st.Costs().Graph
+		o := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.attn.out_proj" })
+		all := st.keepAll()
+		p := st.StoringProgram(&all)
+		free := position(p, func(e Event) bool {
+			return e.Kind == Free && e.Buf == StorageBuf && e.Storage == c.OutputStorage(o)
+		})
+		if free < 0 {
+			t.Fatalf("%s: the attention's output is never freed", tc.profile)
+		}
+		k := free - 1
+		for k >= 0 && p[k].Kind != RunForward {
+			k--
+		}
+		if got := g.Nodes[p[k].Node].Name; got != "layers.0."+tc.after {
+			t.Errorf("%s: the attention's output is freed after %s, want after layers.0.%s", tc.profile, got, tc.after)
+		}
+	}
+}
