@@ -76,7 +76,8 @@ func (s *state) hasAct(i int) bool { return s.act[i] || i > 0 && s.tape[i] }
 // gradient where the loop holds them (Chain.DeltaBytes).
 // An F_all's option gives its tape and transients, and the cost and
 // transients of the B(i) that consumes that tape. The model's call
-// arguments are live as Chain.ArgBytes says.
+// arguments are live as Chain.ArgBytes says, and the embeddings its
+// forward holds as Chain.Embeds says.
 func Simulate(c *Chain, sched Schedule) (Result, error) {
 	return replay(c, sched, true)
 }

@@ -119,8 +119,9 @@ func (st *Stage) StoringProgram(k *KeepSet) Program {
 // input, a storage of the stage before, freed once its last reader here
 // has run: what PyTorch does with an input no op saves (the next stage's
 // storing forward frees it from the tape that held it); freed at the end
-// when nothing here reads it. Nil when the stage's input is the graph's
-// inputs.
+// when nothing here reads it, and a decoder layer's under the
+// transformers profile, whose input the model's loop holds until the
+// layer returns. Nil when the stage's input is the graph's inputs.
 func (st *Stage) StoringProgramFreeingInput(k *KeepSet) Program {
 	if st.Input < 0 {
 		return nil

@@ -79,7 +79,7 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape
 			if b := peftMixedBytes(c, id, backward); b > 0 {
-				return b // which the executor, fp32 only, never runs
+				return b // PEFT's, not the executor's scratch: the executor runs fp32 only
 			}
 			floats = scratch.LoRA(int(x.NumElements()/x.Last()), int(x.Last()), int(r))
 		}
