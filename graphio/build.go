@@ -457,6 +457,9 @@ func (b *builder) llamaLayer(x int) int {
 	k = b.op("attn.rope_k", ir.RoPE, ir.Attrs{Heads: m.KVHeads, Theta: m.RopeTheta, Upcast: fp32}, k)
 	o := b.merge(b.core(q, k, v))
 	o = b.linear("attn.o_proj", "o", m.Hidden, m.OBias, o)
+	if m.Family == "phi3" && nm.Phi3AttnOutputs {
+		b.holdTo(o, "resid_2")
+	}
 	o = b.residBranch("attn", o)
 	x = b.op("resid_1", ir.Add, ir.Attrs{}, x, o)
 	pre := "post_attention_layernorm"

@@ -49,7 +49,7 @@ type releaseRules struct {
 	from                                Release
 	sdpaContiguous, sdpaGQA, modelMasks bool
 	gpt2AdditiveMask, gpt2FloatScale    bool
-	gpt2LossModelDType                  bool
+	gpt2LossModelDType, phi3AttnOutputs bool
 	gemmaScaleBuffer                    bool
 	phi3RopeCat                         bool
 	// lossShiftCopy: the causal LM loss shifts the logits by a
@@ -65,7 +65,7 @@ type releaseRules struct {
 }
 
 var releases = []releaseRules{
-	{from: Release{4, 46}, lossShiftCopy: true, gpt2LossModelDType: true},
+	{from: Release{4, 46}, lossShiftCopy: true, gpt2LossModelDType: true, phi3AttnOutputs: true},
 	{from: Release{4, 48}, sdpaContiguous: true, phi3RopeCat: true, lossShiftCopy: true},
 	{from: Release{4, 49}, sdpaContiguous: true, phi3RopeCat: true},
 	{from: Release{4, 53}, sdpaContiguous: true, phi3RopeCat: true, modelMasks: true},
@@ -134,7 +134,7 @@ func ApplyRelease(t *ir.Setup, r Release) {
 	n := &t.Numerics
 	n.SDPAContiguous, n.SDPAGQA, n.ModelMasks = rules.sdpaContiguous, rules.sdpaGQA, rules.modelMasks
 	n.GPT2AdditiveMask, n.GPT2FloatScale = rules.gpt2AdditiveMask, rules.gpt2FloatScale
-	n.GPT2LossModelDType = rules.gpt2LossModelDType
+	n.GPT2LossModelDType, n.Phi3AttnOutputs = rules.gpt2LossModelDType, rules.phi3AttnOutputs
 	n.GemmaScaleBuffer = rules.gemmaScaleBuffer
 	n.Phi3RopeCat = rules.phi3RopeCat
 	n.LossShiftCopy = rules.lossShiftCopy

@@ -25,8 +25,8 @@ func TestApplyRelease(t *testing.T) {
 		eager   bool // soft-capped attention runs eager only
 		experts bool // mixtures of experts run through experts kernels
 	}{
-		{"4.46.3", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true}, false, false},
-		{"4.47", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true}, false, false},
+		{"4.46.3", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true, Phi3AttnOutputs: true}, false, false},
+		{"4.47", ir.Numerics{LossShiftCopy: true, GPT2LossModelDType: true, Phi3AttnOutputs: true}, false, false},
 		{"4.48.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true, LossShiftCopy: true}, false, false},
 		{"4.49.0", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},
 		{"4.51.3", ir.Numerics{SDPAContiguous: true, Phi3RopeCat: true}, false, false},

@@ -116,6 +116,10 @@ type Numerics struct {
 	// (transformers before 4.48; later releases share the loss of the
 	// other families, which upcasts).
 	GPT2LossModelDType bool `yaml:"gpt2_loss_model_dtype,omitempty" json:"gpt2_loss_model_dtype,omitempty"`
+	// Phi3AttnOutputs: Phi-3's decoder layer holds its attention's output
+	// (attn_outputs) to its end, through the MLP (transformers before
+	// 4.48; later releases rebind hidden_states to it).
+	Phi3AttnOutputs bool `yaml:"phi3_attn_outputs,omitempty" json:"phi3_attn_outputs,omitempty"`
 	// GemmaScaleBuffer: Gemma and Gemma 2 scale their embeddings by a
 	// registered 0-dim buffer (transformers 5.4 and later), in the
 	// model's dtype as converting the model converts it, and cast to the

@@ -1,9 +1,11 @@
 package stage
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
+	"github.com/ckptplan/ckptplan/graphio"
 	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 )
@@ -127,40 +129,50 @@ func TestRerunHoldsLikeForward(t *testing.T) {
 	}
 }
 
-// TestBlockHoldsAttentionOutput checks GPT-2's block (ir.Attrs.HeldTo):
-// attn_output, the attention's output, which under LoRA over bf16
-// weights no op saves, is freed after the block's last add under the
-// transformers profile, after the first add, its last reader, under
-// torch-eager.
+// TestBlockHoldsAttentionOutput checks the layers whose code holds the
+// attention's output to their end (ir.Attrs.HeldTo): GPT-2's block
+// (attn_output) and Phi-3's layer before transformers 4.48 (attn_outputs).
+// Under LoRA over bf16 weights no op saves it; it is freed after the
+// layer's last add under the transformers profile, after the first add,
+// its last reader, under torch-eager and for Phi-3 from 4.48.
 func TestBlockHoldsAttentionOutput(t *testing.T) {
 	for _, tc := range []struct {
-		profile ir.Profile
-		after   string
+		model, out string
+		profile    ir.Profile
+		release    graphio.Release
+		after      string
 	}{
-		{ir.ProfileTransformers, "resid_2"},
-		{ir.ProfileTorchEager, "resid_1"},
+		{"tiny-gpt2", "attn.out_proj", ir.ProfileTransformers, graphio.Release{Major: 5, Minor: 24}, "resid_2"},
+		{"tiny-gpt2", "attn.out_proj", ir.ProfileTorchEager, graphio.Release{Major: 5, Minor: 24}, "resid_1"},
+		{"phi-3-mini", "attn.o_proj", ir.ProfileTransformers, graphio.Release{Major: 4, Minor: 46}, "resid_2"},
+		{"phi-3-mini", "attn.o_proj", ir.ProfileTransformers, graphio.Release{Major: 4, Minor: 48}, "resid_1"},
 	} {
-		st := build(t, "tiny-gpt2", func(s *ir.Setup) {
+		name := fmt.Sprintf("%s, %s, %v", tc.model, tc.profile, tc.release)
+		st := build(t, tc.model, func(s *ir.Setup) {
 			loraBF16(tc.profile)(s)
-			s.LoRA.Targets = []ir.LoRATarget{"q", "k", "v", "o", "up", "down"}
+			s.Batch, s.Seq = 1, 16
+			graphio.ApplyRelease(s, tc.release)
+			if tc.model == "tiny-gpt2" {
+				s.LoRA.Targets = []ir.LoRATarget{"q", "k", "v", "o", "up", "down"}
+			}
 			s.Dropout = 0
 		})[1]
 		c, g := st.Costs(), st.Costs().Graph
-		o := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.attn.out_proj" })
+		o := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0."+tc.out })
 		all := st.keepAll()
 		p := st.StoringProgram(&all)
 		free := position(p, func(e Event) bool {
 			return e.Kind == Free && e.Buf == StorageBuf && e.Storage == c.OutputStorage(o)
 		})
 		if free < 0 {
-			t.Fatalf("%s: the attention's output is never freed", tc.profile)
+			t.Fatalf("%s: the attention's output is never freed", name)
 		}
 		k := free - 1
 		for k >= 0 && p[k].Kind != RunForward {
 			k--
 		}
 		if got := g.Nodes[p[k].Node].Name; got != "layers.0."+tc.after {
-			t.Errorf("%s: the attention's output is freed after %s, want after layers.0.%s", tc.profile, got, tc.after)
+			t.Errorf("%s: the attention's output is freed after %s, want after layers.0.%s", name, got, tc.after)
 		}
 	}
 }
