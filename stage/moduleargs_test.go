@@ -62,33 +62,44 @@ func TestModuleHoldsArguments(t *testing.T) {
 	}
 }
 
-// TestPEFTMixedWorkspace checks the working memory of an adapted product
-// whose fp32 adapters sit over a bf16 base (peftMixedBytes): forward,
-// the base's output promoted to fp32, the scaled adapters' output and
-// their sum; backward, the output's gradient in fp32, scaled, and cast
-// back to bf16. Without the mix (fp32 weights) it is the executor's
-// LoRA scratch, smaller than an output's worth here.
-func TestPEFTMixedWorkspace(t *testing.T) {
-	st := build(t, "tiny-llama", loraBF16(ir.ProfileTransformers))[1]
-	c, g := st.Costs(), st.Costs().Graph
-	down := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.mlp.down_proj" })
-	o16 := mem.Bytes(c.Storages[c.OutputStorage(down)].Bytes)
-	o32 := 2 * o16
-	if got, want := workspaceBytes(c, down, false), 3*o32; got != want {
-		t.Errorf("forward: %d bytes, want %d", got, want)
+// TestPEFTWorkspace checks the working memory of an adapted product
+// (peftBytes). Its fp32 adapters over a bf16 base: forward, the base's
+// output promoted to fp32, the scaled adapters' output and their sum;
+// backward, the output's gradient in fp32, scaled, and cast back to
+// bf16. All in fp32: forward, the base's output and the scaled one beside
+// their sum; backward, the scaled gradient. Before a rerun, the backward
+// has made the scaled gradient (and, mixed, the base's bf16 one).
+func TestPEFTWorkspace(t *testing.T) {
+	for _, tc := range []struct {
+		dtype                  string
+		forward, backward, pre func(o mem.Bytes) mem.Bytes // of the output's bytes
+	}{
+		{"bf16", func(o mem.Bytes) mem.Bytes { return 6 * o }, func(o mem.Bytes) mem.Bytes { return 5 * o },
+			func(o mem.Bytes) mem.Bytes { return 3 * o }},
+		{"fp32", func(o mem.Bytes) mem.Bytes { return 2 * o }, func(o mem.Bytes) mem.Bytes { return o },
+			func(o mem.Bytes) mem.Bytes { return o }},
+	} {
+		st := build(t, "tiny-llama", func(s *ir.Setup) {
+			loraBF16(ir.ProfileTransformers)(s)
+			s.DType = tc.dtype
+		})[1]
+		c, g := st.Costs(), st.Costs().Graph
+		down := slices.IndexFunc(g.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.mlp.down_proj" })
+		o := mem.Bytes(c.Storages[c.OutputStorage(down)].Bytes)
+		if got, want := workspaceBytes(c, down, false), tc.forward(o); got != want {
+			t.Errorf("%s forward: %d bytes, want %d", tc.dtype, got, want)
+		}
+		if got, want := workspaceBytes(c, down, true), tc.backward(o); got != want {
+			t.Errorf("%s backward: %d bytes, want %d", tc.dtype, got, want)
+		}
+		if id, got := st.beforeUnpack(); id != down || got != tc.pre(o) {
+			t.Errorf("%s, before the rerun: %d bytes of %s, want %d of %s", tc.dtype, got, g.Nodes[max(id, 0)].Name, tc.pre(o), g.Nodes[down].Name)
+		}
 	}
-	if got, want := workspaceBytes(c, down, true), 2*o32+o16; got != want {
-		t.Errorf("backward: %d bytes, want %d", got, want)
-	}
-	if id, got := st.beforeUnpack(); id != down || got != o32+o16 {
-		t.Errorf("before the rerun: %d bytes of %s, want %d of %s", got, g.Nodes[max(id, 0)].Name, o32+o16, g.Nodes[down].Name)
-	}
-	fp32 := build(t, "tiny-llama", func(s *ir.Setup) {
-		loraBF16(ir.ProfileTransformers)(s)
-		s.DType = "fp32"
-	})[1]
-	if got := peftMixedBytes(fp32.Costs(), down, false); got != 0 {
-		t.Errorf("fp32 weights: %d bytes of mixed working memory, want none", got)
+	eager := build(t, "tiny-llama", loraBF16(ir.ProfileTorchEager))[1]
+	down := slices.IndexFunc(eager.Costs().Graph.Nodes, func(n ir.Node) bool { return n.Name == "layers.0.mlp.down_proj" })
+	if got := peftBytes(eager.Costs(), down, false); got != 0 {
+		t.Errorf("torch-eager: %d bytes of PEFT's working memory, want none (the executor's scratch)", got)
 	}
 }
 

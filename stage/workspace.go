@@ -78,8 +78,8 @@ func workspaceBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	case ir.Linear:
 		if r := n.Attrs.LoRARank; r > 0 {
 			x := g.Nodes[n.Inputs[0]].Shape
-			if b := peftMixedBytes(c, id, backward); b > 0 {
-				return b // PEFT's, not the executor's scratch: the executor runs fp32 only
+			if b := peftBytes(c, id, backward); b > 0 {
+				return b // PEFT's, not the executor's scratch: the executor runs no PEFT
 			}
 			floats = scratch.LoRA(int(x.NumElements()/x.Last()), int(x.Last()), int(r))
 		}
@@ -111,21 +111,29 @@ func shiftedLossWorkspace(c *costmodel.Costs, id int) mem.Bytes {
 	return 0
 }
 
-// peftMixedBytes is what PEFT's LoRA layer holds beyond its output, kept
-// tensors and gradients where fp32 adapters (ir.LoRA.FP32) sit over a
-// 16-bit base and no autocast runs: its forward adds the adapters' fp32
-// output to the base's 16-bit one, which promotes a copy of the base to
-// fp32 beside the scaled output and their fp32 sum, three of the output's
-// size in fp32; its backward casts the output's gradient to fp32, scales
-// it, and casts it back to 16 bits for the base's product, two fp32 and
-// one 16-bit. Only the transformers profile runs PEFT.
-func peftMixedBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
+// peftBytes is what PEFT's LoRA layer holds beyond its output, kept
+// tensors and gradients, under the transformers profile (which runs
+// PEFT) without autocast. Its forward adds the adapters' scaled output to
+// the base's into a new tensor: the base's output and the scaled one live
+// beside the sum. Where the adapters are fp32 over a 16-bit base
+// (ir.LoRA.FP32) the sum is fp32, and the add promotes a copy of the base
+// to fp32: three fp32 outputs beside the base's 16-bit one, which the
+// sum's cast back replaces as the output. Its backward scales the
+// output's gradient for the adapters; mixed, it casts the gradient to
+// fp32 first and back to 16 bits for the base: two fp32 and one 16-bit.
+func peftBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 	g := c.Graph
 	n := &g.Nodes[id]
-	if c.Profile != costmodel.Transformers || !g.Setup.LoRA.FP32 || n.Attrs.Autocast || n.DType == ir.FP32 {
+	if c.Profile != costmodel.Transformers || n.Attrs.LoRARank == 0 || n.Attrs.Autocast {
 		return 0
 	}
 	out := c.Storages[c.OutputStorage(id)].Bytes // this rank's share
+	if !g.Setup.LoRA.FP32 || n.DType == ir.FP32 {
+		if backward {
+			return mem.Bytes(out)
+		}
+		return mem.Bytes(2 * out)
+	}
 	fp32 := out / n.DType.Size() * ir.FP32.Size()
 	if backward {
 		return mem.Bytes(2*fp32 + out)
@@ -137,10 +145,11 @@ func peftMixedBytes(c *costmodel.Costs, id int, backward bool) mem.Bytes {
 // checkpoint's rerun starts, and those bytes; 0 when none does.
 // torch.utils.checkpoint reruns the forward when the backward first
 // unpacks a saved tensor. The ops at the stage's end that save nothing (a
-// residual add) run their backward before; so does PEFT's mixed-precision
-// tail of the last adapted product (peftMixedBytes): the gradient of the
-// base's 16-bit output and the scaled fp32 gradient of the adapters' are
-// made before the adapter's product unpacks its input.
+// residual add) run their backward before; so does PEFT's tail of the
+// last adapted product (peftBytes): the scaled gradient of the adapters'
+// output, and where the adapters are fp32 over a 16-bit base (the
+// gradient then fp32) the gradient of the base's 16-bit output, are made
+// before the adapters' product unpacks its input.
 func (st *Stage) beforeUnpack() (int, mem.Bytes) {
 	c := st.c
 	g := c.Graph
@@ -149,10 +158,13 @@ func (st *Stage) beforeUnpack() (int, mem.Bytes) {
 		if n.Op == ir.Add && len(c.Nodes[id].Saved) == 0 {
 			continue
 		}
-		if n.Op != ir.Linear || n.Attrs.LoRARank == 0 || peftMixedBytes(c, id, true) == 0 {
+		if n.Op != ir.Linear || peftBytes(c, id, true) == 0 {
 			return id, 0
 		}
 		out := c.Storages[c.OutputStorage(id)].Bytes
+		if !g.Setup.LoRA.FP32 || n.DType == ir.FP32 {
+			return id, mem.Bytes(out)
+		}
 		return id, mem.Bytes(out + out/n.DType.Size()*ir.FP32.Size())
 	}
 	return -1, 0
