@@ -13,7 +13,8 @@ import (
 // runs, forward or backward, beyond its inputs, outputs and kept tensors:
 // what the executor's kernels (package exec/kernel) ask for, in float32s
 // (package scratch).
-// A LoRA adapter needs its rank-r product and a chunk of rows; eager
+// A LoRA adapter needs its rank-r product and a chunk of rows (under the
+// transformers profile, what PEFT holds instead: peftBytes); eager
 // attention's backward one head's s×s scores; flash attention a tile of
 // scores and its row statistics. The kernels check they are given this
 // much; the executor's tests check it against their published sizes.
