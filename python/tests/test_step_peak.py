@@ -22,17 +22,17 @@ BATCH, SEQ, VOCAB = 2, 256, 1000
 
 
 def build(lora: int = 0, dtype: str = "fp32", attention: str = "sdpa", vocab: int = VOCAB,
-          dropout: float = 0.0) -> "torch.nn.Module":
+          dropout: float = 0.0, targets: tuple = ("q_proj", "v_proj")) -> "torch.nn.Module":
     """The Llama the tests train, in dtype, with that attention,
     vocabulary and attention dropout; with LoRA adapters of that rank on
-    q and v (PEFT) when lora is not 0."""
+    targets (PEFT; q and v by default) when lora is not 0."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                                    max_position_embeddings=512, tie_word_embeddings=False,
                                    attention_dropout=dropout)
     cfg._attn_implementation = attention
-    return _trained(transformers.LlamaForCausalLM(cfg), dtype, lora, target_modules=["q_proj", "v_proj"])
+    return _trained(transformers.LlamaForCausalLM(cfg), dtype, lora, target_modules=list(targets))
 
 
 def _trained(model, dtype: str, lora: int = 0, **lora_config) -> "torch.nn.Module":
@@ -624,38 +624,17 @@ def test_whole_step_lora_every_linear_bf16(ckptplan_binary, family, attention, s
     models whose step peaks in the last layer's forward (a small
     vocabulary): the measure is the plan's. Each adapted layer adds its
     fp32 output to the base's bf16 one, a promoted fp32 copy of the base
-    beside the scaled output and their sum (stage.peftMixedBytes); a
+    beside the scaled output and their sum (stage.peftBytes); a
     module holds its arguments until it returns, the model's loop a
     layer's input until the layer returns (stage.moduleArgEnds), GPT-2's
     block its attention's output to its end (ir.Attrs.HeldTo), as Phi-3's
-    layer does before transformers 4.48 (ir.Numerics.Phi3AttnOutputs), and the
-    model's forward its embeddings until it is past its layers
+    layer does before transformers 4.48 (ir.Numerics.Phi3AttnOutputs),
+    and the model's forward its embeddings until it is past its layers
     (solver.Chain.Embeds). Without these the plan was below the measure
     on transformers 5.24, by 30,704 bytes (Llama) and 24,056 (GPT-2), and
-    Phi-3's on 4.46 by 16,376.
-    The stages that have not run by a forward's peak keep no host bytes
-    yet (_slack counts them all)."""
-    torch.manual_seed(0)
-    if family == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=128,
-                                      attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
-        cfg._attn_implementation = attention
-        model = _trained(transformers.GPT2LMHeadModel(cfg), "bf16", 4, target_modules=["c_attn", "c_proj", "c_fc"],
-                         fan_in_fan_out=True)
-    elif family == "phi3":
-        cfg = transformers.Phi3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=192, vocab_size=128,
-                                      max_position_embeddings=64, original_max_position_embeddings=64,
-                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        cfg._attn_implementation = attention
-        model = _trained(transformers.Phi3ForCausalLM(cfg), "bf16", 4,
-                         target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-    else:
-        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=3,
-                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                       max_position_embeddings=64, tie_word_embeddings=False)
-        cfg._attn_implementation = attention
-        model = _trained(transformers.LlamaForCausalLM(cfg), "bf16", 4, target_modules=ALL_LINEARS)
+    Phi-3's on 4.46 by 16,376. The stages that have not run by a
+    forward's peak keep no host bytes yet (_slack counts them all)."""
+    model = _small_lora(family, attention, "bf16")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
     ids = torch.randint(0, 128, (2, 64))
     plan = ckptplan.plan(model, "1GiB", batch=2, seq=64, solver="none", optimizer=optimizer)
@@ -664,6 +643,32 @@ def test_whole_step_lora_every_linear_bf16(ckptplan_binary, family, attention, s
         plan = ckptplan.plan(model, budget, batch=2, seq=64, optimizer=optimizer)
         ckptplan.apply(model, plan)
     assert _over_in_forward(model, optimizer, plan, ids) in _HOST_NUMBER
+
+
+def _small_lora(family: str, attention: str, dtype: str, **lora_config) -> "torch.nn.Module":
+    """A model of family (llama, gpt2, phi3) of test_real_stack's size
+    (h64, 3 layers, vocabulary 128), whose step peaks in its last layer's
+    forward, with that attention, in dtype, with rank-4 LoRA adapters
+    (PEFT, lora_config) on every linear of its layers."""
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=128,
+                                      attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+        cls, targets = transformers.GPT2LMHeadModel, ["c_attn", "c_proj", "c_fc"]
+        lora_config["fan_in_fan_out"] = True
+    elif family == "phi3":
+        cfg = transformers.Phi3Config(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=192, vocab_size=128,
+                                      max_position_embeddings=64, original_max_position_embeddings=64,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        cls, targets = transformers.Phi3ForCausalLM, ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    else:
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=3,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                       max_position_embeddings=64, tie_word_embeddings=False)
+        cls, targets = transformers.LlamaForCausalLM, ALL_LINEARS
+    cfg._attn_implementation = attention
+    return _trained(cls(cfg), dtype, 4, target_modules=targets, **lora_config)
 
 
 def _over_in_forward(model, optimizer, plan, ids) -> int:
@@ -687,22 +692,10 @@ def test_whole_step_lora_dropout_fp32(ckptplan_binary, family):
     beside their sum (stage.peftBytes). The plan counted the executor's
     LoRA scratch instead: GPT-2's was 63,492 bytes below the measure on
     both stacks, the Llama's 1,036 on 4.46 and in the wrong part of the
-    step on 5.24. The allocator counts too the
-    4-byte fp32 copy of the adapters' scale, a Python number, made for
-    the product (host memory)."""
-    torch.manual_seed(0)
-    if family == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=128,
-                                      attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
-        cfg._attn_implementation = "sdpa"
-        model = _trained(transformers.GPT2LMHeadModel(cfg), "fp32", 4, target_modules=["c_attn", "c_proj", "c_fc"],
-                         fan_in_fan_out=True, lora_dropout=0.1)
-    else:
-        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=3,
-                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                       max_position_embeddings=64, tie_word_embeddings=False)
-        cfg._attn_implementation = "sdpa"
-        model = _trained(transformers.LlamaForCausalLM(cfg), "fp32", 4, target_modules=ALL_LINEARS, lora_dropout=0.1)
+    step on 5.24. The allocator counts too the 4-byte fp32 copy of the
+    adapters' scale, a Python number, made for the product (host
+    memory)."""
+    model = _small_lora(family, "sdpa", "fp32", lora_dropout=0.1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
     plan = ckptplan.plan(model, "1GiB", batch=2, seq=64, solver="none", optimizer=optimizer)
     over = _over_in_forward(model, optimizer, plan, torch.randint(0, 128, (2, 64)))
@@ -723,13 +716,7 @@ def test_whole_step_lora_every_linear_planned(ckptplan_binary, share):
     on transformers 5.24. The CPU allocator counts the rerun's host
     memory besides the plan's host_bytes: the random-number state it
     forks, and the Python numbers of the adapters it has rerun (8 bytes each)."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                   max_position_embeddings=512, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
-    model = _trained(transformers.LlamaForCausalLM(cfg), "bf16", 8, target_modules=ALL_LINEARS)
-    plan, measured = _step_at(model, share)
+    plan, measured = _step_at(build(8, "bf16", targets=ALL_LINEARS), share)
     if _release() >= (5, 0):  # before 4.49 the loss's shifted copy peaks in the head's forward
         assert plan.peak_at.startswith("backward of layers."), plan.peak_at
     rerun = torch.get_rng_state().numel() + 8 * len(ALL_LINEARS)
