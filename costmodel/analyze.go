@@ -240,7 +240,9 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 				pg := ParamGrad{}
 				if shards {
 					dp := max(g.Setup.Parallel.DP, 1)
-					pg = ParamGrad{Keep: ceilDiv(a.c.ParamGrads[i].Keep, dp), Apart: ceilDiv(a.c.ParamGrads[i].Apart, dp)}
+					whole := a.c.ParamGrads[i]
+					pg = ParamGrad{Keep: ceilDiv(whole.Keep, dp), Apart: ceilDiv(whole.Apart, dp)}
+					pg.Unsharded = whole.Keep - pg.Keep
 					layers += pg.Keep
 				}
 				a.c.ParamGrads[i] = pg
@@ -248,6 +250,7 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 		}
 		if shards {
 			a.c.Static.Gather.RootShard = max(st.GradientsBytes-layers, 0)
+			a.c.Static.Gather.FSDP2 = true
 		}
 		a.c.inBackward = true
 	}

@@ -123,8 +123,11 @@ func AccumulatesGradients(g *ir.Graph) bool {
 // ParamGrad is where node's backward puts parameter gradients, when they
 // appear in the backward: Keep, the bytes it makes and keeps to the
 // optimizer step; Apart, those it makes apart and adds into a gradient an
-// earlier backward made (the embedding a later head's weight is tied to).
-type ParamGrad struct{ Keep, Apart int64 }
+// earlier backward made (the embedding a later head's weight is tied to);
+// Unsharded, under FSDP2 (ShardsInBackward), the node's unsharded
+// gradient beyond its shard (Keep), held to its layer's reduce-scatter,
+// the end of the layer's backward.
+type ParamGrad struct{ Keep, Apart, Unsharded int64 }
 
 // paramGrads returns each node's ParamGrad: a node's trainable parameters
 // (split over tp ranks, tpShard) in the gradient's dtype (paramSizes), as
@@ -461,37 +464,44 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // the root's kept to the backward (its default for the root).
 //
 // Every all-gather of a group (a layer, or the root) writes into an
-// output buffer of the group's unsharded bytes (all ranks' shards), which
-// lives until the next group's gather has copied out of its own: one such
-// buffer is held through the forward and backward (counted throughout,
-// though the forward's is freed when it ends), two at a gather. The gather copies the output
-// into the unsharded weights, held while the group runs; gloo, on the
-// CPU, gathers through a temporary of the output's size, freed before the
-// copy-out (NCCL writes in place). So a layer's forward holds its
-// unsharded weights beside the held buffer and, at its start, a second
-// buffer (2·Weights); the first gather, the root's, holds its buffer, the
-// temporary and then its weights (3·RootWeights, less the one buffer).
+// output buffer of the group's unsharded bytes (all ranks' shards) and
+// copies it out into the unsharded weights, held while the group runs.
+// In the forward the buffer lives until the next group's gather has
+// been issued (implicit prefetch), the last one until the model's forward
+// returns, the loss included; in the backward the root's pre-backward
+// hook gathers the last layer ahead, and each layer's the layer before
+// it (explicit prefetch), once it has copied out its own buffer and freed
+// it. So one output buffer is held through the forward and backward
+// (Gathered counts it with the root's weights), but in the first
+// layer's backward, which has none to prefetch. Beside it a layer's
+// forward holds its weights (Weights), and the first layer's gather, for
+// a moment, the root's buffer too (RootWeights); a layer's backward holds
+// its weights and the buffer it prefetched, at its start its own buffer
+// instead of the prefetched one.
 //
-// In the backward, a layer's pre-backward hook gathers the layer before
-// it ahead (prefetch): its output buffer and gloo's temporary beside the
-// running layer's weights; while the layer runs, its weights, the
-// prefetched buffer and its gradients as autograd makes them; then the
-// gradients are copied into a reduce-scatter input and reduced through
-// gloo's copy of it into the rank's shard of the gradients
-// (GradientsBytes). The input is kept until the next group's
-// reduce-scatter starts. Under checkpointing a recomputation gathers
-// again, beside the prefetched buffer: three output buffers were measured
-// at once in a checkpointed backward. A layer's forward and backward are
-// counted at the most these buffers hold at once beside the held one:
-// its weights, two more output buffers (or one and gloo's temporary) and
-// the last reduce-scatter's input, 3·Weights + Grads, in a forward (a
-// recomputation's); and its unsharded gradients too, 3·Weights +
-// 2·Grads, in a backward. The root's gradients are reduce-scattered once
-// the whole backward is done: held unsharded from the backward that makes
-// each on, and reduced through two more of their size. The root's
-// weights are resharded then; the forward's last all-gather output is
-// freed when the forward ends, the backward's after its copy-out, so the
-// step holds none of it.
+// When a layer's backward has run, its post-backward hook reshards its
+// weights, copies its gradients into a reduce-scatter input and frees
+// them, and reduce-scatters the input into the rank's shard
+// (ShardsInBackward: GradientsBytes, counted where each node's backward
+// runs, with the unsharded gradient beyond the shard, ParamGrad.Unsharded,
+// held from there to this hook). The input is kept until the next
+// group's reduce-scatter starts: through the backward of the layer
+// before. The root's gradients are reduce-scattered once the whole
+// backward is done: held unsharded from the backward that makes each on,
+// and reduced through two more of their size. The root's weights are
+// resharded then, so the step holds none of what was gathered.
+//
+// These moments are FSDP2's as it runs under NCCL, counted event by event
+// (FSDP2; measured under gloo on the CPU, where each collective adds a
+// temporary of its output's size for its duration, and a non-reentrant
+// checkpoint, whose recomputation runs no hook: torch.utils.checkpoint's
+// reentrant variant gathers a layer again when it recomputes it and its
+// misdirected prefetches hold one output buffer for each layer done until
+// the backward ends). PyTorch from 2.9 gathers nothing on one rank. Where
+// the gradients are not reduce-scattered layer by layer (accumulated over
+// micro-batches, reduced once a step), and under DeepSpeed's stage 3,
+// whose buckets and prefetch differ, a layer is bounded instead
+// (ForwardBytes, BackwardBytes).
 type Gather struct {
 	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
 	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
@@ -499,28 +509,81 @@ type Gather struct {
 	// shards are made in the backward (ShardsInBackward): the last
 	// reduce-scatter's, when the backward ends. 0 otherwise.
 	RootShard int64
+	// FSDP2: the moments are FSDP2's, each layer's by its place
+	// (Layer); otherwise every layer is bounded by ForwardBytes and
+	// BackwardBytes.
+	FSDP2 bool
 }
 
-// ForwardBytes is the most a decoder layer's forward holds gathered
-// beside what Gathered holds: its weights, two more output buffers (or one and
-// gloo's temporary) and, in a recomputation, the last reduce-scatter's
-// input.
+// ForwardBytes bounds what a decoder layer's forward holds gathered beside
+// what Gathered holds where the moments are not FSDP2's: its weights, two
+// more output buffers (or one and gloo's temporary) and, in a
+// recomputation, the last reduce-scatter's input.
 func (g Gather) ForwardBytes() int64 { return 3*g.LayerWeights + g.LayerGrads }
 
-// BackwardBytes is the most a decoder layer's backward holds gathered
-// beside what Gathered holds and its gradients' shard: what its forward does,
-// and its unsharded gradients or gloo's copy of them.
+// BackwardBytes bounds what a decoder layer's backward holds gathered
+// beside what Gathered holds and its gradients' shard, where the moments
+// are not FSDP2's: what its forward does, and its unsharded gradients or
+// gloo's copy of them.
 func (g Gather) BackwardBytes() int64 { return 3*g.LayerWeights + 2*g.LayerGrads }
 
+// LayerGather is what ZeRO stage 3 holds while a decoder layer runs,
+// beside what Gathered holds: in its forward and its backward, to be
+// added to its kernels' own transient bytes, and at the start of each,
+// before any kernel of it runs (a floor under the sum).
+type LayerGather struct {
+	Forward, ForwardStart   int64
+	Backward, BackwardStart int64
+}
+
+// Layer returns what a decoder layer holds gathered beside Gathered, first
+// and last saying whether it is the first or last layer the forward runs.
+// Under FSDP2: its weights in the forward, and at the first layer's start
+// the root's output buffer; in the backward its weights and the buffer it
+// prefetched (none in the first layer) and the reduce-scatter input of the
+// layer after it (none in the last), and at its start its own buffer
+// beside its weights. Otherwise the bounds, at every layer.
+func (g Gather) Layer(first, last bool) LayerGather {
+	if !g.FSDP2 {
+		return LayerGather{Forward: g.ForwardBytes(), Backward: g.BackwardBytes()}
+	}
+	var l LayerGather
+	w, gr := g.LayerWeights, g.LayerGrads
+	l.Forward = w
+	if first {
+		l.ForwardStart = g.RootWeights
+	}
+	if !first {
+		l.Backward += w
+	}
+	if !last {
+		l.Backward += gr
+		l.BackwardStart += gr
+	}
+	l.BackwardStart += w
+	return l
+}
+
 // LayerBytes is the most a decoder layer gathers beside what Gathered holds,
-// forward or backward.
-func (g Gather) LayerBytes() int64 { return max(g.ForwardBytes(), g.BackwardBytes()) }
+// forward or backward, wherever it runs.
+func (g Gather) LayerBytes() int64 {
+	if g.FSDP2 {
+		l := g.Layer(false, false)
+		return max(l.Forward, l.Backward, l.ForwardStart, l.BackwardStart, g.RootWeights)
+	}
+	return max(g.ForwardBytes(), g.BackwardBytes())
+}
 
 // StartBytes is what the root's gather holds beside what Gathered holds when
-// the forward starts, before the first layer's: its output buffer and
-// gloo's temporary beside the root's weights, where no layer's buffer is
-// held yet.
-func (g Gather) StartBytes() int64 { return max(2*g.RootWeights-g.LayerWeights, 0) }
+// the forward starts, before the first layer's, where no layer's buffer is
+// held yet: its output buffer beside the root's weights, and gloo's
+// temporary where the moments are not FSDP2's.
+func (g Gather) StartBytes() int64 {
+	if g.FSDP2 {
+		return max(g.RootWeights-g.LayerWeights, 0)
+	}
+	return max(2*g.RootWeights-g.LayerWeights, 0)
+}
 
 // optimizerOf returns the optimizer a setup trains with, and ownDType
 // where it keeps its moments in the weights' dtype with no master copy

@@ -90,7 +90,7 @@ func TestStaticZeRO(t *testing.T) {
 		// layer's all-gather output; the step none of it. FSDP2 makes the
 		// root's shard of the gradients when the backward ends.
 		{"zero 3", "bf16", 3, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi / 4, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			Terms: []Held{{"gathered", 2*root + 2*layer}}, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer, RootShard: 2 * root / 4},
+			Terms: []Held{{"gathered", 2*root + 2*layer}}, Gather: Gather{RootWeights: 2 * root, RootGrads: 2 * root, LayerWeights: 2 * layer, LayerGrads: 2 * layer, RootShard: 2 * root / 4, FSDP2: true},
 			LayerParams: layer, LayerTrainable: layer, StepBytes: 4 * psi / 4, StepFreedBytes: 2*root + 2*layer}},
 	}
 	for _, tt := range tests {
@@ -108,13 +108,19 @@ func TestStaticZeRO(t *testing.T) {
 
 // TestFSDPGathers counts what ZeRO stage 3 gathers as FSDP2 runs it
 // (Gather): Llama 3 8B in bf16 over 8 ranks, a layer of 4096² (q, o),
-// 4096·1024 (k, v), 3·4096·14336 (the MLP) and two norms of 4096 weights;
-// the root's untied embedding and head of 128256·4096 and the final norm.
-// The forward and backward hold the root unsharded and one all-gather
-// output, a layer's whole weights (every rank's shard); a layer adds, at
-// most, its weights, two more buffers and a reduce-scatter input
-// forward, and one more of its gradients backward. The root's shard of
-// its gradients FSDP2 makes when the backward ends.
+// 4096·1024 (k, v), 3·4096·14336 (the MLP) and two norms of 4096 weights,
+// W bytes; the root's untied embedding and head of 128256·4096 and the
+// final norm, R. The forward and backward hold the root unsharded and one
+// all-gather output, a layer's whole weights (every rank's shard). A
+// layer's forward adds its weights, W, and the first's, at its start, the
+// root's output buffer, R. A layer's backward adds its weights and the
+// buffer it prefetched (the first layer none) and the reduce-scatter
+// input of the layer after it (the last none), and at its start its own
+// buffer instead of the prefetched one. The root's gather adds its buffer
+// beside its weights, less the layer's buffer counted already. The root's
+// shard of its gradients FSDP2 makes when the backward ends. Under
+// DeepSpeed's stage 3 every layer is bounded by 3W + W forward and 3W +
+// 2W backward, and the root's gather by its temporary too.
 func TestFSDPGathers(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
 	if err != nil {
@@ -124,33 +130,71 @@ func TestFSDPGathers(t *testing.T) {
 	m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: 3}
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const root = 2 * (2*128256*4096 + 4096)
-	st := analyzeModel(t, m).Static
-	want := Gather{RootWeights: root, RootGrads: root, LayerWeights: layer, LayerGrads: layer, RootShard: root / 8}
+	c := analyzeModel(t, m)
+	st := c.Static
+	want := Gather{RootWeights: root, RootGrads: root, LayerWeights: layer, LayerGrads: layer, RootShard: root / 8, FSDP2: true}
+	// A layer's node makes its unsharded gradient and keeps its shard:
+	// the shards of a layer are an eighth of its gradients.
+	var keep, unsharded int64
+	for i, n := range c.Graph.Nodes {
+		if n.Block == "layers.0" {
+			pg := c.ParamGrads[i]
+			if pg.Keep*8 < pg.Keep+pg.Unsharded || (pg.Keep-1)*8 >= pg.Keep+pg.Unsharded {
+				t.Errorf("%s: keeps %d of %d unsharded, want an eighth", n.Name, pg.Keep, pg.Keep+pg.Unsharded)
+			}
+			keep, unsharded = keep+pg.Keep, unsharded+pg.Unsharded
+		}
+	}
+	if keep+unsharded != layer || keep != layer/8 {
+		t.Errorf("layers.0 keeps %d of its gradients' %d, want %d of %d", keep, keep+unsharded, layer/8, layer)
+	}
 	if diff := cmp.Diff(want, st.Gather); diff != "" {
 		t.Errorf("llama-3-8b, ZeRO 3 over 8 (-want +got)\n%s", diff)
 	}
 	if got, want := st.Of(Gathered), int64(root+layer); got != want {
 		t.Errorf("gathered %d, want %d", got, want)
 	}
-	if got, want := st.Gather.ForwardBytes(), int64(4*layer); got != want {
-		t.Errorf("a layer's forward gathers %d, want %d", got, want)
+	for _, tc := range []struct {
+		name        string
+		first, last bool
+		want        LayerGather
+	}{
+		{"first", true, false, LayerGather{Forward: layer, ForwardStart: root, Backward: layer, BackwardStart: 2 * layer}},
+		{"middle", false, false, LayerGather{Forward: layer, Backward: 2 * layer, BackwardStart: 2 * layer}},
+		{"last", false, true, LayerGather{Forward: layer, Backward: layer, BackwardStart: layer}},
+		{"only", true, true, LayerGather{Forward: layer, ForwardStart: root, BackwardStart: layer}},
+	} {
+		if diff := cmp.Diff(tc.want, st.Gather.Layer(tc.first, tc.last)); diff != "" {
+			t.Errorf("the %s layer (-want +got)\n%s", tc.name, diff)
+		}
 	}
-	if got, want := st.Gather.BackwardBytes(), int64(5*layer); got != want {
-		t.Errorf("a layer's backward gathers %d, want %d", got, want)
-	}
-	if got, want := st.Gather.StartBytes(), int64(2*root-layer); got != want {
+	if got, want := st.Gather.StartBytes(), int64(root-layer); got != want {
 		t.Errorf("the root's gather %d, want %d", got, want)
 	}
-	// Under LoRA only the adapters have gradients (rank 16 on q and v).
+	// Under LoRA only the adapters have gradients (rank 16 on q and v):
+	// the reduce-scatter input is theirs.
 	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "v"}}
 	adapters := int64(2 * 16 * (4096 + 4096 + 4096 + 1024))
 	st = analyzeModel(t, m).Static
-	want = Gather{RootWeights: root, LayerWeights: layer + adapters, LayerGrads: adapters}
+	want = Gather{RootWeights: root, LayerWeights: layer + adapters, LayerGrads: adapters, FSDP2: true}
 	if diff := cmp.Diff(want, st.Gather); diff != "" {
 		t.Errorf("llama-3-8b LoRA, ZeRO 3 over 8 (-want +got)\n%s", diff)
 	}
-	if got, want := st.Gather.BackwardBytes(), 3*(layer+adapters)+2*adapters; got != want {
+	if got, want := st.Gather.Layer(false, false).Backward, layer+adapters+adapters; got != want {
 		t.Errorf("a LoRA layer's backward gathers %d, want %d", got, want)
+	}
+	// DeepSpeed's stage 3: bounds.
+	m.Training.LoRA = ir.LoRA{}
+	m.Training.Parallel.Sharding = ir.ShardingDeepSpeed
+	st = analyzeModel(t, m).Static
+	if st.Gather.FSDP2 {
+		t.Errorf("deepspeed: FSDP2's moments")
+	}
+	if got, want := st.Gather.Layer(false, false), (LayerGather{Forward: 4 * layer, Backward: 5 * layer}); got != want {
+		t.Errorf("deepspeed: a layer gathers %+v, want %+v", got, want)
+	}
+	if got, want := st.Gather.StartBytes(), int64(2*root-layer); got != want {
+		t.Errorf("deepspeed: the root's gather %d, want %d", got, want)
 	}
 }
 
@@ -218,7 +262,9 @@ func TestStaticNoSync(t *testing.T) {
 		if zero == 1 || zero == 2 {
 			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.Of(Buffers)-64*4+st.Of(Reduce) // all but the registered inverse frequencies
 		}
-		want.Gather.RootShard = 0 // the shards are held whole, not made in the backward
+		// The shards are held whole, not made in the backward, and a
+		// layer's gathers are bounded.
+		want.Gather.RootShard, want.Gather.FSDP2 = 0, false
 
 		if diff := cmp.Diff(want, st); diff != "" {
 			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)
@@ -407,8 +453,9 @@ func TestDeepSpeedStep(t *testing.T) {
 // (the largest layer's gradients, as its export sets reduce_bucket_size)
 // all step and converts the kept gradient partition to fp32 in its step;
 // FSDP2 has neither, and makes the shards of the gradients in the
-// backward, the root's (its embedding, head and final norm) when it ends.
-// Everything else is the same. Llama 3 8B on 8 ranks,
+// backward, the root's (its embedding, head and final norm) when it ends;
+// its layers' gathers are counted at FSDP2's moments, DeepSpeed's
+// bounded. Everything else is the same. Llama 3 8B on 8 ranks,
 // bf16, fused AdamW: a layer's gradients are 2·218,112,000 B; the step
 // is the flat copy (2Ψ/8) and its fp32 conversion (4Ψ/8).
 func TestStaticZeRO3Engines(t *testing.T) {
@@ -430,7 +477,7 @@ func TestStaticZeRO3Engines(t *testing.T) {
 	if root := int64(2 * (2*128256*4096 + 4096) / 8); fsdp.Gather.RootShard != root {
 		t.Errorf("fsdp2: the root's shard %d, want %d", fsdp.Gather.RootShard, root)
 	}
-	want.Gather.RootShard = 0
+	want.Gather.RootShard, want.Gather.FSDP2 = 0, false // and a layer's gathers bounded
 	if diff := cmp.Diff(want, ds); diff != "" {
 		t.Errorf("deepspeed against fsdp2 (-want +got)\n%s", diff)
 	}

@@ -267,8 +267,8 @@ func chainOptions(stages []*stage.Stage, zero []zeroBytes) [][]solver.Option {
 		}
 		last := st.Nodes[len(st.Nodes)-1]
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
-			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: k.FAllTempBytes + z.forward,
-				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: k.BackwardTempBytes + z.backward, Named: k.Named,
+			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: z.forwardTemp(k.FAllTempBytes),
+				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: z.backwardTemp(k.BackwardTempBytes), Named: k.Named,
 				RemakesOutput: slices.Contains(k.Recompute, last)})
 		}
 	}
@@ -277,14 +277,23 @@ func chainOptions(stages []*stage.Stage, zero []zeroBytes) [][]solver.Option {
 
 // zeroBytes is what ZeRO holds while a stage runs beyond what it holds
 // the whole forward and backward: added to the stage's transient bytes,
-// forward and backward.
-type zeroBytes struct{ forward, backward mem.Bytes }
+// forward and backward, and at the start of each, before any of the
+// stage's kernels, a floor under them.
+type zeroBytes struct {
+	forward, forwardStart   mem.Bytes
+	backward, backwardStart mem.Bytes
+}
+
+// forwardTemp returns a forward's transient bytes t with z's.
+func (z zeroBytes) forwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.forward, z.forwardStart) }
+
+// backwardTemp returns a backward's transient bytes t with z's.
+func (z zeroBytes) backwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.backward, z.backwardStart) }
 
 // gather puts what ZeRO stage 3 gathers and reduce-scatters at its
 // moments in the chain (costmodel.Gather): each decoder layer's forward
-// and backward hold the layer's unsharded weights, the next gather and
-// the reduce-scatter's buffers (a forward the most a first forward or a
-// recomputation does); the first stage's forward, the root's gather; the
+// and backward hold what Gather.Layer says for its place among the
+// layers; the first stage's forward, the root's gather; the
 // root's unsharded gradients are the gradients of the stages that make
 // them (costmodel.Costs.GradientsInBackward), which the step no longer
 // holds, and the first stage's backward, which ends the backward,
@@ -294,28 +303,31 @@ type zeroBytes struct{ forward, backward mem.Bytes }
 func (p *Problem) gather(ga costmodel.Gather) {
 	ch := p.Chain
 	p.zero = make([]zeroBytes, ch.Len())
-	layers := 0
+	var layers []int
 	for i, st := range p.Stages {
 		if _, ok := ir.LayerIndex(st.Name); ok {
-			p.zero[i] = zeroBytes{mem.Bytes(ga.ForwardBytes()), mem.Bytes(ga.BackwardBytes())}
-			layers++
+			layers = append(layers, i)
 		}
 	}
-	if layers == 0 {
+	for k, i := range layers {
+		l := ga.Layer(k == 0, k == len(layers)-1)
+		p.zero[i] = zeroBytes{mem.Bytes(l.Forward), mem.Bytes(l.ForwardStart), mem.Bytes(l.Backward), mem.Bytes(l.BackwardStart)}
+	}
+	if len(layers) == 0 {
 		p.Static += mem.Bytes(ga.LayerBytes())
 		p.stepFreedStatic += mem.Bytes(ga.LayerBytes())
 	}
 	p.zero[0].forward = max(p.zero[0].forward, mem.Bytes(ga.StartBytes()))
 	p.zero[0].backward += 2 * mem.Bytes(ga.RootGrads)
 	for i, z := range p.zero {
-		ch.ForwardTempBytes[i] += z.forward
+		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i])
 		if ch.FAllTempBytes != nil {
-			ch.FAllTempBytes[i] += z.forward
+			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i])
 		}
 		if ch.FAllInputFreedTempBytes != nil {
-			ch.FAllInputFreedTempBytes[i] += z.forward
+			ch.FAllInputFreedTempBytes[i] = z.forwardTemp(ch.FAllInputFreedTempBytes[i])
 		}
-		ch.BackwardTempBytes[i] += z.backward
+		ch.BackwardTempBytes[i] = z.backwardTemp(ch.BackwardTempBytes[i])
 	}
 	if p.Costs.GradientsInBackward() { // not held the whole step (no_sync)
 		// The step holds the root's shard, made when the backward ends

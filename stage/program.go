@@ -316,9 +316,9 @@ func (st *Stage) BackwardProgram() Program {
 			p = append(p[:mark], st.shiftedLossBackward(id, ws, p[mark:])...)
 			continue
 		}
-		keep, apart := st.paramGrad(id)
-		if keep > 0 {
-			p = append(p, Event{Kind: Alloc, Buf: ParamGradBuf, Node: id, Bytes: keep})
+		keep, unsharded, apart := st.paramGrad(id)
+		if keep+unsharded > 0 {
+			p = append(p, Event{Kind: Alloc, Buf: ParamGradBuf, Node: id, Bytes: keep + unsharded})
 		}
 		if apart > 0 {
 			e := Event{Kind: Alloc, Buf: ParamGradBuf, Node: id, Bytes: apart}
@@ -445,21 +445,23 @@ func (st *Stage) shiftedLossBackward(id int, ws mem.Bytes, grads []Event) Progra
 }
 
 // paramGrad returns the bytes of parameter gradients node id's backward
-// makes and keeps, and those it makes apart and adds in
+// makes and keeps, those it holds beside them to the program's end (under
+// FSDP2, its unsharded gradient beyond the shard it keeps, until the
+// layer's reduce-scatter), and those it makes apart and adds in
 // (costmodel.ParamGrad): under gradient accumulation, all of them apart;
 // none when the gradients are held the whole step otherwise.
-func (st *Stage) paramGrad(id int) (keep, apart mem.Bytes) {
+func (st *Stage) paramGrad(id int) (keep, unsharded, apart mem.Bytes) {
 	switch {
 	case st.c.GradientsInBackward():
 		pg := st.c.ParamGrads[id]
-		return mem.Bytes(pg.Keep), mem.Bytes(pg.Apart)
+		return mem.Bytes(pg.Keep), mem.Bytes(pg.Unsharded), mem.Bytes(pg.Apart)
 	case st.c.AccumulatesGradients():
 		// A micro-batch after the first: every gradient is made apart
 		// and added into the one held.
 		pg := st.c.ParamGrads[id]
-		return 0, mem.Bytes(pg.Keep + pg.Apart)
+		return 0, 0, mem.Bytes(pg.Keep + pg.Apart)
 	}
-	return 0, 0
+	return 0, 0, 0
 }
 
 // paramGradBytes returns the parameter gradients the stage's backward
@@ -467,7 +469,7 @@ func (st *Stage) paramGrad(id int) (keep, apart mem.Bytes) {
 func (st *Stage) paramGradBytes() mem.Bytes {
 	var b mem.Bytes
 	for _, id := range st.Nodes {
-		k, _ := st.paramGrad(id)
+		k, _, _ := st.paramGrad(id)
 		b += k
 	}
 	return b
