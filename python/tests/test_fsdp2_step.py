@@ -153,7 +153,7 @@ def _gloo_kept(over: int, layer: int, root: int) -> bool:
 
 
 @pytest.mark.parametrize("impl,checkpointing,lora", [("fused", False, 0), ("forloop", False, 0), ("foreach", False, 0),
-                                                    ("fused", True, 0), ("fused", False, 8)])
+                                                    ("fused", True, 0), ("fused", False, 8), ("fused", True, 8)])
 def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     """On one rank, FSDP2 all-gathers and reduce-scatters every group as
     on several: storing everything, full fine-tuning or LoRA, the step's
