@@ -8,6 +8,7 @@ import (
 
 	"github.com/ckptplan/ckptplan/costmodel"
 	"github.com/ckptplan/ckptplan/graphio"
+	"github.com/ckptplan/ckptplan/ir"
 	"github.com/ckptplan/ckptplan/mem"
 	"github.com/ckptplan/ckptplan/models"
 	"github.com/ckptplan/ckptplan/solver"
@@ -555,6 +556,42 @@ func TestZeRO3Gathers(t *testing.T) {
 	// partition (its StepBytes) and frees it; stage 3's holds it.
 	if got, want := p3.StepPeak-p2.StepPeak, mem.Bytes(-weights+st2.GradientsBytes-st2.StepBytes+st3.StepBytes); got != want {
 		t.Errorf("step %d more than stage 2's, want %d", got, want)
+	}
+}
+
+// TestReentrantNote: a plan counting FSDP2's gathers for a non-reentrant
+// checkpoint says so where the model's transformers release checkpoints
+// reentrantly by default (before 5), and only there: not from 5, not
+// under DeepSpeed's stage 3 (bounded), nor without stage 3.
+func TestReentrantNote(t *testing.T) {
+	for _, tc := range []struct {
+		release  string
+		zero     int64
+		sharding ir.Sharding
+		want     bool
+	}{
+		{"4.46", 3, "", true},
+		{"4.57", 3, ir.ShardingFSDP2, true},
+		{"5.24", 3, "", false},
+		{"4.46", 3, ir.ShardingDeepSpeed, false},
+		{"4.46", 2, "", false},
+	} {
+		src, err := graphio.Load("llama-3-8b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &src.Model.Training
+		tr.Transformers, tr.Parallel.Zero, tr.Parallel.DP, tr.Parallel.Sharding = tc.release, tc.zero, 8, tc.sharding
+		p, err := New(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(p.Notes, func(n string) bool {
+			return strings.Contains(n, `gradient_checkpointing_kwargs={"use_reentrant": False}`) && strings.Contains(n, "transformers "+tc.release)
+		})
+		if got != tc.want {
+			t.Errorf("transformers %s, ZeRO %d %q: noted %v, want %v (notes %q)", tc.release, tc.zero, tc.sharding, got, tc.want, p.Notes)
+		}
 	}
 }
 

@@ -134,6 +134,9 @@ func newProblem(src *graphio.Source, r *costmodel.Roofline) (*Problem, error) {
 	if note := routingNote(g, stages); note != "" {
 		p.Notes = append(p.Notes, note)
 	}
+	if note := reentrantNote(g); note != "" {
+		p.Notes = append(p.Notes, note)
+	}
 	if src.Kind == graphio.KindGraph && len(stages) == 1 {
 		p.Notes = append(p.Notes, fmt.Sprintf("graph %s has no single-tensor cut point before its output: it is planned as one stage, which can only be stored or recomputed whole", g.Name))
 	}
@@ -392,6 +395,22 @@ func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
 		return solver.Embeds{}
 	}
 	return e
+}
+
+// reentrantNote warns where FSDP2's gathers are counted for a
+// non-reentrant checkpoint, as the exports set it, and the model's
+// transformers release defaults to the reentrant one
+// (gradient_checkpointing_enable() before 5), under which FSDP2 holds more
+// than the plan (costmodel.Gather).
+func reentrantNote(g *ir.Graph) string {
+	s := g.Setup
+	if s.Parallel.Zero < 3 || !costmodel.ShardsInBackward(g) || s.Transformers == "" {
+		return ""
+	}
+	if r, err := graphio.ParseRelease(s.Transformers); err != nil || r.Major >= 5 {
+		return ""
+	}
+	return fmt.Sprintf("FSDP2's gathers are counted for torch.utils.checkpoint's non-reentrant variant, as the exports set it; transformers %s's gradient_checkpointing_enable() defaults to the reentrant one, under which FSDP2 holds a layer's gathered weights more for every layer done in the backward: pass gradient_checkpointing_kwargs={\"use_reentrant\": False}", s.Transformers)
 }
 
 // toChain turns stages into a solver chain: costs in FLOPs, the last
