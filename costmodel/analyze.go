@@ -222,16 +222,21 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	st.add(Buffers, a.heldInputs())
 	a.c.Static = st
 	shards := ShardsInBackward(g) && st.GradientsBytes > 0
+	// FSDP2 reduce-scatters a layer's gradients in every micro-batch's
+	// backward too, adding each into the shard the step holds.
+	accumulates := fsdp2Accumulates(g) && st.GradientsBytes > 0
 	switch {
 	case st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)):
 		a.c.ParamGrads = paramGrads(g)
 		a.c.inBackward = GradientsInBackward(g)
-	case shards || st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
+	case shards || accumulates || st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
 		// ZeRO stage 3 holds the root's gradients unsharded from the
 		// backward that makes each to the backward's end (Gather). Where
 		// it makes the shards in the backward (FSDP2), a layer's are
 		// counted where its nodes' backwards run, the root's when the
-		// backward ends.
+		// backward ends; a layer's unsharded gradients beyond them are
+		// held to the layer's reduce-scatter, and so they are where
+		// FSDP2 adds them into the shards the step holds.
 		a.c.ParamGrads = paramGrads(g)
 		a.c.shards = shards
 		layers := int64(0)
@@ -245,13 +250,16 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 					pg.Unsharded = whole.Keep - pg.Keep
 					layers += pg.Keep
 				}
+				if accumulates {
+					pg.Unsharded = a.c.ParamGrads[i].Keep
+				}
 				a.c.ParamGrads[i] = pg
 			}
 		}
 		if shards {
 			a.c.Static.Gather.RootShard = max(st.GradientsBytes-layers, 0)
-			a.c.Static.Gather.FSDP2 = true
 		}
+		a.c.Static.Gather.FSDP2 = shards || accumulates
 		a.c.inBackward = true
 	}
 	return a.c, nil

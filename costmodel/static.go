@@ -109,6 +109,16 @@ func ShardsInBackward(g *ir.Graph) bool {
 		!s.Parallel.NoSync && s.Profile != Megatron && s.Optimizer != ir.OptimizerNone
 }
 
+// fsdp2Accumulates reports whether FSDP2 (ZeRO stage 3 under fully_shard)
+// reduce-scatters each micro-batch's gradients of a step of several into
+// the shards it holds the whole step: gradient accumulation with the
+// gradients reduced every backward (not no_sync).
+func fsdp2Accumulates(g *ir.Graph) bool {
+	s := g.Setup
+	return s.Parallel.Zero >= 3 && s.Parallel.Sharder() == ir.ShardingFSDP2 && s.GradAccum >= 2 &&
+		!s.Parallel.NoSync && s.Profile != Megatron && s.Optimizer != ir.OptimizerNone
+}
+
 // AccumulatesGradients reports whether a backward after the first of a
 // step adds its parameter gradients into those held (PyTorch's
 // AccumulateGrad: the new gradient made apart, added in place, freed):
@@ -497,11 +507,12 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // checkpoint, whose recomputation runs no hook: torch.utils.checkpoint's
 // reentrant variant gathers a layer again when it recomputes it and its
 // misdirected prefetches hold one output buffer for each layer done until
-// the backward ends). PyTorch from 2.9 gathers nothing on one rank. Where
-// the gradients are not reduce-scattered layer by layer (accumulated over
-// micro-batches, reduced once a step), and under DeepSpeed's stage 3,
-// whose buckets and prefetch differ, a layer is bounded instead
-// (ForwardBytes, BackwardBytes).
+// the backward ends). PyTorch from 2.9 gathers nothing on one rank. Over
+// several micro-batches a step FSDP2 reduce-scatters every backward and
+// adds into the shards the step holds: the same moments. Where the
+// gradients are not reduce-scattered layer by layer (reduced once a step),
+// and under DeepSpeed's stage 3, whose buckets and prefetch differ, a
+// layer is bounded instead (ForwardBytes, BackwardBytes).
 type Gather struct {
 	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
 	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
@@ -510,8 +521,9 @@ type Gather struct {
 	// reduce-scatter's, when the backward ends. 0 otherwise.
 	RootShard int64
 	// FSDP2: the moments are FSDP2's, each layer's by its place
-	// (Layer); otherwise every layer is bounded by ForwardBytes and
-	// BackwardBytes.
+	// (Layer), where it reduce-scatters every backward (ShardsInBackward,
+	// or over micro-batches into the shards held); otherwise every layer
+	// is bounded by ForwardBytes and BackwardBytes.
 	FSDP2 bool
 }
 

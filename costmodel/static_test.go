@@ -183,8 +183,26 @@ func TestFSDPGathers(t *testing.T) {
 	if got, want := st.Gather.Layer(false, false).Backward, layer+adapters+adapters; got != want {
 		t.Errorf("a LoRA layer's backward gathers %d, want %d", got, want)
 	}
-	// DeepSpeed's stage 3: bounds.
+	// Over two micro-batches FSDP2 reduce-scatters every backward into the
+	// shards the step holds: a layer's unsharded gradients are held to its
+	// reduce-scatter, and none kept.
 	m.Training.LoRA = ir.LoRA{}
+	m.Training.GradAccum = 2
+	c = analyzeModel(t, m)
+	if !c.Static.Gather.FSDP2 || c.Static.Gather.RootShard != 0 {
+		t.Errorf("two micro-batches: FSDP2's moments %v, the root's shard %d; want them, and the shard held whole", c.Static.Gather.FSDP2, c.Static.Gather.RootShard)
+	}
+	keep, unsharded = 0, 0
+	for i, n := range c.Graph.Nodes {
+		if n.Block == "layers.0" {
+			keep, unsharded = keep+c.ParamGrads[i].Keep, unsharded+c.ParamGrads[i].Unsharded
+		}
+	}
+	if keep != 0 || unsharded != layer {
+		t.Errorf("two micro-batches: layers.0 keeps %d and holds %d unsharded, want 0 and %d", keep, unsharded, layer)
+	}
+	m.Training.GradAccum = 1
+	// DeepSpeed's stage 3: bounds.
 	m.Training.Parallel.Sharding = ir.ShardingDeepSpeed
 	st = analyzeModel(t, m).Static
 	if st.Gather.FSDP2 {

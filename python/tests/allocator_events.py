@@ -28,13 +28,17 @@ def allocations(prof, span_of: Callable[[str], Optional[str]]):
     return spans, events
 
 
-def profiled_steps(setup: Callable[[], tuple], steps: int = 3, after_backward: Optional[Callable[[], None]] = None):
+def profiled_steps(setup: Callable[[], tuple], steps: int = 3, after_backward: Optional[Callable[[], None]] = None,
+                   micro: int = 1):
     """Runs setup() — which makes the model, its optimizer and a batch, and
     returns them (and anything else) — and then steps training steps of
-    it, all under the profiler with ``profile_memory``; each part of step
-    k runs in a record_function named "forward k", "backward k" and
-    "step k" (after_backward, when given, runs between the last two,
-    outside them). Returns the profile and what setup returned."""
+    it, all under the profiler with ``profile_memory``, each of micro
+    micro-batches (the loss divided by micro, the gradients accumulated);
+    each part of step k runs in a record_function named "forward k",
+    "backward k" and "step k", the forward and backward of its last
+    micro-batch (the earlier ones' "forward k.m", "backward k.m");
+    after_backward, when given, runs between the last backward and the
+    step, outside them. Returns the profile and what setup returned."""
     import gc
 
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -43,12 +47,16 @@ def profiled_steps(setup: Callable[[], tuple], steps: int = 3, after_backward: O
         made = setup()
         model, optimizer, batch = made[:3]
         for step in range(steps):
-            gc.collect()
-            with record_function(f"forward {step}"):
-                loss = model(**batch).loss
-            with record_function(f"backward {step}"):
-                loss.backward()
-                del loss
+            for m in range(micro):
+                name = f"{step}" if m == micro - 1 else f"{step}.{m}"
+                gc.collect()
+                with record_function(f"forward {name}"):
+                    loss = model(**batch).loss
+                    if micro > 1:
+                        loss = loss / micro
+                with record_function(f"backward {name}"):
+                    loss.backward()
+                    del loss
             if after_backward is not None:
                 after_backward()
             with record_function(f"step {step}"):
