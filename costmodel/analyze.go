@@ -265,6 +265,21 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	return a.c, nil
 }
 
+// BoundGathers counts what ZeRO stage 3 gathers while a layer runs by its
+// bounds (Gather.ForwardBytes, BackwardBytes), which hold a layer's
+// unsharded gradients too, instead of at FSDP2's moments, which
+// Gather.Layer places by the layer's place in the whole model: for a
+// pipeline's devices, each running some of the layers.
+func (c *Costs) BoundGathers() {
+	if !c.Static.Gather.FSDP2 {
+		return
+	}
+	c.Static.Gather.FSDP2 = false
+	for i := range c.ParamGrads {
+		c.ParamGrads[i].Unsharded = 0
+	}
+}
+
 // heldInputs returns the bytes of the floating-point graph inputs traced
 // ops keep: what the model computes once and hands every layer (rotary
 // cos and sin), which lives through the step as its tables do.

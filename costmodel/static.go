@@ -134,9 +134,11 @@ func AccumulatesGradients(g *ir.Graph) bool {
 // appear in the backward: Keep, the bytes it makes and keeps to the
 // optimizer step; Apart, those it makes apart and adds into a gradient an
 // earlier backward made (the embedding a later head's weight is tied to);
-// Unsharded, under FSDP2 (ShardsInBackward), the node's unsharded
-// gradient beyond its shard (Keep), held to its layer's reduce-scatter,
-// the end of the layer's backward.
+// Unsharded, under FSDP2, the node's unsharded gradient beyond what it
+// keeps, held to its layer's reduce-scatter, the end of the layer's
+// backward: beyond its shard where the shards are made in the backward
+// (ShardsInBackward), the whole gradient where they are held whole over
+// several micro-batches.
 type ParamGrad struct{ Keep, Apart, Unsharded int64 }
 
 // paramGrads returns each node's ParamGrad: a node's trainable parameters
@@ -554,7 +556,8 @@ type LayerGather struct {
 // the root's output buffer; in the backward its weights and the buffer it
 // prefetched (none in the first layer) and the reduce-scatter input of the
 // layer after it (none in the last), and at its start its own buffer
-// beside its weights. Otherwise the bounds, at every layer.
+// beside its weights and that input. Otherwise the bounds, at every
+// layer.
 func (g Gather) Layer(first, last bool) LayerGather {
 	if !g.FSDP2 {
 		return LayerGather{Forward: g.ForwardBytes(), Backward: g.BackwardBytes()}
@@ -576,12 +579,12 @@ func (g Gather) Layer(first, last bool) LayerGather {
 	return l
 }
 
-// LayerBytes is the most a decoder layer gathers beside what Gathered holds,
-// forward or backward, wherever it runs.
+// LayerBytes is the most a decoder layer gathers beside what Gathered holds
+// while it runs, forward or backward, wherever it runs.
 func (g Gather) LayerBytes() int64 {
 	if g.FSDP2 {
 		l := g.Layer(false, false)
-		return max(l.Forward, l.Backward, l.ForwardStart, l.BackwardStart, g.RootWeights)
+		return max(l.Forward, l.Backward, l.BackwardStart)
 	}
 	return max(g.ForwardBytes(), g.BackwardBytes())
 }

@@ -464,7 +464,8 @@ func TestRoutedLayers(t *testing.T) {
 // MLP) and two norms of 4096 weights, W bytes unsharded; the root's
 // untied embedding and head of 128256·4096 and the final norm, R. As
 // FSDP2 runs it, each layer's forward holds its weights, W, more (the
-// first, at its start, the root's output buffer, R); its backward its
+// first, at its start, the root's output buffer, R, a floor under what
+// it holds and leaves); its backward its
 // weights and the buffer it prefetched (the first layer none), the
 // reduce-scatter input of the layer after it (the last none) and its
 // unsharded gradients as they are made, up to W, and at its start its own
@@ -503,8 +504,8 @@ func TestZeRO3Gathers(t *testing.T) {
 		first, last := i == 1, i == l-2
 		f2, b2 := c2.ForwardTempBytes[i], c2.BackwardTempBytes[i]
 		want := f2 + layer
-		if first {
-			want = max(want, embed+head)
+		if first { // beside the layer's output
+			want = max(want, embed+head-c3.ActBytes[i+1])
 		}
 		if got := c3.ForwardTempBytes[i]; got != want {
 			t.Errorf("%s: forward holds %d, want %d", p3.names[i], got-f2, want-f2)
@@ -592,6 +593,38 @@ func TestReentrantNote(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("transformers %s, ZeRO %d %q: noted %v, want %v (notes %q)", tc.release, tc.zero, tc.sharding, got, tc.want, p.Notes)
 		}
+	}
+}
+
+// TestPipelineBoundsGathers: a pipeline's devices each run some of the
+// layers, where FSDP2's moments are placed by a layer's place in the
+// whole model: the problem a pipeline plans (Accumulating) bounds a
+// layer's gathers, its unsharded gradients within the bound.
+func TestPipelineBoundsGathers(t *testing.T) {
+	src, err := graphio.Load("llama-3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Model.Training.Parallel.Zero, src.Model.Training.Parallel.DP = 3, 8
+	p, err := New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := p.Accumulating(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Costs.Static.Gather.FSDP2 || q.Costs.Static.Gather.FSDP2 {
+		t.Errorf("FSDP2's moments: %v alone, %v in a pipeline; want true, false", p.Costs.Static.Gather.FSDP2, q.Costs.Static.Gather.FSDP2)
+	}
+	for i, pg := range q.Costs.ParamGrads {
+		if pg.Unsharded != 0 {
+			t.Fatalf("%s: %d B unsharded beside the bound", q.Costs.Graph.Nodes[i].Name, pg.Unsharded)
+		}
+	}
+	l := q.Costs.Static.Gather.Layer(false, false)
+	if l.Backward != q.Costs.Static.Gather.BackwardBytes() {
+		t.Errorf("a layer's backward %d, want the bound %d", l.Backward, q.Costs.Static.Gather.BackwardBytes())
 	}
 }
 

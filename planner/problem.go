@@ -146,9 +146,18 @@ func newProblem(src *graphio.Source, r *costmodel.Roofline) (*Problem, error) {
 // graphProblem costs a graph and cuts it into a chain: at its blocks when
 // byBlock, at its cut points otherwise.
 func graphProblem(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline) (*Problem, error) {
+	return graphProblemGathers(name, g, byBlock, r, false)
+}
+
+// graphProblemGathers is graphProblem, with ZeRO stage 3's gathers
+// bounded (costmodel.Costs.BoundGathers) where bounded says.
+func graphProblemGathers(name string, g *ir.Graph, byBlock bool, r *costmodel.Roofline, bounded bool) (*Problem, error) {
 	c, err := costmodel.Analyze(g)
 	if err != nil {
 		return nil, err
+	}
+	if bounded {
+		c.BoundGathers()
 	}
 	unit := "FLOPs"
 	if r != nil {
@@ -213,7 +222,9 @@ func (p *Problem) Accumulating(microbatches int) (*Problem, error) {
 	}
 	g := *p.Costs.Graph
 	g.Setup.GradAccum = int64(microbatches)
-	q, err := graphProblem(p.Name, &g, p.byBlock, p.Roofline)
+	// A pipeline's devices run some of the layers each: their gathers
+	// are bounded.
+	q, err := graphProblemGathers(p.Name, &g, p.byBlock, p.Roofline, true)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +281,7 @@ func chainOptions(stages []*stage.Stage, zero []zeroBytes) [][]solver.Option {
 		}
 		last := st.Nodes[len(st.Nodes)-1]
 		for _, k := range st.KeepSets[min(1, len(st.KeepSets)):] {
-			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: z.forwardTemp(k.FAllTempBytes),
+			out[i] = append(out[i], solver.Option{TapeBytes: k.TapeBytes, FAllTempBytes: z.forwardTemp(k.FAllTempBytes, k.TapeBytes),
 				Backward: float64(st.BackwardFLOPs) + float64(k.ExtraFLOPs), BackwardTempBytes: z.backwardTemp(k.BackwardTempBytes), Named: k.Named,
 				RemakesOutput: slices.Contains(k.Recompute, last)})
 		}
@@ -287,8 +298,12 @@ type zeroBytes struct {
 	backward, backwardStart mem.Bytes
 }
 
-// forwardTemp returns a forward's transient bytes t with z's.
-func (z zeroBytes) forwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.forward, z.forwardStart) }
+// forwardTemp returns a forward's transient bytes t, beyond the out bytes
+// it leaves (its output, or its tape), with z's: the start's floor is
+// under both.
+func (z zeroBytes) forwardTemp(t, out mem.Bytes) mem.Bytes {
+	return max(t+z.forward, z.forwardStart-out)
+}
 
 // backwardTemp returns a backward's transient bytes t with z's.
 func (z zeroBytes) backwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.backward, z.backwardStart) }
@@ -323,12 +338,12 @@ func (p *Problem) gather(ga costmodel.Gather) {
 	p.zero[0].forward = max(p.zero[0].forward, mem.Bytes(ga.StartBytes()))
 	p.zero[0].backward += 2 * mem.Bytes(ga.RootGrads)
 	for i, z := range p.zero {
-		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i])
+		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i], ch.ActBytes[i+1])
 		if ch.FAllTempBytes != nil {
-			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i])
+			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i], ch.TapeBytes[i])
 		}
 		if ch.FAllInputFreedTempBytes != nil {
-			ch.FAllInputFreedTempBytes[i] = z.forwardTemp(ch.FAllInputFreedTempBytes[i])
+			ch.FAllInputFreedTempBytes[i] = z.forwardTemp(ch.FAllInputFreedTempBytes[i], ch.TapeBytes[i])
 		}
 		ch.BackwardTempBytes[i] = z.backwardTemp(ch.BackwardTempBytes[i])
 	}
@@ -404,7 +419,7 @@ func embeds(c *costmodel.Costs, stages []*stage.Stage) solver.Embeds {
 // than the plan (costmodel.Gather).
 func reentrantNote(g *ir.Graph) string {
 	s := g.Setup
-	if s.Parallel.Zero < 3 || !costmodel.ShardsInBackward(g) || s.Transformers == "" {
+	if s.Parallel.Zero < 3 || s.Parallel.Sharder() != ir.ShardingFSDP2 || s.Parallel.NoSync || s.Transformers == "" {
 		return ""
 	}
 	if r, err := graphio.ParseRelease(s.Transformers); err != nil || r.Major >= 5 {
