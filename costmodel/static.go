@@ -370,6 +370,15 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
+		if s.Parallel.Reshard == ir.ReshardAllButLast {
+			last := -1
+			for k := range layerW {
+				last = max(last, k)
+			}
+			if last >= 0 {
+				st.Gather.LastWeights = layerW[last]
+			}
+		}
 	}
 	countTerms(&rankTally{g: g, held: held, opt: opt, tensors: tensors, dequant: dequant, grads: grads, rootG: rootG, layerG: lg, static: &st})
 	st.CallArgs = callArgs(g, held)
@@ -522,6 +531,13 @@ type Gather struct {
 	// shards are made in the backward (ShardsInBackward): the last
 	// reduce-scatter's, when the backward ends. 0 otherwise.
 	RootShard int64
+	// LastWeights are the last decoder layer's unsharded weights where
+	// FSDP2 keeps them gathered from its forward to its backward
+	// (ir.ReshardAllButLast): beside what Gathered holds through the
+	// stages after it, the head's forward and the loss, until the
+	// backward starts, where the root's prefetch of that layer, which
+	// Gathered counts, gathers nothing. 0 otherwise.
+	LastWeights int64
 	// FSDP2: the moments are FSDP2's, each layer's by its place
 	// (Layer), where it reduce-scatters every backward (ShardsInBackward,
 	// or over micro-batches into the shards held); otherwise every layer

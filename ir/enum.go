@@ -146,6 +146,29 @@ func (s Sharding) String() string { return string(s) }
 // Set sets s to v, one of Shardings.
 func (s *Sharding) Set(v string) error { return SetOneOf(s, v, Shardings()) }
 
+// Reshard is which decoder layers FSDP2 reshards after their forward
+// (fully_shard's reshard_after_forward, layer by layer).
+type Reshard string
+
+// The resharding policies.
+const (
+	// ReshardAll: every layer, fully_shard's default.
+	ReshardAll Reshard = "all"
+	// ReshardAllButLast: every layer but the last, whose weights stay
+	// gathered from its forward to its backward (torchtitan's default
+	// policy without pipeline parallelism).
+	ReshardAllButLast Reshard = "all-but-last"
+)
+
+// Reshards returns the policies, in the order errors list them.
+func Reshards() []Reshard { return []Reshard{ReshardAll, ReshardAllButLast} }
+
+// String returns r as written in YAML and on the command line.
+func (r Reshard) String() string { return string(r) }
+
+// Set sets r to v, one of Reshards.
+func (r *Reshard) Set(v string) error { return SetOneOf(r, v, Reshards()) }
+
 // LoRATarget is a linear of a decoder layer that LoRA may adapt.
 type LoRATarget string
 

@@ -40,6 +40,7 @@ func TestEnumSet(t *testing.T) {
 		newEnumCase("Quant", Quants(), "nf4, fp4, int8"),
 		newEnumCase("GQA", GQAs(), "repeat, grouped"),
 		newEnumCase("Sharding", Shardings(), "deepspeed, fsdp2"),
+		newEnumCase("Reshard", Reshards(), "all, all-but-last"),
 		newEnumCase("LoRATarget", LoRATargets(), "q, k, v, o, gate, up, down"),
 		newEnumCase("MasterWeights", MasterWeightsValues(), "fp32, none"),
 	} {
@@ -92,6 +93,11 @@ func TestSetupValidateListings(t *testing.T) {
 		{func(s *Setup) { s.Quant, s.LoRA.Rank = "nf8", 8 }, `training.quant: unknown value "nf8" (valid: nf4, fp4, int8)`},
 		{func(s *Setup) { s.Numerics.GQA = "" }, `training.numerics.gqa: unknown value "" (valid: repeat, grouped)`},
 		{func(s *Setup) { s.Parallel.Zero, s.Parallel.Sharding = 3, "zero-infinity" }, `training.parallel.sharding: unknown value "zero-infinity" (valid: deepspeed, fsdp2)`},
+		{func(s *Setup) { s.Parallel.Zero, s.Parallel.Reshard = 3, "last" }, `training.parallel.reshard: unknown value "last" (valid: all, all-but-last)`},
+		{func(s *Setup) { s.Parallel.Zero, s.Parallel.Reshard = 2, ReshardAllButLast }, "training.parallel.reshard: all-but-last is FSDP2's resharding (fully_shard): it needs zero 3 with the fsdp2 sharding"},
+		{func(s *Setup) {
+			s.Parallel.Zero, s.Parallel.Sharding, s.Parallel.Reshard = 3, ShardingDeepSpeed, ReshardAllButLast
+		}, "training.parallel.reshard: all-but-last is FSDP2's resharding (fully_shard): it needs zero 3 with the fsdp2 sharding"},
 		{func(s *Setup) { s.LoRA.Targets = []LoRATarget{LoRAQ, "qkv"} }, `training.lora.targets[1]: unknown value "qkv" (valid: q, k, v, o, gate, up, down)`},
 		{func(s *Setup) { s.MasterWeights = "fp16" }, `training.master_weights: unknown value "fp16" (valid: fp32, none)`},
 		{func(s *Setup) { s.DoubleQuant, s.Quant, s.LoRA.Rank = true, QuantInt8, 8 }, "training.double_quant: double quantization is of 4-bit weights' constants: it needs quant nf4 or fp4"},

@@ -173,6 +173,10 @@ type Parallel struct {
 	// as its export writes) or fsdp2 (PyTorch's fully_shard: stage 3).
 	// "" is the stage's usual engine (Sharder).
 	Sharding Sharding `yaml:"sharding,omitempty" json:"sharding,omitempty"`
+	// Reshard is which decoder layers FSDP2 reshards after their forward:
+	// all (fully_shard's default; "" too) or all-but-last, whose last
+	// layer keeps its weights gathered from its forward to its backward.
+	Reshard Reshard `yaml:"reshard,omitempty" json:"reshard,omitempty"`
 }
 
 // Sharder returns the engine that runs ZeRO: Sharding, or where it is
@@ -318,6 +322,14 @@ func (s *Setup) Validate(prefix string) error {
 			return &FieldError{f("parallel.sharding"), "the megatron profile shards through Megatron-LM's distributed optimizer: leave sharding unset"}
 		case sh == ShardingFSDP2 && s.Parallel.Zero < 3:
 			return &FieldError{f("parallel.sharding"), fmt.Sprintf("fsdp2 (fully_shard) runs ZeRO stage 3, not %d: use deepspeed, or zero 3", s.Parallel.Zero)}
+		}
+	}
+	if r := s.Parallel.Reshard; r != "" {
+		if err := oneOf(f("parallel.reshard"), r, Reshards()); err != nil {
+			return err
+		}
+		if r != ReshardAll && s.Parallel.Sharder() != ShardingFSDP2 {
+			return &FieldError{f("parallel.reshard"), fmt.Sprintf("%s is FSDP2's resharding (fully_shard): it needs zero 3 with the fsdp2 sharding", r)}
 		}
 	}
 	if s.Parallel.SP && s.Parallel.TP == 1 {

@@ -479,6 +479,62 @@ func TestRoutedLayers(t *testing.T) {
 // backward, and the root's when the backward ends; stage 2 holds its
 // shards the whole step. Stage 2's backward holds its reduce buffers from
 // the loss's backward on (a layer's gradients twice, and the root's).
+// TestLastLayerGathered checks FSDP2 with the last layer kept gathered
+// after its forward (--reshard all-but-last, torchtitan's default
+// policy): the head's forward, and only it, holds the layer's weights
+// more; on the transformers 4.46 profile, where a stored step peaks in
+// the head's forward, so does the step's peak.
+func TestLastLayerGathered(t *testing.T) {
+	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
+	problem := func(reshard ir.Reshard) *Problem {
+		src, err := graphio.Load("llama-3-8b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &src.Model.Training
+		tr.Parallel.Zero, tr.Parallel.DP, tr.Parallel.Reshard = 3, 8, reshard
+		v, err := graphio.ParseRelease("4.46")
+		if err != nil {
+			t.Fatal(err)
+		}
+		graphio.ApplyRelease(tr, v)
+		p, err := New(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	all, last := problem(""), problem(ir.ReshardAllButLast)
+	if got := last.Costs.Static.Gather.LastWeights; got != layer {
+		t.Errorf("the last layer's weights kept: %d, want %d", got, layer)
+	}
+	ca, cl := all.Chain, last.Chain
+	for i := range ca.Len() {
+		var want mem.Bytes
+		if last.names[i] == "head" {
+			want = layer
+		}
+		if got := cl.ForwardTempBytes[i] - ca.ForwardTempBytes[i]; got != want {
+			t.Errorf("%s: forward holds %d more, want %d", last.names[i], got, want)
+		}
+		if got := cl.BackwardTempBytes[i] - ca.BackwardTempBytes[i]; got != 0 {
+			t.Errorf("%s: backward holds %d more, want 0", last.names[i], got)
+		}
+	}
+	pa, err := all.Plan(&Options{Budget: 1 << 40, Strategy: StoreAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := last.Plan(&Options{Budget: 1 << 40, Strategy: StoreAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pa.Peak.At != "forward of head" || pl.Peak.At != pa.Peak.At || pl.PeakBytes-pa.PeakBytes != layer {
+		t.Errorf("stored: peak %d at %s, kept gathered %d at %s; want the head's forward, %d more",
+			pa.PeakBytes, pa.Peak.At, pl.PeakBytes, pl.Peak.At, layer)
+	}
+}
+
 func TestZeRO3Gathers(t *testing.T) {
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const embed, head = 2 * 128256 * 4096, 2*128256*4096 + 2*4096

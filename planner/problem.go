@@ -311,7 +311,9 @@ func (z zeroBytes) backwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.backward
 // gather puts what ZeRO stage 3 gathers and reduce-scatters at its
 // moments in the chain (costmodel.Gather): each decoder layer's forward
 // and backward hold what Gather.Layer says for its place among the
-// layers; the first stage's forward, the root's gather; the
+// layers; the forwards of the stages after the last layer, its weights
+// where FSDP2 keeps them gathered (LastWeights); the first stage's
+// forward, the root's gather; the
 // root's unsharded gradients are the gradients of the stages that make
 // them (costmodel.Costs.GradientsInBackward), which the step no longer
 // holds, and the first stage's backward, which ends the backward,
@@ -332,8 +334,14 @@ func (p *Problem) gather(ga costmodel.Gather) {
 		p.zero[i] = zeroBytes{mem.Bytes(l.Forward), mem.Bytes(l.ForwardStart), mem.Bytes(l.Backward), mem.Bytes(l.BackwardStart)}
 	}
 	if len(layers) == 0 {
-		p.Static += mem.Bytes(ga.LayerBytes())
-		p.stepFreedStatic += mem.Bytes(ga.LayerBytes())
+		p.Static += mem.Bytes(ga.LayerBytes() + ga.LastWeights)
+		p.stepFreedStatic += mem.Bytes(ga.LayerBytes() + ga.LastWeights)
+	} else {
+		// The last layer's weights kept gathered through the forwards of
+		// the stages after it.
+		for i := layers[len(layers)-1] + 1; i < len(p.zero); i++ {
+			p.zero[i].forward += mem.Bytes(ga.LastWeights)
+		}
 	}
 	p.zero[0].forward = max(p.zero[0].forward, mem.Bytes(ga.StartBytes()))
 	p.zero[0].backward += 2 * mem.Bytes(ga.RootGrads)

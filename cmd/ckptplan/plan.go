@@ -485,6 +485,9 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 		}
 		if sh := s.Parallel.Sharder(); sh != "" && s.Profile != costmodel.Megatron {
 			fmt.Fprintf(w, ", ZeRO %d on %s over %d ranks", s.Parallel.Zero, sh, s.Parallel.DP)
+			if s.Parallel.Reshard == ir.ReshardAllButLast {
+				fmt.Fprint(w, ", the last layer kept gathered after its forward")
+			}
 		}
 		if p.StepPeakBytes > 0 {
 			fmt.Fprintf(w, "; its step holds %v", p.StepPeakBytes)

@@ -50,11 +50,13 @@ from test_step_peak import BATCH, SEQ, VOCAB, _part, _slack, build  # noqa: E402
 pytestmark = FSDP2
 
 
-def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, lora: int, micro: int, out: str) -> None:
+def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, lora: int, micro: int, reshard: str,
+            out: str) -> None:
     """One of ranks ranks training the Llama under FSDP2 with AdamW (impl:
     fused, foreach or forloop) for three steps, under the profiler from
-    before the model is made; rank 0 writes the most its CPU allocator held
-    in each part of the third."""
+    before the model is made, each layer resharded after its forward but
+    the last where reshard is all-but-last; rank 0 writes the most its CPU
+    allocator held in each part of the third."""
     import json
     import os
 
@@ -73,8 +75,9 @@ def _worker(rank: int, port: int, ranks: int, impl: str, checkpointing: bool, lo
         model = build(lora)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for layer in _layers(model):
-            fully_shard(layer, mesh=mesh)
+        layers = _layers(model)
+        for k, layer in enumerate(layers):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard == "all" or k < len(layers) - 1)
         fully_shard(model, mesh=mesh)
         kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **kwargs)
@@ -110,17 +113,19 @@ def _sizes(lora: int = 0) -> tuple[int, int]:
 
 
 def measure(tmp_path, ranks: int, impl: str, checkpointing: bool, lora: int = 0,
-            micro: int = 1) -> tuple[dict, "ckptplan.Plan"]:
+            micro: int = 1, reshard: str = "all") -> tuple[dict, "ckptplan.Plan"]:
     """FSDP2's peaks on ranks ranks and the plan's, storing everything or
     (checkpointing) checkpointing every layer: gradient checkpointing, the
     plan's every-k; with LoRA adapters of rank lora when not 0; with micro
     micro-batches a step (the peaks of the forward and backward of the
-    last)."""
+    last); the layers resharded after their forward as reshard says (all,
+    or all-but-last)."""
     from test_deepspeed_zero3 import spawn
 
-    measured = spawn(tmp_path, "test_fsdp2_step", ranks, impl, checkpointing, lora, micro, ranks=ranks)
+    measured = spawn(tmp_path, "test_fsdp2_step", ranks, impl, checkpointing, lora, micro, reshard, ranks=ranks)
     plan = ckptplan.plan(build(lora), "1GiB", batch=BATCH, seq=SEQ, solver="every-k" if checkpointing else "none",
-                         optimizer=f"adamw-{impl}", extra_args=("--dp", str(ranks), "--zero", "3", "--grad-accum", str(micro)))
+                         optimizer=f"adamw-{impl}", extra_args=("--dp", str(ranks), "--zero", "3", "--grad-accum", str(micro),
+                                                                "--reshard", reshard))
     assert {layer.mode for layer in plan.layers} == {"checkpoint" if checkpointing else "store"}
     print(f"{ranks} rank(s), {impl}{', checkpointed' if checkpointing else ''}{f', LoRA {lora}' if lora else ''}"
           f"{f', {micro} micro-batches' if micro > 1 else ''}: "
@@ -165,11 +170,18 @@ def _gloo_kept(over: int, layer: int, root: int) -> bool:
     return any(over - extra == a * layer + b * root for a in range(4) for b in range(3) for extra in (0, 1))
 
 
-@pytest.mark.parametrize("impl,checkpointing,lora", [("fused", False, 0), ("forloop", False, 0), ("foreach", False, 0),
-                                                    ("fused", True, 0), ("fused", False, 8), ("fused", True, 8)])
-def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
+@pytest.mark.parametrize("impl,checkpointing,lora,reshard", [
+    ("fused", False, 0, "all"), ("forloop", False, 0, "all"), ("foreach", False, 0, "all"), ("fused", True, 0, "all"),
+    ("fused", False, 8, "all"), ("fused", True, 8, "all"),
+    ("fused", False, 0, "all-but-last"), ("fused", True, 0, "all-but-last")])
+def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora, reshard):
     """On one rank, FSDP2 all-gathers and reduce-scatters every group as
-    on several: storing everything, full fine-tuning or LoRA, the step's
+    on several, each layer resharded after its forward, or each but the
+    last (all-but-last, torchtitan's default policy: the last layer's
+    weights stay gathered through the head's forward and the loss, which
+    on transformers 4 holds the stored step's peak, a layer's weights
+    above every layer resharded; --reshard all-but-last): storing
+    everything, full fine-tuning or LoRA, the step's
     peak falls where the plan says and is the plan's (but for what the
     module's docstring says) and for what storing
     everything on one rank leaves out (test_step_peak._slack), and the
@@ -179,7 +191,7 @@ def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora):
     layers not yet done hold in host memory. (On a loaded machine gloo may
     keep reduce-scatter inputs into the step and the next forward: the
     module's docstring; from PyTorch 2.9 one rank gathers nothing.)"""
-    measured, plan = measure(tmp_path, 1, impl, checkpointing, lora)
+    measured, plan = measure(tmp_path, 1, impl, checkpointing, lora, reshard=reshard)
     layer, root = _sizes(lora)
     counters = (12, 20) if impl == "forloop" else (12,)
     gloo = 2 * root + 3 * layer + 1  # as on two ranks (test_fsdp2_step_two_ranks)
