@@ -297,6 +297,10 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     Over a model that trains 16-bit parameters PyTorch's optimizers keep
     their moments in that dtype, with no fp32 master copy, and the plan
     counts them so (``--master-weights none``).
+    A model FSDP2 wraps (each decoder layer, then the model, passed to
+    fully_shard) is planned as it shards: ZeRO stage 3 over its mesh's
+    ranks, the last layer kept gathered after its forward where it is so
+    (``--reshard all-but-last``), unless extra_args says otherwise.
     A model whose decoder linears bitsandbytes stores in 4 bits (QLoRA) is
     planned with them.
 
@@ -350,9 +354,16 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     ranks = _data_parallel_ranks(model)
     if ranks > 1 and "--dp" not in extra_args:
         args += ["--dp", str(ranks)]
-    from .layers import unwrap  # needs torch, as a model does
+    from ._fsdp import fsdp2_flags  # needs torch, as a model does
+    from .layers import decoder_layers, unwrap
 
     base = unwrap(model)
+    if not any(a.split("=")[0] in ("--dp", "--zero", "--sharding", "--reshard") for a in extra_args):
+        try:
+            layers = decoder_layers(base)
+        except ValueError:
+            layers = []
+        args += fsdp2_flags(model, layers)
     config = getattr(base, "config", None)
     name = getattr(config, "_name_or_path", "") or type(base).__name__
     if traced is None:
