@@ -84,7 +84,6 @@ type Export struct {
 	sacRerun    []float64 // per layer: what it reruns under selective activation checkpointing
 	baseline    float64   // the step's work without recomputation
 	nested      bool      // the plan recomputes a layer more than once
-	reshardAll  bool      // FSDP2 with every layer resharded after its forward, not torchtitan's default policy
 	// zeroLayer are the sizes ZeRO's buckets are set from (the largest
 	// layer's parameters and trainable parameters); zero when the plan
 	// was read back from JSON, which does not record them.
@@ -111,7 +110,6 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
 		e.Zero = s.Parallel.Zero
-		e.reshardAll = s.Parallel.Sharder() == ir.ShardingFSDP2 && s.Parallel.Reshard != ir.ReshardAllButLast
 	}
 	if st := plan.Static; st != nil && e.Zero >= 1 {
 		e.zeroLayer.known, e.zeroLayer.params, e.zeroLayer.trainable = true, st.LayerParams, st.LayerTrainable

@@ -152,11 +152,6 @@ func (e *Export) Torchtitan(w io.Writer, runs *planner.Plan, at int) error {
 			fmt.Fprintf(&b, "# Note: %s.\n", comment(n))
 		}
 	}
-	if e.reshardAll {
-		b.WriteString("# Note: the plan is for FSDP2 with every layer resharded after its forward; torchtitan's default\n")
-		b.WriteString("# reshard_after_forward_policy keeps the last layer gathered, its weights more through the head's\n")
-		b.WriteString("# forward and the loss: plan with --reshard all-but-last for it.\n")
-	}
 	b.WriteString(a.toml())
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -127,7 +127,7 @@ func TestPlanGolden(t *testing.T) {
 		{"export-megatron-pp4-interleaved", []string{"export", "llama-3-70b", "--tp", "8", "--sp", "--profile", "megatron", "--attention", "eager", "--pp", "4", "--microbatches", "8", "--pp-schedule", "interleaved", "--virtual-stages", "2", "--device", "h100-80gb", "--to", "megatron"}},
 		// torchtitan's setting when it is the plan's, else the cheapest
 		// that fits.
-		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--reshard", "all-but-last", "--solver", "every-k", "--to", "torchtitan"}},
+		{"export-torchtitan", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--solver", "every-k", "--to", "torchtitan"}},
 		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
 		{"llama-3-8b-zero1-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "1"}},
 		{"llama-3-8b-zero2-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "2"}},
