@@ -155,7 +155,7 @@ const (
 	// ReshardAll: every layer, fully_shard's default.
 	ReshardAll Reshard = "all"
 	// ReshardAllButLast: every layer but the last, whose weights stay
-	// gathered from its forward to its backward (torchtitan's default
+	// gathered from its forward to its backward (torchtitan 0.1's default
 	// policy without pipeline parallelism).
 	ReshardAllButLast Reshard = "all-but-last"
 )

@@ -328,7 +328,7 @@ func (s *Setup) Validate(prefix string) error {
 		if err := oneOf(f("parallel.reshard"), r, Reshards()); err != nil {
 			return err
 		}
-		if r != ReshardAll && s.Parallel.Sharder() != ShardingFSDP2 {
+		if r != ReshardAll && (s.Parallel.Sharder() != ShardingFSDP2 || s.Profile == ProfileMegatron) {
 			return &FieldError{f("parallel.reshard"), fmt.Sprintf("%s is FSDP2's resharding (fully_shard): it needs zero 3 with the fsdp2 sharding", r)}
 		}
 	}

@@ -191,6 +191,11 @@ func (c Change) apply(base ir.Setup, gpus int64) ir.Setup {
 	if sh := s.Parallel.Sharding; s.Parallel.Zero == 0 || sh == ir.ShardingFSDP2 && s.Parallel.Zero != 3 {
 		s.Parallel.Sharding = ""
 	}
+	// FSDP2's resharding where FSDP2 runs it, and PP never: a pipeline
+	// keeps its own.
+	if s.Parallel.Sharder() != ir.ShardingFSDP2 || c.PP > 1 {
+		s.Parallel.Reshard = ""
+	}
 	return s
 }
 

@@ -479,3 +479,31 @@ func TestFitBuildsEachSetupOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestChangeKeepsReshardValid checks that a setting fit tries from a base
+// planned for FSDP2 with its last layer kept gathered keeps that policy
+// only where FSDP2 runs it: DDP, ZeRO 1 and 2, and pipeline stages drop
+// it, so that every setting's setup is valid.
+func TestChangeKeepsReshardValid(t *testing.T) {
+	base := ir.DefaultSetup()
+	base.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: 3, Reshard: ir.ReshardAllButLast}
+	for _, tc := range []struct {
+		c    Change
+		want ir.Reshard
+	}{
+		{Change{}, ir.ReshardAllButLast},
+		{Change{Zero: 3}, ir.ReshardAllButLast},
+		{Change{Zero: 2}, ""},
+		{Change{Zero: -1}, ""},
+		{Change{PP: 2, Zero: 3}, ""},
+		{Change{TP: 2, Zero: 1}, ""},
+	} {
+		s := tc.c.apply(base, 8)
+		if s.Parallel.Reshard != tc.want {
+			t.Errorf("%+v: reshard %q, want %q", tc.c, s.Parallel.Reshard, tc.want)
+		}
+		if err := s.Validate("training"); err != nil {
+			t.Errorf("%+v: %v", tc.c, err)
+		}
+	}
+}

@@ -459,6 +459,9 @@ func (p *Problem) planPipeline(o *Options, pp Pipeline, name string, fixed func(
 	if p.Costs == nil {
 		return nil, fmt.Errorf("%s is a profiled chain: pipeline parallelism needs a model's layers", p.Name)
 	}
+	if p.Costs.Graph.Setup.Parallel.Reshard == ir.ReshardAllButLast {
+		return nil, fmt.Errorf("%s: --reshard all-but-last is FSDP2's policy without pipeline stages; a pipeline's stages keep their own", p.Name)
+	}
 	// A device holds its gradients through every microbatch, and the
 	// in-flight replay counts them so.
 	if p, err = p.Accumulating(max(pp.Microbatches, 2)); err != nil {

@@ -457,30 +457,8 @@ func TestRoutedLayers(t *testing.T) {
 	}
 }
 
-// TestZeRO3Gathers checks where ZeRO stage 3's gathers fall in the chain
-// (costmodel.Gather), against the same model under stage 2, which shards
-// the gradients alike and gathers nothing: Llama 3 8B in bf16 over 8
-// ranks, a layer of 4096² (q, o), 4096·1024 (k, v), 3·4096·14336 (the
-// MLP) and two norms of 4096 weights, W bytes unsharded; the root's
-// untied embedding and head of 128256·4096 and the final norm, R. As
-// FSDP2 runs it, each layer's forward holds its weights, W, more (the
-// first, at its start, the root's output buffer, R, a floor under what
-// it holds and leaves); its backward its
-// weights and the buffer it prefetched (the first layer none), the
-// reduce-scatter input of the layer after it (the last none) and its
-// unsharded gradients as they are made, up to W, and at its start its own
-// buffer beside its weights and that input; the embedding's forward the
-// root's output buffer beside the layer's counted, R − W; the head's
-// backward makes its weight's and the final norm's unsharded gradients
-// and the embedding's backward the embedding's, which it then
-// reduce-scatters through twice the root's. The forward and backward hold
-// the root and an all-gather output, R + W, beside the shards; the step
-// none of it. FSDP2 makes each layer's shard of its gradients, W/8, in its
-// backward, and the root's when the backward ends; stage 2 holds its
-// shards the whole step. Stage 2's backward holds its reduce buffers from
-// the loss's backward on (a layer's gradients twice, and the root's).
 // TestLastLayerGathered checks FSDP2 with the last layer kept gathered
-// after its forward (--reshard all-but-last, torchtitan's default
+// after its forward (--reshard all-but-last, torchtitan 0.1's default
 // policy): the head's forward, and only it, holds the layer's weights
 // more; on the transformers 4.46 profile, where a stored step peaks in
 // the head's forward, so does the step's peak.
@@ -535,6 +513,28 @@ func TestLastLayerGathered(t *testing.T) {
 	}
 }
 
+// TestZeRO3Gathers checks where ZeRO stage 3's gathers fall in the chain
+// (costmodel.Gather), against the same model under stage 2, which shards
+// the gradients alike and gathers nothing: Llama 3 8B in bf16 over 8
+// ranks, a layer of 4096² (q, o), 4096·1024 (k, v), 3·4096·14336 (the
+// MLP) and two norms of 4096 weights, W bytes unsharded; the root's
+// untied embedding and head of 128256·4096 and the final norm, R. As
+// FSDP2 runs it, each layer's forward holds its weights, W, more (the
+// first, at its start, the root's output buffer, R, a floor under what
+// it holds and leaves); its backward its
+// weights and the buffer it prefetched (the first layer none), the
+// reduce-scatter input of the layer after it (the last none) and its
+// unsharded gradients as they are made, up to W, and at its start its own
+// buffer beside its weights and that input; the embedding's forward the
+// root's output buffer beside the layer's counted, R − W; the head's
+// backward makes its weight's and the final norm's unsharded gradients
+// and the embedding's backward the embedding's, which it then
+// reduce-scatters through twice the root's. The forward and backward hold
+// the root and an all-gather output, R + W, beside the shards; the step
+// none of it. FSDP2 makes each layer's shard of its gradients, W/8, in its
+// backward, and the root's when the backward ends; stage 2 holds its
+// shards the whole step. Stage 2's backward holds its reduce buffers from
+// the loss's backward on (a layer's gradients twice, and the root's).
 func TestZeRO3Gathers(t *testing.T) {
 	const layer = 2 * (2*4096*4096 + 2*4096*1024 + 3*4096*14336 + 2*4096)
 	const embed, head = 2 * 128256 * 4096, 2*128256*4096 + 2*4096

@@ -6,7 +6,7 @@
 //
 //	ckptplan models
 //	ckptplan inspect MODEL [--batch N] [--seq N] [--dtype fp32|bf16|fp16] [--format text|json]
-//	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero --sharding] [--format text|json]
+//	ckptplan cost MODEL [--batch --seq --dtype --profile --attention --lora-rank --tp --sp --dp --zero --sharding --reshard] [--format text|json]
 //	ckptplan plan MODEL|CHAIN.yaml --budget 24GiB [--solver selective] [--device h100-80gb] [--runtime per-layer|nested] [--slots N] [--format text|json|yaml]
 //	ckptplan compare MODEL|CHAIN.yaml --budget 40GiB [--format text|json]
 //	ckptplan run MODEL --budget 5MiB [--solver selective] [--seq N] [--batch N] [--timeline FILE.svg] [--format text|json]

@@ -99,6 +99,7 @@ func TestPlanGolden(t *testing.T) {
 		// over NVLink, ZeRO 1's reductions hide behind the backwards and
 		// its gather after the step does not.
 		{"llama-3-8b-zero3-pcie-time", []string{"plan", "llama-3-8b", "--device", "h100-pcie", "--dp", "8", "--zero", "3", "--seq", "1024", "--batch", "1", "--objective", "time"}},
+		{"llama-3-8b-zero3-last-gathered", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dp", "8", "--zero", "3", "--reshard", "all-but-last", "--transformers", "4.46", "--seq", "4096", "--solver", "none"}},
 		{"llama-3-8b-zero1-time", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dp", "8", "--zero", "1", "--seq", "4096", "--batch", "2", "--grad-accum", "2", "--objective", "time"}},
 		{"tiny-llama-roofline", []string{"plan", "tiny-llama", "--budget", "5MiB", "--roofline", "matrix=50e9,bandwidth=10e9,launch=10e-6,sync"}},
 		// QLoRA on a 24 GB GPU: NF4 weights with double quantization,

@@ -98,7 +98,7 @@ func (s *setupFlags) addTrainingFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&s.dp, "dp", 0, "data parallel degree (default: the model's)")
 	fs.Int64Var(&s.zero, "zero", -1, "ZeRO stage 0-3 (default: the model's)")
 	fs.StringVar(&s.sharding, "sharding", "", "the engine that runs ZeRO, whose buffers and optimizer step are counted: deepspeed (as --to deepspeed configures it) | fsdp2 (fully_shard: stage 3) (default: the model's; deepspeed for stages 1 and 2, fsdp2 for 3)")
-	fs.StringVar(&s.reshard, "reshard", "", "the decoder layers FSDP2 reshards after their forward (fully_shard's reshard_after_forward): all | all-but-last (the last layer's weights stay gathered to its backward: torchtitan's default policy) (default: the model's; all)")
+	fs.StringVar(&s.reshard, "reshard", "", "the decoder layers FSDP2 reshards after their forward (fully_shard's reshard_after_forward): all | all-but-last (the last layer's weights stay gathered to its backward, as torchtitan 0.1's default policy does) (default: the model's; all)")
 	fs.BoolVar(&s.noSync, "no-sync", false, "gradients reduced once a step, after its last microbatch (DDP's no_sync, FSDP2's set_requires_gradient_sync(False)): held whole under ZeRO 2 and 3")
 }
 
@@ -225,6 +225,9 @@ func (s *setupFlags) applyTraining(fs *flag.FlagSet, t *ir.Setup) {
 			t.Parallel.Sharding = ir.Sharding(s.sharding)
 		case "reshard":
 			t.Parallel.Reshard = ir.Reshard(s.reshard)
+			if t.Parallel.Reshard == ir.ReshardAll {
+				t.Parallel.Reshard = "" // the default, written one way
+			}
 		}
 	})
 }

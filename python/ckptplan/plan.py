@@ -358,12 +358,14 @@ def plan(model, budget: Union[str, int, None] = None, *, batch: int, seq: int,
     from .layers import decoder_layers, unwrap
 
     base = unwrap(model)
-    if not any(a.split("=")[0] in ("--dp", "--zero", "--sharding", "--reshard") for a in extra_args):
-        try:
-            layers = decoder_layers(base)
-        except ValueError:
-            layers = []
-        args += fsdp2_flags(model, layers)
+    try:
+        layers = decoder_layers(base)
+    except ValueError:
+        layers = []
+    # FSDP2's flags, but those extra_args gives.
+    given = {a.split("=")[0] for a in extra_args}
+    sharded = fsdp2_flags(model, layers, base)
+    args += [x for k, v in zip(sharded[::2], sharded[1::2]) if k not in given for x in (k, v)]
     config = getattr(base, "config", None)
     name = getattr(config, "_name_or_path", "") or type(base).__name__
     if traced is None:

