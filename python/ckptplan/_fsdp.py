@@ -124,8 +124,8 @@ def fsdp2_flags(model: nn.Module, layers: Sequence[nn.Module], base: Optional[nn
                       "(reshard_after_forward=True passed to fully_shard on it): ckptplan plans them kept gathered to "
                       "the backward, fully_shard's default for the model")
     if offloaded:
-        raise _refuse(f"FSDP2 offloads decoder layers {offloaded}' shards to the CPU (CPUOffloadPolicy): ckptplan "
-                      "does not plan offloading")
+        raise _refuse(f"FSDP2 offloads the shards of decoder layers {offloaded} to the CPU (CPUOffloadPolicy): "
+                      "ckptplan does not plan offloading")
     for k, dtype, mp in casts:
         if not dtype.is_floating_point:
             continue  # FSDP2 casts floating-point parameters only
