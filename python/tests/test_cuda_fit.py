@@ -17,16 +17,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import ckptplan  # noqa: E402
 from test_cuda_step import cuda_step_peaks  # noqa: E402
+from test_fit import SEQ, largest_batch_planned, largest_batch_storing_everything  # noqa: E402
 from test_step_peak import VOCAB, build  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA GPU")
 
-SEQ = 256
 
-
-def _measured(model, optimizer, batch: int) -> int:
+def _measured(model, optimizer, batch: int, plan=None) -> int:
+    """The step's peak on the GPU (a plan's host bytes are not the GPU's)."""
     ids = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
     return max(cuda_step_peaks(model, optimizer, {"input_ids": ids, "labels": ids.clone()}).values())
 
@@ -39,40 +38,11 @@ def _model():
 def test_cuda_largest_batch_storing_everything(ckptplan_binary):
     """Budgets between the measured peaks of consecutive micro-batches:
     fit's largest micro-batch storing everything is the one below."""
-    model, optimizer = _model()
-    peaks = [_measured(model, optimizer, b) for b in range(1, 6)]
-    print("measured peaks on the GPU, micro-batches 1 to 5:", peaks)
-    assert all(b > a for a, b in zip(peaks, peaks[1:]))
-    for k in range(1, 5):
-        budget = (peaks[k - 1] + peaks[k]) // 2
-        store = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer).largest[0]
-        assert store.solver == "none"
-        assert store.batch == k, (budget, store, peaks)
-        assert store.batch_peak_bytes <= budget
+    largest_batch_storing_everything(*_model(), _measured)
 
 
 def test_cuda_largest_batch_planned(ckptplan_binary):
     """With a plan: the largest micro-batch fit reports runs within the
     budget on the GPU, applied and measured; one more does not, under the
     plan that holds the least of any (its least budget)."""
-    model, optimizer = _model()
-    store = [_measured(model, optimizer, b) for b in (2, 3)]
-    budget = (store[0] + store[1]) // 2
-    f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer)
-    planned = f.largest[1]
-    assert planned.solver == "selective" and planned.batch > f.largest[0].batch == 2, f.largest
-    plan = ckptplan.plan(model, budget, batch=planned.batch, seq=SEQ, optimizer=optimizer)
-    assert plan.peak_bytes == planned.batch_peak_bytes
-    ckptplan.apply(model, plan)
-    within = _measured(model, optimizer, planned.batch)
-    print(f"micro-batch {planned.batch}: measured {within} in a budget of {budget} (plan {plan.peak_bytes})")
-    assert within <= budget
-    with pytest.raises(ckptplan.CkptplanError) as err:
-        ckptplan.plan(model, budget, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
-    least = err.value.min_budget_bytes
-    assert least is not None and least > budget
-    plan = ckptplan.plan(model, least, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
-    ckptplan.apply(model, plan)
-    beyond = _measured(model, optimizer, planned.batch + 1)
-    print(f"micro-batch {planned.batch + 1}, its least plan: measured {beyond} (plan {plan.peak_bytes})")
-    assert beyond > budget
+    largest_batch_planned(*_model(), _measured)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -34,15 +32,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import ckptplan  # noqa: E402
 from ckptplan._gpus import known_device  # noqa: E402
 from ckptplan.introspect import describe  # noqa: E402
+from test_step_time import predicted, stepper  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch sees no CUDA GPU"),
               pytest.mark.skipif(os.environ.get("CKPTPLAN_TIMING") != "1",
                                  reason="a benchmark: CKPTPLAN_TIMING=1 runs it")]
 
 VOCAB = 32000
+FUSED = "adamw-fused"  # what stepper runs on a GPU
 TOLERANCE = 0.15
 
 
@@ -72,38 +71,6 @@ def build(hidden: int, layers: int):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.config.use_cache = False
     return model
-
-
-def stepper(model, batch: int, seq: int, solver: str):
-    """The model, planned with solver and applied, as a function that runs
-    one training step with fused AdamW."""
-    ids = torch.randint(0, VOCAB, (batch, seq), device="cuda")
-    ckptplan.apply(model, ckptplan.plan(model, "120GiB", batch=batch, seq=seq, solver=solver))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
-
-    def step():
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def predicted(setup, solver: str, figures_flags: list[str]) -> float:
-    """The binary's step time of a described model on the GPU
-    figures_flags name (--device or --roofline), seconds: forward,
-    backward and the optimizer step."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(setup.config, f)
-        out = subprocess.run([ckptplan.binary(), "plan", "--format", "json", "--budget", "120GiB",
-                              "--solver", solver, "--objective", "time", "--optimizer", "adamw-fused",
-                              *figures_flags, *setup.flags(), path],
-                             capture_output=True, text=True, check=True).stdout
-    plan = json.loads(out)
-    assert plan["unit"] == "ps"
-    return (plan["cost"] + plan["update_cost"]) * 1e-12
 
 
 def _each(f, n: int = 20) -> float:
@@ -153,7 +120,8 @@ def figures(model, batch: int, seq: int, hidden: int, layers: int) -> str:
 def kernels(setup, solver: str) -> float:
     """The kernels ckptplan counts in a step: its time with every kernel
     at 1 µs and no work."""
-    return predicted(setup, solver, ["--roofline", "matrix=1e30,attention=1e30,bandwidth=1e30,launch=1e-6"]) * 1e6
+    flags = ["--roofline", "matrix=1e30,attention=1e30,bandwidth=1e30,launch=1e-6"]
+    return predicted(setup, solver, flags, FUSED) * 1e6
 
 
 def profiled(step) -> tuple[int, float]:
@@ -209,8 +177,8 @@ def test_cuda_step_time(ckptplan_binary, hidden, layers, batch, seq):
     rows = {}
     for solver in solvers:
         measured = timed(steps[solver][1])
-        ours = predicted(setup, solver, ["--roofline", roofline])
-        sheet = predicted(setup, solver, ["--device", device])
+        ours = predicted(setup, solver, ["--roofline", roofline], FUSED)
+        sheet = predicted(setup, solver, ["--device", device], FUSED)
         count, busy = profiled(steps[solver][1])
         extra = {"host_s": host(steps[solver][1]), "busy_s": busy, "profiled_kernels": count,
                  "counted_kernels": kernels(setup, solver), "config": setup.config, "flags": setup.flags()}

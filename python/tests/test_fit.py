@@ -43,11 +43,11 @@ def _model():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 
 
-def test_largest_batch_storing_everything(ckptplan_binary):
-    """Budgets between the measured peaks of consecutive micro-batches:
-    fit's largest micro-batch storing everything is the one below."""
-    model, optimizer = _model()
-    peaks = [_measured(model, optimizer, b) for b in range(1, 6)]
+def largest_batch_storing_everything(model, optimizer, measured) -> None:
+    """Budgets between the peaks measured(model, optimizer, batch) of
+    consecutive micro-batches: fit's largest micro-batch storing
+    everything is the one below (test_cuda_fit runs it on a GPU)."""
+    peaks = [measured(model, optimizer, b) for b in range(1, 6)]
     print("measured peaks, micro-batches 1 to 5:", peaks)
     assert all(b > a for a, b in zip(peaks, peaks[1:]))
     for k in range(1, 5):
@@ -57,6 +57,12 @@ def test_largest_batch_storing_everything(ckptplan_binary):
         assert store.solver == "none"
         assert store.batch == k, (budget, store, peaks)
         assert store.batch_peak_bytes <= budget
+
+
+def test_largest_batch_storing_everything(ckptplan_binary):
+    """Budgets between the measured peaks of consecutive micro-batches:
+    fit's largest micro-batch storing everything is the one below."""
+    largest_batch_storing_everything(*_model(), _measured)
 
 
 def test_longest_sequence_storing_everything(ckptplan_binary):
@@ -70,12 +76,12 @@ def test_longest_sequence_storing_everything(ckptplan_binary):
         assert f.largest[0].seq == s, (budget, f.largest[0], peaks)
 
 
-def test_largest_batch_planned(ckptplan_binary):
+def largest_batch_planned(model, optimizer, measured) -> None:
     """With a plan: the largest micro-batch fit reports runs within the
-    budget, applied and measured; one more does not, under the plan that
-    holds the least of any (its least budget), applied and measured."""
-    model, optimizer = _model()
-    store = [_measured(model, optimizer, b) for b in (2, 3)]
+    budget, applied and measured(model, optimizer, batch, plan=plan); one
+    more does not, under the plan that holds the least of any (its least
+    budget), applied and measured (test_cuda_fit runs it on a GPU)."""
+    store = [measured(model, optimizer, b) for b in (2, 3)]
     budget = (store[0] + store[1]) // 2
     f = ckptplan.fit(model, budget, seq=SEQ, optimizer=optimizer)
     planned = f.largest[1]
@@ -83,8 +89,8 @@ def test_largest_batch_planned(ckptplan_binary):
     plan = ckptplan.plan(model, budget, batch=planned.batch, seq=SEQ, optimizer=optimizer)
     assert plan.peak_bytes == planned.batch_peak_bytes
     ckptplan.apply(model, plan)
-    within = _measured(model, optimizer, planned.batch, plan=plan)
-    print(f"micro-batch {planned.batch}: measured {within} in a budget of {budget}")
+    within = measured(model, optimizer, planned.batch, plan=plan)
+    print(f"micro-batch {planned.batch}: measured {within} in a budget of {budget} (plan {plan.peak_bytes})")
     assert within <= budget
     with pytest.raises(ckptplan.CkptplanError) as err:
         ckptplan.plan(model, budget, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
@@ -92,9 +98,16 @@ def test_largest_batch_planned(ckptplan_binary):
     assert least is not None and least > budget
     plan = ckptplan.plan(model, least, batch=planned.batch + 1, seq=SEQ, optimizer=optimizer)
     ckptplan.apply(model, plan)
-    beyond = _measured(model, optimizer, planned.batch + 1, plan=plan)
-    print(f"micro-batch {planned.batch + 1}, its least plan: measured {beyond}")
+    beyond = measured(model, optimizer, planned.batch + 1, plan=plan)
+    print(f"micro-batch {planned.batch + 1}, its least plan: measured {beyond} (plan {plan.peak_bytes})")
     assert beyond > budget
+
+
+def test_largest_batch_planned(ckptplan_binary):
+    """With a plan: the largest micro-batch fit reports runs within the
+    budget, applied and measured; one more does not, under the plan that
+    holds the least of any (its least budget), applied and measured."""
+    largest_batch_planned(*_model(), _measured)
 
 
 def test_global_batch_settings(ckptplan_binary):

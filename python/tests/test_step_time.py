@@ -92,7 +92,7 @@ def figures(model, batch: int, seq: int, hidden: int, layers: int) -> str:
     # every kernel at 1 µs and no work: the predicted time in µs is the
     # kernels ckptplan counts in a step
     count = predicted(describe(tiny, batch=1, seq=8), "none",
-                      "matrix=1e30,attention=1e30,bandwidth=1e30,launch=1e-6,sync") * 1e6
+                      ["--roofline", "matrix=1e30,attention=1e30,bandwidth=1e30,launch=1e-6,sync"]) * 1e6
     launch = fastest(stepper(tiny, 1, 8, "none"), 5) / count
     return f"matrix={matrix},attention={att},bandwidth={bandwidth},launch={launch},sync"
 
@@ -108,16 +108,16 @@ def build(hidden: int, layers: int):
     return model
 
 
-def predicted(setup, solver: str, roofline: str) -> float:
-    """The binary's step time of a described model, seconds: forward,
-    backward and the optimizer step."""
+def predicted(setup, solver: str, figures: list[str], optimizer: str = "adamw-forloop") -> float:
+    """The binary's step time of a described model on the device figures
+    names (--roofline, or --device), seconds: forward, backward and the
+    optimizer step."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "config.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(setup.config, f)
-        out = subprocess.run([ckptplan.binary(), "plan", "--format", "json", "--budget", "64GiB", "--solver", solver,
-                              "--objective", "time", "--roofline", roofline, "--optimizer", "adamw-forloop",
-                              *setup.flags(), path],
+        out = subprocess.run([ckptplan.binary(), "plan", "--format", "json", "--budget", "120GiB", "--solver", solver,
+                              "--objective", "time", "--optimizer", optimizer, *figures, *setup.flags(), path],
                              capture_output=True, text=True, check=True).stdout
     plan = json.loads(out)
     assert plan["unit"] == "ps"
@@ -126,12 +126,14 @@ def predicted(setup, solver: str, roofline: str) -> float:
 
 def stepper(model, batch: int, seq: int, solver: str):
     """The model, planned with solver and applied, as a function that runs
-    one training step."""
-    ids = torch.randint(0, VOCAB, (batch, seq))
-    ckptplan.apply(model, ckptplan.plan(model, "64GiB", batch=batch, seq=seq, solver=solver))
-    # lr 0: the weights, and so every step's work, stay as they are;
-    # the for-loop step, as --optimizer adamw-forloop prices it
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, foreach=False)
+    one training step on the device the model is on: PyTorch's AdamW as
+    --optimizer prices it there, for-loop on the CPU, fused on a GPU."""
+    device = next(model.parameters()).device
+    ids = torch.randint(0, VOCAB, (batch, seq), device=device)
+    ckptplan.apply(model, ckptplan.plan(model, "120GiB", batch=batch, seq=seq, solver=solver))
+    # lr 0: the weights, and so every step's work, stay as they are
+    kind = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, **kind)
 
     def step():
         model(input_ids=ids, labels=ids).loss.backward()
@@ -160,7 +162,7 @@ def test_step_time(ckptplan_binary, hidden, layers, batch, seq):
         rounds = []
         for _ in range(ROUNDS):
             roofline = figures(models["none"], batch, seq, hidden, layers)
-            rounds.append({solver: (predicted(setup, solver, roofline),
+            rounds.append({solver: (predicted(setup, solver, ["--roofline", roofline]),
                                     fastest(steps[solver], 3)) for solver in SOLVERS})
     finally:
         torch.set_num_threads(threads)
