@@ -58,6 +58,11 @@ type Roofline struct {
 	// reaches (Collectives); 0: collectives are not priced.
 	LinkBytes      float64 `json:"link_bytes,omitempty" yaml:"link_bytes,omitempty"`
 	LinkEfficiency float64 `json:"link_efficiency,omitempty" yaml:"link_efficiency,omitempty"`
+	// HostBytes is the bandwidth between the GPU and the host's memory,
+	// bytes/s one way, and HostEfficiency the share of it that pages
+	// moved by the driver reach (PagingSeconds); 0: paging is not priced.
+	HostBytes      float64 `json:"host_bytes,omitempty" yaml:"host_bytes,omitempty"`
+	HostEfficiency float64 `json:"host_efficiency,omitempty" yaml:"host_efficiency,omitempty"`
 	// LaunchSeconds is the host's time to queue (or dispatch) one kernel.
 	LaunchSeconds float64 `json:"launch_seconds" yaml:"launch_seconds"`
 	// Synchronous: the host runs the kernels (a CPU), so that launches add
@@ -89,6 +94,12 @@ const (
 	// the link's one-way figure on large messages, less on the buckets a
 	// training step sends: 80%, an estimate (not measured here).
 	gpuLinkEfficiency = 0.8
+	// Pages of unified memory the driver evicts to the host and brings
+	// back move over PCIe in 2 MiB blocks (cudaMemPrefetchAsync's unit);
+	// taken at the same 80% of the slot's one-way figure, an estimate
+	// (not measured here): page faults, where the prefetch did not bring
+	// a page, move less.
+	gpuHostEfficiency = 0.8
 	// Fused attention, counted at its full 4·b·h·s²·d FLOPs forward (a
 	// causal kernel skips half): cuDNN's flash kernels on the H200 reached
 	// 0.65–0.77 of the dense peak forward and backward at 2,048–4,096
@@ -105,7 +116,17 @@ func (d Device) Roofline() (Roofline, bool) {
 	}
 	return Roofline{MatrixFLOPS: d.BF16FLOPS, MatrixFP32FLOPS: d.FP32FLOPS, AttentionFLOPS: d.BF16FLOPS * gpuAttentionEfficiency, BandwidthBytes: d.BandwidthBytes,
 		MatrixEfficiency: gpuMatrixEfficiency, BandwidthEfficiency: gpuBandwidthEfficiency, LaunchSeconds: gpuLaunchSeconds,
-		LinkBytes: d.LinkBytes, LinkEfficiency: gpuLinkEfficiency, Source: d.Source}, true
+		LinkBytes: d.LinkBytes, LinkEfficiency: gpuLinkEfficiency, HostBytes: d.HostBytes, HostEfficiency: gpuHostEfficiency, Source: d.Source}, true
+}
+
+// PagingSeconds is the time the driver takes to move bytes of unified
+// memory to the host and back, over the host link at its efficiency; 0
+// where the roofline has no host link.
+func (r Roofline) PagingSeconds(bytes int64) float64 {
+	if r.HostBytes == 0 || bytes <= 0 {
+		return 0
+	}
+	return 2 * float64(bytes) / (r.HostBytes * r.HostEfficiency)
 }
 
 // Check refuses a roofline that prices nothing.
@@ -130,6 +151,12 @@ func (r Roofline) Check() error {
 	}
 	if r.LinkBytes > 0 && (!(r.LinkEfficiency > 0) || r.LinkEfficiency > 1) {
 		return fmt.Errorf("roofline: link efficiency is a share of the link, above 0 and at most 1, got %g", r.LinkEfficiency)
+	}
+	if !(r.HostBytes >= 0) || math.IsInf(r.HostBytes, 0) {
+		return fmt.Errorf("roofline: host link bandwidth must be positive (or 0: paging not priced), got %g", r.HostBytes)
+	}
+	if r.HostBytes > 0 && (!(r.HostEfficiency > 0) || r.HostEfficiency > 1) {
+		return fmt.Errorf("roofline: host link efficiency is a share of the link, above 0 and at most 1, got %g", r.HostEfficiency)
 	}
 	if !(r.LaunchSeconds >= 0) || math.IsInf(r.LaunchSeconds, 0) {
 		return fmt.Errorf("roofline: launch time must be zero or more, got %g", r.LaunchSeconds)

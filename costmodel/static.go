@@ -37,10 +37,16 @@ type Static struct {
 	// buckets are set from (the DeepSpeed export's reduce_bucket_size and
 	// stage3_* settings).
 	LayerParams, LayerTrainable int64
-	// Paged: the optimizer state is in CUDA unified memory (bitsandbytes'
-	// paged optimizers), which the driver moves to the host when the GPU
-	// runs short; counted on the GPU.
-	Paged bool
+	// Paged: the optimizer is one of bitsandbytes' paged optimizers.
+	// PagedBytes are the part of OptimizerBytes it keeps in CUDA unified
+	// memory, which the driver moves to the host when the GPU runs short:
+	// the two moments of each trained tensor of minPagedSize elements or
+	// more (bitsandbytes' get_state_buffer). PagedTensorBytes are the
+	// largest tensor's, which its step brings back to the GPU to update
+	// (prefetch_state). A plan counts them on the GPU, and pages out only
+	// what the GPU cannot hold otherwise (planner.Plan.PagedOutBytes).
+	Paged                        bool
+	PagedBytes, PagedTensorBytes int64
 	// StepBytes is the optimizer step's working memory beside the state
 	// (stepWorkspace, or deepSpeedStep under DeepSpeed's ZeRO): live
 	// only while the step runs, so not in Total.
@@ -276,9 +282,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		return Static{}, fmt.Errorf("unknown optimizer %q (valid: %s)", s.Optimizer, ir.Join(ir.Optimizers(), ", "))
 	}
 	var params, trainable, weights, grads, moments, masters, dequant, tensors int64
-	var trainedShard int64 // the trained parameters on this tensor-parallel rank
-	var approx float64     // bytes, in float64: it cannot wrap
-	eightBitState := false // some tensor's moments are 8-bit
+	var paged, pagedTensor int64 // bitsandbytes' unified memory: all of it, and the largest tensor's
+	var trainedShard int64       // the trained parameters on this tensor-parallel rank
+	var approx float64           // bytes, in float64: it cannot wrap
+	eightBitState := false       // some tensor's moments are 8-bit
 	// The unsharded weights and gradients of each decoder layer, and of
 	// the rest (the root, to FSDP), for ZeRO stage 3's working set.
 	layerW, layerG := map[int]int64{}, map[int]int64{}
@@ -302,6 +309,15 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		tensors += int64(len(trainableTensors(g, i)))
 		if trainSize < 4 {
 			masters += tr
+		}
+		if opt.paged {
+			for _, t := range trainableTensors(g, i) {
+				if t = tpShard(g, i, t); t >= minPagedSize {
+					b := 2 * t * opt.momentBytes()
+					paged += b
+					pagedTensor = max(pagedTensor, b)
+				}
+			}
 		}
 		if opt.eightBit {
 			for _, t := range trainableTensors(g, i) {
@@ -342,12 +358,20 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 		GradientsBytes: grads,
 		OptimizerBytes: moments,
 		Paged:          opt.paged,
+		PagedBytes:     paged, PagedTensorBytes: pagedTensor,
 	}
 	if opt.master {
 		st.OptimizerBytes += masters * 4 // the fp32 master copy of 16-bit trained weights
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
+		// Each rank pages its part; DeepSpeed's is one flat partition,
+		// updated as one tensor.
+		st.PagedBytes = min(ceilDiv(paged, dp), st.OptimizerBytes)
+		st.PagedTensorBytes = min(ceilDiv(pagedTensor, dp), st.PagedBytes)
+		if s.Parallel.Sharder() == ir.ShardingDeepSpeed {
+			st.PagedTensorBytes = st.PagedBytes
+		}
 	}
 	if eightBitState {
 		// The optimizer's two quantization maps, 256 fp32 values each,
@@ -690,6 +714,21 @@ func Bitsandbytes(name ir.Optimizer) bool {
 // min8bitSize is bitsandbytes' min_8bit_size: a smaller tensor's
 // optimizer state stays fp32.
 const min8bitSize = 4096
+
+// minPagedSize is the least elements of a tensor whose state a paged
+// bitsandbytes optimizer keeps in unified memory (get_state_buffer: a
+// smaller one's is an ordinary tensor on the GPU).
+const minPagedSize = 100_000
+
+// momentBytes is the bytes of one of a paged optimizer's moments an
+// element, for a tensor of minPagedSize elements or more: a byte 8-bit,
+// fp32 otherwise. (The 8-bit blocks' maxima are ordinary tensors.)
+func (o optimizer) momentBytes() int64 {
+	if o.eightBit {
+		return 1
+	}
+	return 4
+}
 
 // adam8bitBytes is what bitsandbytes' 8-bit AdamW keeps for a trained
 // tensor of n elements (Dettmers et al. 2022, 8-bit Optimizers via

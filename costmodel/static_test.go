@@ -316,7 +316,8 @@ func TestStaticLoRA(t *testing.T) {
 // rank-16 adapters on every linear in fp32 with fp32 gradients;
 // bitsandbytes' paged 8-bit AdamW, two moments a byte each with an fp32
 // maximum a block of 256 (Dettmers et al. 2022), and its two 256-value
-// maps once; and the largest weight
+// maps once, the moments of tensors of 10^5 elements or more in unified
+// memory (get_state_buffer: here the adapters f × r); and the largest weight
 // dequantized to bf16 while it runs.
 func TestStaticQLoRA(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
@@ -334,12 +335,15 @@ func TestStaticQLoRA(t *testing.T) {
 		return n/2 + n/64 + 4*ceil(n/64, 256) + 4 + 4*16 + 4*256
 	}
 	linears := [][2]int64{{h, h}, {h, kv}, {h, kv}, {h, h}, {h, f}, {h, f}, {f, h}}
-	var base, adapters, moments int64
+	var base, adapters, moments, paged int64
 	for _, w := range linears {
 		base += nf4(w[0], w[1])
 		adapters += r * (w[0] + w[1])
 		for _, n := range []int64{r * w[0], w[1] * r} {
 			moments += 2 * (n + 4*ceil(n, 256))
+			if n >= 100_000 { // bitsandbytes pages these moments: f × r, the MLP's
+				paged += 2 * n
+			}
 		}
 	}
 	want := Static{
@@ -348,7 +352,7 @@ func TestStaticQLoRA(t *testing.T) {
 		GradientsBytes: 4 * l * adapters,
 		OptimizerBytes: l*moments + 2*4*256,
 		Terms:          []Held{{"dequant", 2 * h * f}, {"buffers", c.Static.Of(Buffers)}},
-		Paged:          true,
+		Paged:          true, PagedBytes: l * paged, PagedTensorBytes: 2 * f * r,
 		// The forward's int64 positions, which the layers' calls take.
 		CallArgs: 8 * 8192,
 		// The rotary tables the forward makes, cos and sin of 8192 × 128.

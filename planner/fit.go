@@ -336,6 +336,7 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 			return nil, err
 		}
 	}
+	f.Settings = slices.DeleteFunc(f.Settings, func(s SettingFit) bool { return pagedGainsNothing(s, f.Settings) })
 	order := make([]int, len(f.Settings))
 	for i := range order {
 		order[i] = i
@@ -368,7 +369,7 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 
 // settings lists the changes Fit tries from base, base's own first:
 // full fine-tuning (where base is), LoRA and QLoRA (rank 16, or base's),
-// an 8-bit optimizer where the full model trains, and over several GPUs
+// an 8-bit optimizer, paged or not, where the full model trains, and over several GPUs
 // data parallelism and ZeRO 1 to 3 (LoRA: DDP and ZeRO 3, which also
 // shards the frozen weights; QLoRA: DDP) and, for full fine-tuning,
 // tensor parallelism over 2, 4 or 8 of them and pipelines of 2, 4 or 8
@@ -395,7 +396,7 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 	for _, m := range methods {
 		opts := []ir.Optimizer{""}
 		if m.full && !costmodel.Bitsandbytes(base.Optimizer) {
-			opts = append(opts, ir.OptimizerAdamW8bit)
+			opts = append(opts, ir.OptimizerAdamW8bit, ir.OptimizerPagedAdamW8bit)
 		}
 		// The base's own stage first (0 keeps it), then the others.
 		zeros := []int64{0}
@@ -464,6 +465,25 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 		}
 	}
 	return out
+}
+
+// pagedGainsNothing reports whether s, a setting with a paged 8-bit
+// optimizer, reaches no further than the same setting unpaged among
+// settings: a paged plan pages only where the unpaged one does not fit,
+// so where both fit the same micro-batches their plans are the same, and
+// where neither fits paging does not help.
+func pagedGainsNothing(s SettingFit, settings []SettingFit) bool {
+	if s.Change.Optimizer != ir.OptimizerPagedAdamW8bit {
+		return false
+	}
+	twin := s.Change
+	twin.Optimizer = ir.OptimizerAdamW8bit
+	for _, t := range settings {
+		if t.Change == twin {
+			return s.Fits == t.Fits && (!s.Fits || s.MicroBatch == t.MicroBatch && s.GradAccum == t.GradAccum)
+		}
+	}
+	return false
 }
 
 // sharedPlans builds a Fit's problems and makes their plans, each once,

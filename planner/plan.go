@@ -152,6 +152,15 @@ type Plan struct {
 	// StepPeakBytes is what the optimizer step holds (0: not known, for a
 	// profiled chain).
 	StepPeakBytes mem.Bytes `json:"step_peak_bytes,omitempty" yaml:"step_peak_bytes,omitempty"`
+	// PagedOutBytes are the paged optimizer's state the driver keeps on
+	// the host at the peak (costmodel.Static.PagedBytes), where the budget
+	// holds the plan only without them: the least the strategy needs
+	// passes the budget by them. PeakBytes is then what the GPU holds,
+	// the step's memory less these. PagingCost is the time moving them to
+	// the host and back costs each step, in the plan's unit (time plans
+	// on a device with its host link only), part of StepCost.
+	PagedOutBytes mem.Bytes `json:"paged_out_bytes,omitempty" yaml:"paged_out_bytes,omitempty"`
+	PagingCost    float64   `json:"paging_cost,omitempty" yaml:"paging_cost,omitempty"`
 	Cost          float64   `json:"cost" yaml:"cost"`
 	BaselineCost  float64   `json:"baseline_cost" yaml:"baseline_cost"`
 	// Overhead is the extra cost over storing everything's, as a share of
@@ -192,11 +201,14 @@ type Moment struct {
 	ActivationsBytes mem.Bytes `json:"activations_bytes" yaml:"activations_bytes"`
 	// TransientBytes are the working memory of what runs then.
 	TransientBytes mem.Bytes `json:"transient_bytes" yaml:"transient_bytes"`
+	// PagedOutBytes are the bytes of StaticBytes, the paged optimizer's
+	// state, on the host then (Plan.PagedOutBytes).
+	PagedOutBytes mem.Bytes `json:"paged_out_bytes,omitempty" yaml:"paged_out_bytes,omitempty"`
 }
 
-// Bytes returns the moment's bytes.
+// Bytes returns the moment's bytes on the GPU.
 func (m *Moment) Bytes() mem.Bytes {
-	return m.StaticBytes + m.GradientsBytes + m.ActivationsBytes + m.TransientBytes
+	return m.StaticBytes + m.GradientsBytes + m.ActivationsBytes + m.TransientBytes - m.PagedOutBytes
 }
 
 // StepMoment returns the optimizer step and what it holds: the static
@@ -347,21 +359,37 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	act := max(opt.Budget-opt.Reserve-p.Static, 1)
 	sol, err := opt.Strategy.solve(p, act, &opt)
 	var inf *solver.ErrInfeasible
+	if errors.As(err, &inf) && inf.MinBudget > 0 && p.pageable > 0 {
+		// A paged optimizer's state leaves room on the host: plan in the
+		// least the strategy needs where paging out no more than that
+		// state fits it, recomputing first and paging the rest.
+		if least := p.stepPeak(inf.MinBudget) + opt.Reserve; least-opt.Budget <= p.pageable {
+			sol, err = opt.Strategy.solve(p, max(least-opt.Reserve-p.Static, inf.MinBudget), &opt)
+		}
+	}
 	if errors.As(err, &inf) {
 		if inf.MinBudget > 0 {
-			plan.MinBudgetBytes = p.stepPeak(inf.MinBudget) + opt.Reserve
+			plan.MinBudgetBytes = p.paging(p.stepPeak(inf.MinBudget) + opt.Reserve)
 		}
 		return plan, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", opt.Strategy.Name, err)
 	}
-	if p.StepPeak+opt.Reserve > opt.Budget { // the forward and backward fit, the optimizer step does not
-		plan.MinBudgetBytes = p.stepPeak(sol.Peak) + opt.Reserve
+	if need := p.stepPeak(sol.Peak) + opt.Reserve; need > opt.Budget+p.pageable { // the forward and backward fit, the optimizer step does not
+		plan.MinBudgetBytes = p.paging(need)
 		return plan, nil
 	}
 	p.fill(plan, sol.Schedule, sol.Result)
 	return plan, nil
+}
+
+// paging returns the least budget of a plan that needs bytes with its
+// paged optimizer state on the GPU: bytes, less the state the driver can
+// keep on the host (all of it but the largest tensor's, which the step
+// brings back to update).
+func (p *Problem) paging(bytes mem.Bytes) mem.Bytes {
+	return max(bytes-p.pageable, 1)
 }
 
 // Compare plans the problem with every strategy at the same budget,
@@ -408,8 +436,8 @@ func (p *Problem) PlanSchedule(name string, budget mem.Bytes, sched solver.Sched
 		budget = p.stepPeak(r.Peak)
 	}
 	plan := p.newPlan(name, budget)
-	if p.stepPeak(r.Peak) > budget {
-		plan.MinBudgetBytes = p.stepPeak(r.Peak)
+	if p.stepPeak(r.Peak) > budget+p.pageable {
+		plan.MinBudgetBytes = p.paging(p.stepPeak(r.Peak))
 		return plan, nil
 	}
 	p.fill(plan, sched, r)
@@ -441,7 +469,7 @@ func (p *Plan) StepCost() (cost, baseline float64) {
 // the collectives' time they do not hide, and the optimizer step.
 func (p *Plan) stepOf(m int64) (cost, baseline float64) {
 	step := func(micro float64) float64 { return micro*float64(m) + p.commOf(micro, m) + p.UpdateCost }
-	return step(p.Cost), step(p.BaselineCost)
+	return step(p.Cost) + p.PagingCost, step(p.BaselineCost)
 }
 
 // CommCost is the time of the plan's step that its collectives add: what
@@ -550,6 +578,15 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	plan.ActivationPeakBytes = r.Peak
 	plan.PeakBytes = p.stepPeak(r.Peak)
 	plan.Peak = p.moment(sched, r)
+	if out := plan.PeakBytes + plan.ReserveBytes - plan.BudgetBytes; out > 0 && out <= p.pageable {
+		plan.PagedOutBytes, plan.PeakBytes = out, plan.PeakBytes-out
+		if plan.Peak != nil {
+			plan.Peak.PagedOutBytes = out
+		}
+		if p.Roofline != nil {
+			plan.PagingCost = math.Round(p.Roofline.PagingSeconds(int64(out)) * 1e12)
+		}
+	}
 	plan.Cost = p.cost(r.Cost)
 	if cost, base := plan.StepCost(); base > 0 {
 		plan.Overhead = cost/base - 1
@@ -670,7 +707,15 @@ func (p *Problem) LayerRuntime(plan *Plan) (*Plan, error) {
 			opts[i] = j
 		}
 	}
-	return p.PlanSchedule(plan.Solver+", layer by layer", 0, solver.PerStage(ck, opts))
+	sched := solver.PerStage(ck, opts)
+	if plan.PagedOutBytes > 0 {
+		// Paging as the plan does, where the GPU holds it so.
+		rt, err := p.PlanSchedule(plan.Solver+", layer by layer", plan.BudgetBytes-plan.ReserveBytes, sched)
+		if err != nil || rt.Feasible {
+			return rt, err
+		}
+	}
+	return p.PlanSchedule(plan.Solver+", layer by layer", 0, sched)
 }
 
 // Schedule turns a plan's steps back into a solver schedule for this
@@ -772,14 +817,14 @@ func (p *Problem) InFLOPs(plan *Plan) (*Problem, *Plan, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	again, err := fp.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	again, err := fp.PlanSchedule(plan.Solver, plan.BudgetBytes-plan.ReserveBytes, sched)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !again.Feasible {
 		return nil, nil, fmt.Errorf("the schedule needs %v in FLOPs, the plan %v", again.MinBudgetBytes, plan.PeakBytes)
 	}
-	again.Device, again.Runtime, again.ReserveBytes = plan.Device, plan.Runtime, plan.ReserveBytes
+	again.Device, again.Runtime, again.BudgetBytes, again.ReserveBytes = plan.Device, plan.Runtime, plan.BudgetBytes, plan.ReserveBytes
 	return fp, again, nil
 }
 

@@ -53,6 +53,10 @@ type Problem struct {
 	// zero is what ZeRO adds to each stage's transient bytes (gather,
 	// reduceInBackward); nil without it.
 	zero []zeroBytes
+	// pageable are the bytes of Static the driver can keep on the host: a
+	// paged optimizer's state but its largest tensor's
+	// (costmodel.Static.PagedBytes).
+	pageable mem.Bytes
 	// stepFreedStatic and stepFreedDelta are the bytes of Static and of
 	// δ_0 the optimizer step no longer holds.
 	stepFreedStatic, stepFreedDelta mem.Bytes
@@ -177,6 +181,9 @@ func graphProblemGathers(name string, g *ir.Graph, byBlock bool, r *costmodel.Ro
 		p.Comm = newComm(costmodel.CollectivesOf(g), *r)
 	}
 	p.stepFreedStatic = mem.Bytes(c.Static.StepFreedBytes)
+	if c.Static.Paged {
+		p.pageable = mem.Bytes(c.Static.PagedBytes - c.Static.PagedTensorBytes)
+	}
 	// The model's call arguments, which each decoder layer's call takes
 	// (costmodel.Static.CallArgs): the chain's, not static.
 	if a := mem.Bytes(c.Static.CallArgs); a > 0 {

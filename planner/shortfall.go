@@ -31,6 +31,10 @@ type Shortfall struct {
 	// StaticBytes is the static memory held at the least peak, or where
 	// it alone passes the budget, all of it, the gradients included.
 	StaticBytes mem.Bytes `json:"static_bytes"`
+	// PageableBytes are the bytes of static memory a paged optimizer's
+	// state lets the driver keep on the host, which NeedBytes leaves out
+	// (Plan.PagedOutBytes).
+	PageableBytes mem.Bytes `json:"pageable_bytes,omitempty"`
 	// NeedBytes is the least budget the strategy fits in, the reserve
 	// included; 0 where static memory alone passes the budget.
 	NeedBytes mem.Bytes `json:"need_bytes,omitempty"`
@@ -73,7 +77,11 @@ func (s *Shortfall) String() string {
 		return s.Reason
 	}
 	if s.StaticPasses() {
-		return fmt.Sprintf("static memory %v passes the budget alone, most of it %s (%v)", s.StaticBytes, s.Term, s.TermBytes)
+		paged := ""
+		if s.PageableBytes > 0 {
+			paged = fmt.Sprintf(" even with %v of it, the optimizer's paged state, on the host;", s.PageableBytes)
+		}
+		return fmt.Sprintf("static memory %v passes the budget alone,%s most of it %s (%v)", s.StaticBytes, paged, s.Term, s.TermBytes)
 	}
 	return fmt.Sprintf("it needs at least %v; %s", s.NeedBytes, s.Beyond())
 }
@@ -101,7 +109,7 @@ func (p *Problem) Shortfall(o *Options) (*Shortfall, error) {
 	if err != nil {
 		return nil, err
 	}
-	sf := &Shortfall{BudgetBytes: opt.Budget, ReserveBytes: opt.Reserve, StaticBytes: p.Static}
+	sf := &Shortfall{BudgetBytes: opt.Budget, ReserveBytes: opt.Reserve, StaticBytes: p.Static, PageableBytes: p.pageable}
 	staticTerm := func() *Shortfall {
 		sf.Term, sf.TermBytes = "static memory", p.Static
 		if p.Costs != nil {
@@ -116,7 +124,7 @@ func (p *Problem) Shortfall(o *Options) (*Shortfall, error) {
 	if p.Costs != nil {
 		static = max(static, mem.Bytes(p.Costs.Static.Total()))
 	}
-	if static+opt.Reserve >= opt.Budget {
+	if static-p.pageable+opt.Reserve >= opt.Budget {
 		sf.StaticBytes = static
 		return staticTerm(), nil
 	}
@@ -133,7 +141,7 @@ func (p *Problem) Shortfall(o *Options) (*Shortfall, error) {
 	case err != nil:
 		return nil, fmt.Errorf("%s: %w", opt.Strategy.Name, err)
 	}
-	sf.NeedBytes = p.stepPeak(sol.Peak) + opt.Reserve
+	sf.NeedBytes = p.paging(p.stepPeak(sol.Peak) + opt.Reserve)
 	m := p.moment(sol.Schedule, sol.Result)
 	if m == nil {
 		sf.Term, sf.TermBytes = "activations", sol.Peak

@@ -49,7 +49,9 @@ func (plan *Plan) Check() error {
 		return fmt.Errorf("the plan does not fit its budget of %v (feasible is false)", plan.BudgetBytes)
 	case plan.ReserveBytes > plan.BudgetBytes || plan.PeakBytes > plan.BudgetBytes-plan.ReserveBytes:
 		return fmt.Errorf("the plan says it fits, but its peak %v and reserve %v pass its budget %v", plan.PeakBytes, plan.ReserveBytes, plan.BudgetBytes)
-	case plan.StaticBytes > plan.PeakBytes:
+	case plan.PagedOutBytes < 0 || plan.PagedOutBytes > plan.StaticBytes:
+		return fmt.Errorf("paged_out_bytes %d is not a part of static_bytes %d", plan.PagedOutBytes, plan.StaticBytes)
+	case plan.StaticBytes-plan.PagedOutBytes > plan.PeakBytes:
 		return fmt.Errorf("static_bytes %v is above peak_bytes %v", plan.StaticBytes, plan.PeakBytes)
 	}
 	if plan.Runtime != "" {
@@ -98,7 +100,7 @@ func (p *Problem) Verify(plan *Plan) error {
 	if err != nil {
 		return fmt.Errorf("%w %s: %v", ErrPlanMismatch, p.Name, err)
 	}
-	again, err := p.PlanSchedule(plan.Solver, plan.BudgetBytes, sched)
+	again, err := p.PlanSchedule(plan.Solver, plan.BudgetBytes-plan.ReserveBytes, sched)
 	if err != nil {
 		return fmt.Errorf("%w %s: its schedule: %v", ErrPlanMismatch, p.Name, err)
 	}

@@ -51,7 +51,10 @@ type staticReport struct {
 	// (ZeRO 3).
 	LayerGatheredBytes int64 `json:"layer_gathered_bytes,omitempty"`
 	Paged              bool  `json:"paged,omitempty"`
-	TotalBytes         int64 `json:"total_bytes"`
+	// PagedBytes are the optimizer bytes in CUDA unified memory
+	// (costmodel.Static.PagedBytes).
+	PagedBytes int64 `json:"paged_bytes,omitempty"`
+	TotalBytes int64 `json:"total_bytes"`
 	// CallArgsBytes are the positions and masks the model hands every
 	// layer's call (costmodel.Static.CallArgs), not in TotalBytes.
 	CallArgsBytes int64 `json:"call_args_bytes,omitempty"`
@@ -73,7 +76,7 @@ func (r staticReport) MarshalJSON() ([]byte, error) {
 		fields = append(fields, field{"layer_gathered_bytes", r.LayerGatheredBytes})
 	}
 	if r.Paged {
-		fields = append(fields, field{"paged", true})
+		fields = append(fields, field{"paged", true}, field{"paged_bytes", r.PagedBytes})
 	}
 	fields = append(fields, field{"total_bytes", r.TotalBytes})
 	if r.CallArgsBytes != 0 {
@@ -163,7 +166,7 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 			Parameters: c.Static.Parameters, TrainableParameters: c.Static.TrainableParameters,
 			WeightsBytes: c.Static.WeightsBytes, GradientsBytes: c.Static.GradientsBytes,
 			OptimizerBytes: c.Static.OptimizerBytes, TotalBytes: c.Static.Total(),
-			Terms: c.Static.Terms, LayerGatheredBytes: c.Static.Gather.LayerBytes(), Paged: c.Static.Paged,
+			Terms: c.Static.Terms, LayerGatheredBytes: c.Static.Gather.LayerBytes(), Paged: c.Static.Paged, PagedBytes: c.Static.PagedBytes,
 			CallArgsBytes: c.Static.CallArgs,
 		},
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},

@@ -343,8 +343,15 @@ func whyNotFit(prob *planner.Problem, opt *planner.Options, p *planner.Plan) str
 	if err != nil {
 		sf = nil
 	}
-	if static+p.ReserveBytes >= p.BudgetBytes || sf != nil && sf.StaticPasses() {
+	var pageable mem.Bytes
+	if sf != nil {
+		pageable = sf.PageableBytes
+	}
+	if static-pageable+p.ReserveBytes >= p.BudgetBytes || sf != nil && sf.StaticPasses() {
 		why += " passes the budget alone"
+		if pageable > 0 {
+			why += fmt.Sprintf(" even with %v of it, the optimizer's paged state, on the host", pageable)
+		}
 		if sf != nil {
 			why += fmt.Sprintf(", most of it %s (%v)", sf.Term, sf.TermBytes)
 		}
@@ -472,7 +479,18 @@ func loraString(s *ir.Setup) string {
 func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 	fmt.Fprintf(w, "%s with the %s solver in %v: peak %v + reserve %v\n", p.Model, p.Solver, p.BudgetBytes, p.PeakBytes, p.ReserveBytes)
 	if m := p.Peak; m != nil {
-		fmt.Fprintf(w, "peak in the %s: static %v + gradients %v + activations %v + working memory %v\n", m.At, m.StaticBytes, m.GradientsBytes, m.ActivationsBytes, m.TransientBytes)
+		fmt.Fprintf(w, "peak in the %s: static %v + gradients %v + activations %v + working memory %v", m.At, m.StaticBytes, m.GradientsBytes, m.ActivationsBytes, m.TransientBytes)
+		if m.PagedOutBytes > 0 {
+			fmt.Fprintf(w, " − optimizer state paged to the host %v", m.PagedOutBytes)
+		}
+		fmt.Fprintln(w)
+	}
+	if p.PagedOutBytes > 0 {
+		fmt.Fprintf(w, "paged: the GPU holds the plan only with %v of the optimizer's paged state on the host at the peak, which the driver moves there and back each step", p.PagedOutBytes)
+		if p.PagingCost > 0 {
+			fmt.Fprintf(w, " (at least %s over the host link)", costString(p.PagingCost, p.Unit))
+		}
+		fmt.Fprintln(w)
 	}
 	if s := p.Setup; s != nil {
 		fmt.Fprintf(w, "assumes batch %d, sequence %d, %s, %s attention, %s profile, %s", s.Batch, s.Seq, precision(s.DType, s.Autocast), s.Attention, profileName(s.Profile, s.Transformers), costmodel.OptimizerName(s.Optimizer))
@@ -505,6 +523,9 @@ func writePlanText(w io.Writer, p *planner.Plan, also string) error {
 		}
 		if p.Comm != nil {
 			parts += ", collectives not hidden " + costString(p.CommCost(), p.Unit)
+		}
+		if p.PagingCost > 0 {
+			parts += ", paging " + costString(p.PagingCost, p.Unit)
 		}
 		fmt.Fprintf(w, "step time (estimated on the device's roofline) %s: %s, optimizer step %s; store-everything %s: %.1f%% extra %s%s\n",
 			costString(step, p.Unit), parts, costString(p.UpdateCost, p.Unit), costString(base, p.Unit), 100*p.Overhead, extra(p.Unit), also)
@@ -707,7 +728,7 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	if costmodel.Bitsandbytes(s.Optimizer) {
 		opt = " (" + s.Optimizer.String()
 		if st.Paged {
-			opt += ", paged: the driver moves it to the host when the GPU runs short"
+			opt += fmt.Sprintf(", %v of it paged: the driver moves it to the host when the GPU runs short", mem.Bytes(st.PagedBytes))
 		}
 		opt += ")"
 	}
@@ -739,11 +760,12 @@ func (f *rooflineFlag) String() string {
 }
 
 func (f *rooflineFlag) Set(s string) error {
-	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, LinkEfficiency: 1, Source: "--roofline " + s}
+	r := costmodel.Roofline{MatrixEfficiency: 1, BandwidthEfficiency: 1, LinkEfficiency: 1, HostEfficiency: 1, Source: "--roofline " + s}
 	fields := map[string]*float64{"matrix": &r.MatrixFLOPS, "fp32": &r.MatrixFP32FLOPS, "attention": &r.AttentionFLOPS,
 		"bandwidth": &r.BandwidthBytes, "launch": &r.LaunchSeconds, "matrix-efficiency": &r.MatrixEfficiency,
-		"bandwidth-efficiency": &r.BandwidthEfficiency, "link": &r.LinkBytes, "link-efficiency": &r.LinkEfficiency}
-	const keys = "keys: matrix, fp32, attention, bandwidth, launch, link, matrix-efficiency, bandwidth-efficiency, link-efficiency; or sync"
+		"bandwidth-efficiency": &r.BandwidthEfficiency, "link": &r.LinkBytes, "link-efficiency": &r.LinkEfficiency,
+		"host": &r.HostBytes, "host-efficiency": &r.HostEfficiency}
+	const keys = "keys: matrix, fp32, attention, bandwidth, launch, link, host, matrix-efficiency, bandwidth-efficiency, link-efficiency, host-efficiency; or sync"
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
