@@ -107,6 +107,9 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	if plan.Peak != nil {
 		e.PeakAt = plan.Peak.At
 	}
+	if plan.PagedOutBytes > 0 {
+		e.Notes = append(e.Notes, fmt.Sprintf("the GPU holds the plan's peak with %v of the paged optimizer's state on the host, which the driver moves there and back each step", plan.PagedOutBytes))
+	}
 	if s := plan.Setup; s != nil {
 		e.Batch, e.Seq, e.DType, e.Attention, e.Profile, e.Autocast = s.Batch, s.Seq, s.DType, s.Attention, s.Profile, s.Autocast
 		e.Zero = s.Parallel.Zero

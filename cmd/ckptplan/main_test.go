@@ -99,6 +99,10 @@ func TestPlanGolden(t *testing.T) {
 		// over NVLink, ZeRO 1's reductions hide behind the backwards and
 		// its gather after the step does not.
 		{"llama-3-8b-zero3-pcie-time", []string{"plan", "llama-3-8b", "--device", "h100-pcie", "--dp", "8", "--zero", "3", "--seq", "1024", "--batch", "1", "--objective", "time"}},
+		// Paged 8-bit AdamW at a micro-batch whose plan fits only with
+		// part of the optimizer's state on the host, and its export.
+		{"llama-3-8b-paged-h100", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dtype", "bf16", "--batch", "4", "--optimizer", "paged-adamw8bit"}},
+		{"llama-3-8b-paged-h100-hf", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--dtype", "bf16", "--batch", "4", "--optimizer", "paged-adamw8bit", "--to", "hf"}},
 		{"llama-3-8b-zero3-last-gathered", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dp", "8", "--zero", "3", "--reshard", "all-but-last", "--transformers", "4.46", "--seq", "4096", "--solver", "none"}},
 		{"llama-3-8b-zero1-time", []string{"plan", "llama-3-8b", "--device", "h100-80gb", "--dp", "8", "--zero", "1", "--seq", "4096", "--batch", "2", "--grad-accum", "2", "--objective", "time"}},
 		{"tiny-llama-roofline", []string{"plan", "tiny-llama", "--budget", "5MiB", "--roofline", "matrix=50e9,bandwidth=10e9,launch=10e-6,sync"}},

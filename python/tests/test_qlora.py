@@ -175,6 +175,44 @@ def test_optimizer_state_is_what_bitsandbytes_makes(ckptplan_binary, name, cls):
     assert static.get("paged", False) == ("paged" in name)
 
 
+@pytest.mark.parametrize("name,cls", [("paged-adamw8bit", "PagedAdamW8bit"), ("paged-adamw", "PagedAdamW")])
+def test_paged_state_is_what_bitsandbytes_pages(ckptplan_binary, monkeypatch, name, cls):
+    """A fully fine-tuned tiny Llama whose embedding, head and MLP
+    weights have 10^5 elements or more and whose attention weights and
+    norms fewer: bitsandbytes' paged optimizer makes its state as its
+    first step does, asking for unified memory (``get_paged``, CUDA's
+    managed memory, here a CPU tensor marked as it marks its own) for the
+    tensors it pages. Those are ckptplan's paged bytes, and all the state
+    its optimizer bytes."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    def get_paged(*shape, dtype=torch.float32, device=None):
+        out = torch.empty(*shape, dtype=dtype)
+        out.is_paged = True
+        return out
+
+    monkeypatch.setattr(F, "get_paged", get_paged)
+    monkeypatch.setattr(F, "fill", lambda t, value: t.fill_(value))
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=800, vocab_size=1024,
+                                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                          torch_dtype=torch.bfloat16)
+    sizes = {p.numel() >= 100_000 for p in model.parameters()}
+    assert sizes == {True, False}, "the sizes no longer test paged and unpaged state"
+    opt = getattr(bnb.optim, cls)(model.parameters())
+    for gi, group in enumerate(opt.param_groups):
+        for pi, p in enumerate(group["params"]):
+            opt.init_state(group, p, gi, pi)
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    paged = [t for t in state if getattr(t, "is_paged", False)]
+    static = cost(model, "--optimizer", name)["static"]
+    assert paged and static["paged_bytes"] == storages(paged)
+    assert static["optimizer_bytes"] == storages(state)
+
+
 @pytest.mark.parametrize("targets", [["q_proj", "v_proj"], ALL_LINEARS])
 def test_4bit_layers_keep_what_ckptplan_predicts(ckptplan_binary, targets):
     """A training step of the nf4 model (double quantized, fp32 adapters
