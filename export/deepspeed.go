@@ -163,6 +163,18 @@ type zeroStage struct {
 // alone. What DeepSpeed then holds is measured on the CPU in a two-rank
 // gloo group (python/tests/test_deepspeed_zero12.py).
 
+// deepSpeedZeRO returns the zero_optimization section of the plan's
+// stage, nil without ZeRO.
+func (e *Export) deepSpeedZeRO() *zeroStage {
+	switch {
+	case e.Zero >= 3:
+		return deepSpeedZeRO3(e.zeroLayer.params, e.zeroLayer.trainable)
+	case e.Zero > 0:
+		return deepSpeedZeRO12(e.Zero, e.zeroLayer.trainable)
+	}
+	return nil
+}
+
 // deepSpeedZeRO12 returns the stage 1 or 2 section for layers of at most
 // trainable trained parameters.
 func deepSpeedZeRO12(stage, trainable int64) *zeroStage {
@@ -243,13 +255,12 @@ func (e *Export) DeepSpeed(w io.Writer, runs *planner.Plan, at int) ([]string, e
 	case "fp16":
 		c.FP16 = &enabled{true}
 	}
+	c.ZeRO = e.deepSpeedZeRO()
 	switch {
 	case e.Zero >= 3:
-		c.ZeRO = deepSpeedZeRO3(e.zeroLayer.params, e.zeroLayer.trainable)
 		notes = append(notes, fmt.Sprintf("ZeRO 3: the config sets DeepSpeed's buckets to gather no more than the plan counts: at most the largest layer's %d parameters prefetched, each module's released once it has run, none left unsharded, %d gradients reduced at a time; DeepSpeed's defaults keep up to 10^9 parameters gathered and a bucket of 5*10^8 gradients",
 			*c.ZeRO.PrefetchBucket, *c.ZeRO.ReduceBucket))
 	case e.Zero > 0:
-		c.ZeRO = deepSpeedZeRO12(e.Zero, e.zeroLayer.trainable)
 		notes = append(notes, fmt.Sprintf("ZeRO %d: the config sets DeepSpeed's gradient bucket to the largest layer's %d gradients, one bucket at a time, as the plan counts; DeepSpeed's default bucket is 5*10^8 gradients (1 GB in 16 bits), two with overlap_comm",
 			e.Zero, *c.ZeRO.ReduceBucket))
 	}

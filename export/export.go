@@ -73,8 +73,12 @@ type Export struct {
 	Attention      ir.AttentionKernel `json:"attention,omitempty"`
 	Profile        ir.Profile         `json:"profile,omitempty"`
 	// Zero is the ZeRO stage the plan's static memory assumes (0: none).
-	Zero   int64    `json:"zero,omitempty"`
-	Layers []Layer  `json:"layers"`
+	Zero int64 `json:"zero,omitempty"`
+	// DeepSpeedZeRO is the zero_optimization section the plan holds
+	// for where DeepSpeed runs its ZeRO (the DeepSpeed export's: its
+	// buckets set from the largest layer); absent otherwise.
+	DeepSpeedZeRO *zeroStage `json:"deepspeed_zero,omitempty"`
+	Layers        []Layer    `json:"layers"`
 	Notes  []string `json:"notes,omitempty"`
 
 	nothing     []bool    // per layer: the plan keeps not even its input
@@ -116,6 +120,9 @@ func FromPlan(plan *planner.Plan) (*Export, error) {
 	}
 	if st := plan.Static; st != nil && e.Zero >= 1 {
 		e.zeroLayer.known, e.zeroLayer.params, e.zeroLayer.trainable = true, st.LayerParams, st.LayerTrainable
+		if s := plan.Setup; s != nil && s.Parallel.Sharder() == ir.ShardingDeepSpeed && s.Profile != ir.ProfileMegatron {
+			e.DeepSpeedZeRO = e.deepSpeedZeRO()
+		}
 	}
 	forwards := make([]int, len(plan.Stages))
 	recomputedWith := map[int]string{}

@@ -10,6 +10,11 @@ so with a warning). It works for any ``transformers.Trainer`` subclass
 that trains a causal language model the same way (TRL's ``SFTTrainer``,
 packing included).
 
+Under DeepSpeed (``TrainingArguments(deepspeed=...)``, or an
+accelerator's DeepSpeed plugin) the plan is ZeRO's as the config runs it,
+and the config's buffer sizes are set to those the plan holds for
+(``ckptplan._deepspeed``); FSDP is refused.
+
 The plan is for the longest batch the data brings; the applied plan runs
 every shorter one (an epoch's short last batch, the batches a collator pads
 to their longest sequence), each as planned again for its own shape within
@@ -35,6 +40,7 @@ import warnings
 from typing import Any, Optional, Union
 
 from ._binary import CkptplanUsageError
+from ._deepspeed import DeepSpeedRun
 from ._gpus import cuda_device
 from .plan import Plan, plan as make_plan
 
@@ -65,8 +71,14 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     longest sequences joined (seq times the batch where seq is given),
     masked as a padded batch is.
 
+    Under DeepSpeed it plans ZeRO's stage over the trainer's ranks in the
+    config's precision and sets the config's bucket sizes the plan holds
+    for where the config leaves them to DeepSpeed or "auto".
+
     Raises CkptplanUsageError for a trainer it cannot read (no training
-    dataset whose length it can find, and no seq), and what
+    dataset whose length it can find, and no seq), for a DeepSpeed config
+    whose buckets pass the plan's or that runs what it does not count,
+    for FSDP, and what
     ``ckptplan.plan`` and ``ckptplan.apply`` raise.
     """
     from ._apply import apply
@@ -90,6 +102,8 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
         seq, padded = _longest(trainer, batch if rows == 1 else 1)
     elif rows == 1:
         seq *= batch
+    ds = DeepSpeedRun.of(getattr(trainer, "accelerator", None), getattr(args, "world_size", 1),
+                         "ckptplan.prepare_trainer")
     if budget is None and device is None:
         # the GPU, named where ckptplan knows it, its reserve taken as
         # for a named one; the budget the memory it reports
@@ -98,10 +112,17 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
     accumulate = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
     if accumulate > 1:
         extra += ["--grad-accum", str(accumulate)]
+    autocast = _autocast(args, model)
+    if ds is not None:
+        # DeepSpeed casts the weights itself, with no autocast.
+        extra += ds.flags()
+        autocast = None
+    optimizer = "adamw-fused" if ds is not None and ds.optimizer() else _optimizer(trainer)
     _turn_off_checkpointing(trainer, unwrap(model))
     plan = make_plan(model, budget, batch=rows, seq=seq, solver=solver, device=device, reserve=reserve,
-                     autocast=_autocast(args, model), optimizer=_optimizer(trainer), extra_args=extra,
-                     padded=padded)
+                     autocast=autocast, optimizer=optimizer, extra_args=extra, padded=padded)
+    if ds is not None:
+        ds.hold(plan.deepspeed_zero)
     apply(model, plan, beyond=beyond)
     return plan
 
@@ -116,12 +137,14 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
     It reads what the accelerator knows — its gradient accumulation steps,
     its mixed precision (bf16 or fp16 autocast over fp32 weights) and its
     device (without a budget or device: the GPU's memory, less the
-    reserve) — and the optimizer's state, and turns off the model's own
-    gradient checkpointing (saying so with a warning). batch is the
+    reserve), its DeepSpeed plugin as prepare_trainer reads a trainer's
+    (call it before ``accelerator.prepare`` then) — and the optimizer's
+    state, and turns off the model's own gradient checkpointing (saying so
+    with a warning). batch is the
     per-device micro-batch and seq the longest sequence a batch brings;
     padded (the default) plans for batches a collator pads; beyond is
     ``ckptplan.apply``'s (what a larger batch does). Call it before or
-    after ``accelerator.prepare``.
+    after ``accelerator.prepare`` (before, under DeepSpeed).
 
     Example:
         >>> import accelerate, torch, transformers, ckptplan
@@ -156,10 +179,22 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
     precision = str(getattr(accelerator, "mixed_precision", "no"))
     floats = {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}
     autocast = precision if precision in ("bf16", "fp16") and torch.float32 in floats else None
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    ds = DeepSpeedRun.of(accelerator, getattr(accelerator, "num_processes", 1), "ckptplan.prepare_accelerator")
+    if ds is not None:
+        if getattr(accelerator, "deepspeed_engine_wrapped", None) is not None:
+            raise CkptplanUsageError(
+                "ckptplan.prepare_accelerator: DeepSpeed has started (accelerator.prepare): call it before, for the "
+                "plan's buffer sizes to go into the config DeepSpeed starts with")
+        extra += ds.flags()
+        autocast = None
+        if ds.optimizer():
+            optimizer = "adamw-fused"
     _turn_off_model_checkpointing(unwrap(model), "ckptplan.prepare_accelerator", stacklevel=3)
     plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
-                     autocast=autocast, optimizer=getattr(optimizer, "optimizer", optimizer), extra_args=extra,
-                     padded=padded)
+                     autocast=autocast, optimizer=optimizer, extra_args=extra, padded=padded)
+    if ds is not None:
+        ds.hold(plan.deepspeed_zero)
     apply(model, plan, beyond=beyond)
     return plan
 

@@ -40,7 +40,7 @@ MODES = ("store", "checkpoint", "selective")
 FIELDS = {
     "plan": ("schema", "model", "solver", "feasible", "budget_bytes", "reserve_bytes", "static_bytes",
              "peak_bytes", "peak_at", "step_peak_bytes", "runtime_peak_bytes", "runtime", "overhead", "recompute_flops",
-             "host_bytes",
+             "host_bytes", "deepspeed_zero",
              "batch", "seq", "dtype", "autocast", "attention", "profile", "zero", "layers", "notes"),
     "layer": ("name", "mode", "policy", "keeps", "saved", "kept_bytes", "host_bytes", "recompute_flops"),
     "saved": ("name", "bytes", "keep"),
@@ -117,6 +117,10 @@ class Plan:
     runtime_peak_bytes: int = 0  # run layer by layer, as apply runs it (0: not known)
     runtime: str = "per-layer"  # what it was planned for: per-layer (apply, the exports) or nested
     host_bytes: int = 0  # kept in host memory by every stage (layers' host_bytes, the embedding's, the head's), apart from peak_bytes
+    # Where DeepSpeed runs the plan's ZeRO: the zero_optimization settings
+    # the plan holds for (its buckets set from the largest layer), as
+    # ``ckptplan export --to deepspeed`` writes them; None otherwise.
+    deepspeed_zero: Optional[dict] = dataclasses.field(default=None, hash=False)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # The same request for another batch and seq (and budget, in bytes,
     # when given), where the plan is ckptplan.plan's of a model's config:
@@ -171,7 +175,7 @@ class Plan:
                    runtime_peak_bytes=int(d.get("runtime_peak_bytes", 0)),
                    runtime=d.get("runtime") or "per-layer", host_bytes=int(d.get("host_bytes", 0)),
                    peak_at=d.get("peak_at", ""), step_peak_bytes=int(d.get("step_peak_bytes", 0)),
-                   notes=tuple(d.get("notes") or ()), raw=d)
+                   deepspeed_zero=d.get("deepspeed_zero"), notes=tuple(d.get("notes") or ()), raw=d)
 
     @classmethod
     def every_layer(cls, model, mode: str) -> "Plan":

@@ -20,6 +20,7 @@ PLANS = {
     "every layer": ["tiny-llama", "--budget", "8MiB", "--solver", "every-k", "--profile", "transformers"],
     "store": ["tiny-gpt2", "--budget", "1GiB", "--solver", "none"],
     "zero 3, lora": ["tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "3", "--lora-rank", "4"],
+    "zero 2 on deepspeed": ["tiny-llama", "--budget", "8MiB", "--dp", "2", "--zero", "2"],
     "autocast": ["tiny-llama", "--budget", "16MiB", "--dtype", "fp32", "--autocast", "bf16", "--profile", "transformers"],
     "nested, with notes": ["tiny-llama", "--budget", "8MiB", "--solver", "sqrt"],
 }
