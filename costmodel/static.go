@@ -365,12 +365,17 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	}
 	if s.Parallel.Zero >= 1 {
 		st.OptimizerBytes = ceilDiv(st.OptimizerBytes, dp)
-		// Each rank pages its part; DeepSpeed's is one flat partition,
-		// updated as one tensor.
+		// Each rank pages its shards; DeepSpeed's optimizer sees one flat
+		// partition of the rank's trained parameters, paged whole where
+		// it is large enough, and updated as one tensor.
 		st.PagedBytes = min(ceilDiv(paged, dp), st.OptimizerBytes)
 		st.PagedTensorBytes = min(ceilDiv(pagedTensor, dp), st.PagedBytes)
 		if s.Parallel.Sharder() == ir.ShardingDeepSpeed {
-			st.PagedTensorBytes = st.PagedBytes
+			st.PagedBytes, st.PagedTensorBytes = 0, 0
+			if n := ceilDiv(trainedShard, dp); opt.paged && n >= minPagedSize {
+				st.PagedBytes = min(2*n*opt.momentBytes(), st.OptimizerBytes)
+				st.PagedTensorBytes = st.PagedBytes
+			}
 		}
 	}
 	if eightBitState {

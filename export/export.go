@@ -79,7 +79,7 @@ type Export struct {
 	// buckets set from the largest layer); absent otherwise.
 	DeepSpeedZeRO *zeroStage `json:"deepspeed_zero,omitempty"`
 	Layers        []Layer    `json:"layers"`
-	Notes  []string `json:"notes,omitempty"`
+	Notes         []string   `json:"notes,omitempty"`
 
 	nothing     []bool    // per layer: the plan keeps not even its input
 	nothingNote string    // the note saying so, which Megatron's uniform method makes moot

@@ -336,7 +336,17 @@ func (build Builder) Fit(base ir.Setup, opt *Options, fo FitOptions) (*Fit, erro
 			return nil, err
 		}
 	}
-	f.Settings = slices.DeleteFunc(f.Settings, func(s SettingFit) bool { return pagedGainsNothing(s, f.Settings) })
+	gainsNothing := make([]bool, len(f.Settings))
+	for i, s := range f.Settings {
+		gainsNothing[i] = pagedGainsNothing(s, f.Settings)
+	}
+	kept := f.Settings[:0]
+	for i, s := range f.Settings {
+		if !gainsNothing[i] {
+			kept = append(kept, s)
+		}
+	}
+	f.Settings = kept
 	order := make([]int, len(f.Settings))
 	for i := range order {
 		order[i] = i

@@ -105,9 +105,23 @@ func (p *Problem) CheapestLayers(o *Options, settings []LayerSetting) (*Plan, in
 		if err != nil {
 			return nil, -1, err
 		}
-		if plan.Feasible && (best == nil || plan.Cost < best.Cost) {
+		if plan.Feasible && (best == nil || cheaper(plan, best)) {
 			best, at = plan, k
 		}
 	}
 	return best, at, nil
+}
+
+// cheaper reports whether plan a of a setting costs less than plan b: in
+// time, its micro-batches' cost with its paging; in FLOPs, which do not
+// price paging, the one that pages less, then the cheaper.
+func cheaper(a, b *Plan) bool {
+	if a.Unit == TimeUnit {
+		m := float64(a.MicroBatches())
+		return a.Cost*m+a.PagingCost < b.Cost*m+b.PagingCost
+	}
+	if a.PagedOutBytes != b.PagedOutBytes {
+		return a.PagedOutBytes < b.PagedOutBytes
+	}
+	return a.Cost < b.Cost
 }

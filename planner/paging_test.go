@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/costmodel"
@@ -132,47 +133,69 @@ func TestPagedOptimizerPagesWhatTheGPUCannotHold(t *testing.T) {
 	if err != nil || sf.NeedBytes != least-pageable || sf.PageableBytes != pageable {
 		t.Errorf("shortfall %+v (%v): want it to need %v with %v pageable", sf, err, least-pageable, pageable)
 	}
-}
-
-// TestFitListsPagingWhereItReachesFurther: fit tries the paged 8-bit
-// optimizer beside the 8-bit one, and lists it only where it reaches a
-// larger micro-batch.
-func TestFitListsPagingWhereItReachesFurther(t *testing.T) {
-	build, base := fitBuilder(t, "llama-3-8b")
-	base.DType, base.Seq = "bf16", 8192
-	f, err := build.Fit(base, &Options{Device: "h100-80gb"}, FitOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	find := func(opt ir.Optimizer) *SettingFit {
-		for i, s := range f.Settings {
-			if s.Change == (Change{Optimizer: opt}) {
-				return &f.Settings[i]
-			}
+	// Where static memory passes the budget alone with the paged state
+	// on the GPU but not on the host, it is not the static memory that
+	// passes it.
+	static := mem.Bytes(pp.Costs.Static.Total())
+	for _, c := range []struct {
+		budget mem.Bytes
+		passes bool
+	}{{static - pageable/2, false}, {static - pageable, true}} {
+		sf, err := pp.Shortfall(&Options{Budget: c.budget, Reserve: NoReserve})
+		if err != nil || sf.StaticPasses() != c.passes || c.passes && !strings.Contains(sf.String(), "even with") {
+			t.Errorf("in %v of static %v: shortfall %v (%v), static passes %v", c.budget, static, sf, err, c.passes)
 		}
-		return nil
 	}
-	eight, paged := find(ir.OptimizerAdamW8bit), find(ir.OptimizerPagedAdamW8bit)
-	if eight == nil || paged == nil || !paged.Fits || paged.MicroBatch <= eight.MicroBatch {
-		t.Fatalf("8-bit %+v, paged %+v: want the paged one listed, fitting a larger micro-batch", eight, paged)
-	}
-	// Its micro-batch is the largest whose paged plan fits.
-	opt := &Options{Device: "h100-80gb"}
-	s := base
-	s.Optimizer = ir.OptimizerPagedAdamW8bit
-	if !fits(t, build, s, paged.MicroBatch, s.Seq, opt) || fits(t, build, s, paged.MicroBatch+1, s.Seq, opt) {
-		t.Errorf("paged micro-batch %d is not the largest that fits", paged.MicroBatch)
-	}
-	// Over a budget where the 8-bit state fits beside everything fit
-	// tries, the paged setting reaches no further and is not listed.
-	small, base := fitBuilder(t, "tiny-llama")
-	f, err = small.Fit(base, &Options{Budget: 6 << 20, Reserve: NoReserve}, FitOptions{GlobalBatch: 8})
+
+	// Where the host link is fast beside the compute, paging more to
+	// recompute less makes a quicker step: with the paged fp32 AdamW's
+	// 8 bytes a parameter, and a host link of 10^15 B/s, the plan pages
+	// more than the least it must and recomputes less.
+	fast := roof
+	fast.HostBytes = 1e15
+	quick, err := ModelBuilder(src, &fast)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range f.Settings {
-		if s.Change.Optimizer == ir.OptimizerPagedAdamW8bit {
-			t.Errorf("tiny-llama lists %s, which pages nothing", s.Name)
+	s := src.Model.Training
+	s.DType, s.Optimizer, s.Batch, s.Seq = "bf16", ir.OptimizerPagedAdamW, 1, 8192
+	slow, err := build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := quick(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leastPaged, more := plan(slow, on), plan(qp, on)
+	if !leastPaged.Feasible || leastPaged.PagedOutBytes == 0 || !more.Feasible || more.PagedOutBytes <= leastPaged.PagedOutBytes || more.Cost >= leastPaged.Cost {
+		t.Errorf("over PCIe: pages %v, costs %v; over a fast host link: pages %v, costs %v: want it to page more and recompute less",
+			leastPaged.PagedOutBytes, leastPaged.Cost, more.PagedOutBytes, more.Cost)
+	}
+
+	// Under DeepSpeed's ZeRO the optimizer sees one flat partition of the
+	// rank's trained parameters: paged whole, and updated at once, so
+	// nothing pages out; under FSDP2 each tensor's shard is paged and
+	// updated apart.
+	const params = l*(2*h*h+2*h*kv+3*h*f+2*h) + 2*v*h + h
+	for _, c := range []struct {
+		sharding      ir.Sharding
+		zero          int64
+		paged, tensor int64
+	}{
+		{ir.ShardingDeepSpeed, 2, 2 * ((params + 7) / 8), 2 * ((params + 7) / 8)},
+		{ir.ShardingFSDP2, 3, (paged + 7) / 8, (2*v*h + 7) / 8},
+	} {
+		s := s
+		s.Optimizer = ir.OptimizerPagedAdamW8bit
+		s.Parallel.DP, s.Parallel.Zero, s.Parallel.Sharding = 8, c.zero, c.sharding
+		p, err := build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := p.Costs.Static; st.PagedBytes != c.paged || st.PagedTensorBytes != c.tensor || p.pageable != mem.Bytes(c.paged-c.tensor) {
+			t.Errorf("%s, ZeRO %d: paged %d, its largest tensor's %d, pageable %v; want %d and %d",
+				c.sharding, c.zero, st.PagedBytes, st.PagedTensorBytes, p.pageable, c.paged, c.tensor)
 		}
 	}
 }

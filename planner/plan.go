@@ -360,11 +360,10 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	sol, err := opt.Strategy.solve(p, act, &opt)
 	var inf *solver.ErrInfeasible
 	if errors.As(err, &inf) && inf.MinBudget > 0 && p.pageable > 0 {
-		// A paged optimizer's state leaves room on the host: plan in the
-		// least the strategy needs where paging out no more than that
-		// state fits it, recomputing first and paging the rest.
+		// A paged optimizer's state leaves room on the host where paging
+		// out no more than that state fits the least the strategy needs.
 		if least := p.stepPeak(inf.MinBudget) + opt.Reserve; least-opt.Budget <= p.pageable {
-			sol, err = opt.Strategy.solve(p, max(least-opt.Reserve-p.Static, inf.MinBudget), &opt)
+			sol, err = p.solvePaged(&opt, least)
 		}
 	}
 	if errors.As(err, &inf) {
@@ -382,6 +381,46 @@ func (p *Problem) Plan(o *Options) (*Plan, error) {
 	}
 	p.fill(plan, sol.Schedule, sol.Result)
 	return plan, nil
+}
+
+// pagedSteps are the budgets between the least a strategy needs and the
+// most paging allows that solvePaged tries in time.
+const pagedSteps = 8
+
+// solvePaged plans a problem with a paged optimizer in the budget of opt
+// by paging out part of its state, where least, the least budget the
+// strategy needs, passes it by no more than that state: in FLOPs, which
+// do not price paging, in least, recomputing first and paging the rest;
+// in time, in whichever of least and pagedSteps budgets evenly above it,
+// up to all that state paged, makes the quickest step of its
+// micro-batches' forwards and backwards and its paging.
+func (p *Problem) solvePaged(opt *Options, least mem.Bytes) (*solver.Solution, error) {
+	at := func(b mem.Bytes) (*solver.Solution, error) {
+		return opt.Strategy.solve(p, max(b-opt.Reserve-p.Static, 1), opt)
+	}
+	best, err := at(least)
+	if err != nil || p.Roofline == nil {
+		return best, err
+	}
+	m := 1.0
+	if p.Costs != nil {
+		m = float64(max(p.Costs.Graph.Setup.GradAccum, 1))
+	}
+	step := func(s *solver.Solution) float64 {
+		out := max(p.stepPeak(s.Peak)+opt.Reserve-opt.Budget, 0)
+		return m*p.cost(s.Cost) + math.Round(p.Roofline.PagingSeconds(int64(out))*1e12)
+	}
+	quickest, top := step(best), opt.Budget+p.pageable
+	for i := mem.Bytes(1); i <= pagedSteps; i++ {
+		s, err := at(least + (top-least)*i/pagedSteps)
+		if err != nil {
+			continue // not even there: the least is the answer
+		}
+		if t := step(s); t < quickest {
+			best, quickest = s, t
+		}
+	}
+	return best, nil
 }
 
 // paging returns the least budget of a plan that needs bytes with its
@@ -708,8 +747,8 @@ func (p *Problem) LayerRuntime(plan *Plan) (*Plan, error) {
 		}
 	}
 	sched := solver.PerStage(ck, opts)
-	if plan.PagedOutBytes > 0 {
-		// Paging as the plan does, where the GPU holds it so.
+	if p.pageable > 0 {
+		// Paging as plans do, where the GPU holds it only so.
 		rt, err := p.PlanSchedule(plan.Solver+", layer by layer", plan.BudgetBytes-plan.ReserveBytes, sched)
 		if err != nil || rt.Feasible {
 			return rt, err

@@ -120,7 +120,9 @@ func (p *Problem) Sweep(points, slots int, rt Runtime) (*Sweep, error) {
 // strategy does (solver.PerLayer, solver.Optimal), takes a baseline's
 // cost where rounding sizes to slots costs the table a schedule; the
 // selective curve also megatron-selective everywhere. So every point is
-// what plan prints at that budget for that runtime.
+// what plan prints at that budget for that runtime, with a paged
+// optimizer's state on the GPU: the curve is the step's memory, and a
+// plan in less pages the rest (Plan.PagedOutBytes).
 func (p *Problem) curve(c *solver.Chain, s *Sweep, budgets []mem.Bytes, top mem.Bytes, slots int, selective bool, rt Runtime) ([]SweepPoint, error) {
 	var t interface{ Cost(mem.Bytes) float64 }
 	var scheds []solver.Schedule

@@ -114,7 +114,8 @@ func (p *Problem) Verify(plan *Plan) error {
 		name       string
 		got, model mem.Bytes
 	}{{"static_bytes", plan.StaticBytes, again.StaticBytes}, {"peak_bytes", plan.PeakBytes, again.PeakBytes},
-		{"activation_peak_bytes", plan.ActivationPeakBytes, again.ActivationPeakBytes}, {"step_peak_bytes", plan.StepPeakBytes, again.StepPeakBytes}} {
+		{"activation_peak_bytes", plan.ActivationPeakBytes, again.ActivationPeakBytes}, {"step_peak_bytes", plan.StepPeakBytes, again.StepPeakBytes},
+		{"paged_out_bytes", plan.PagedOutBytes, again.PagedOutBytes}} {
 		if f.got != f.model {
 			return fmt.Errorf("%w %s: %s is %d, the model's is %d", ErrPlanMismatch, p.Name, f.name, f.got, f.model)
 		}
@@ -122,7 +123,7 @@ func (p *Problem) Verify(plan *Plan) error {
 	for _, f := range []struct {
 		name       string
 		got, model float64
-	}{{"cost", plan.Cost, again.Cost}, {"baseline_cost", plan.BaselineCost, again.BaselineCost}} {
+	}{{"cost", plan.Cost, again.Cost}, {"baseline_cost", plan.BaselineCost, again.BaselineCost}, {"paging_cost", plan.PagingCost, again.PagingCost}} {
 		if math.Abs(f.got-f.model) > 1e-9*max(math.Abs(f.model), 1) {
 			return fmt.Errorf("%w %s: %s is %v, the model's is %v", ErrPlanMismatch, p.Name, f.name, f.got, f.model)
 		}

@@ -58,6 +58,8 @@ func TestVerify(t *testing.T) {
 		{"peak over budget", func(q *Plan) { q.PeakBytes = 3 * q.BudgetBytes }, "pass its budget", false},
 		{"negative budget", func(q *Plan) { q.BudgetBytes = -1 }, "budget_bytes is -1", false},
 		{"negative static", func(q *Plan) { q.StaticBytes = -8 }, "static_bytes is negative", false},
+		{"paged beyond static", func(q *Plan) { q.PagedOutBytes = q.StaticBytes + 1 }, "is not a part of static_bytes", false},
+		{"paged", func(q *Plan) { q.PagedOutBytes = 1 }, "paged_out_bytes is 1, the model's is 0", true},
 		{"infinite cost", func(q *Plan) { q.Cost = q.Cost / 0 }, "cost is +Inf", false},
 		{"infeasible", func(q *Plan) { q.Feasible = false }, "does not fit its budget", false},
 		{"bad setup", func(q *Plan) { q.Setup.Parallel.Zero = 7 }, "setup.parallel.zero", false},

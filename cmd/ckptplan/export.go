@@ -87,6 +87,9 @@ func runExport(stdout, stderr io.Writer, args []string) error {
 		if setting, err = t.Closest(e, p, opt); err != nil {
 			return err
 		}
+		if setting != nil && setting.Plan != nil && setting.Plan.PagedOutBytes > 0 {
+			e.Notes = append(e.Notes, fmt.Sprintf("the closest setting's peak holds %v of the paged optimizer's state on the host, which the driver moves there and back each step", setting.Plan.PagedOutBytes))
+		}
 	}
 	if p != nil { // only the model can say what the plan holds layer by layer
 		if rt, err := p.LayerRuntime(plan); err == nil {

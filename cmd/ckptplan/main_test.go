@@ -296,13 +296,15 @@ func TestLeastChangeFits(t *testing.T) {
 // prints with the usage.
 func TestRooflineFlag(t *testing.T) {
 	for value, want := range map[string]string{
-		"matrix=1e9":                                   "roofline: bandwidth must be positive, got 0",
-		"matrix=1e9,bandwidth=fast":                    `bandwidth: "fast" is not a number`,
-		"matrix=1e9,bandwidth=1e9,color=red":           `unknown key "color"`,
-		"matrix=1e9,bandwidth=1e9,matrix-efficiency=2": "an efficiency is a share of a peak, at most 1",
-		"matrix=1e9,bandwidth=1e9,launch=-1":           "launch time must be zero or more",
-		"matrix=1e9,bandwidth":                         `"bandwidth" is not key=value`,
-		"matrix=NaN,bandwidth=1e9":                     "matrix FLOP/s must be positive",
+		"matrix=1e9":                                          "roofline: bandwidth must be positive, got 0",
+		"matrix=1e9,bandwidth=fast":                           `bandwidth: "fast" is not a number`,
+		"matrix=1e9,bandwidth=1e9,color=red":                  `unknown key "color"`,
+		"matrix=1e9,bandwidth=1e9,matrix-efficiency=2":        "an efficiency is a share of a peak, at most 1",
+		"matrix=1e9,bandwidth=1e9,launch=-1":                  "launch time must be zero or more",
+		"matrix=1e9,bandwidth":                                `"bandwidth" is not key=value`,
+		"matrix=NaN,bandwidth=1e9":                            "matrix FLOP/s must be positive",
+		"matrix=1e9,bandwidth=1e9,host=-1":                    "host link bandwidth must be positive",
+		"matrix=1e9,bandwidth=1e9,host=1e9,host-efficiency=2": "host link efficiency is a share of the link",
 	} {
 		_, stderr, err := runCmd("plan", "tiny-llama", "--budget", "8MiB", "--roofline", value)
 		if err == nil || !strings.Contains(stderr, want) {

@@ -695,8 +695,13 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 		return writeJSON(stdout, plans)
 	}
 	fmt.Fprintf(stdout, "%s in %v (static %v, reserve %v)\n\n", plans[0].Model, plans[0].BudgetBytes, plans[0].StaticBytes, plans[0].ReserveBytes)
+	paging := slices.ContainsFunc(plans, func(p *planner.Plan) bool { return p.PagedOutBytes > 0 })
 	tw := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "solver\tfits\tpeak\toverhead\n")
+	fmt.Fprintf(tw, "solver\tfits\tpeak\toverhead")
+	if paging { // a paged optimizer's state some plans hold on the host
+		fmt.Fprintf(tw, "\tpaged to the host")
+	}
+	fmt.Fprintln(tw)
 	for _, p := range plans {
 		if !p.Feasible {
 			need := "static memory alone is too large"
@@ -706,7 +711,11 @@ func runCompare(stdout, stderr io.Writer, args []string) error {
 			fmt.Fprintf(tw, "%s\tno\t%s\t\n", p.Solver, need)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%\n", p.Solver, p.PeakBytes, 100*p.Overhead)
+		fmt.Fprintf(tw, "%s\tyes\t%v\t%.1f%%", p.Solver, p.PeakBytes, 100*p.Overhead)
+		if paging {
+			fmt.Fprintf(tw, "\t%v", p.PagedOutBytes)
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -727,8 +736,11 @@ func staticParts(s *ir.Setup, st *costmodel.Static) string {
 	opt := ""
 	if costmodel.Bitsandbytes(s.Optimizer) {
 		opt = " (" + s.Optimizer.String()
-		if st.Paged {
+		switch {
+		case st.Paged && st.PagedBytes > 0:
 			opt += fmt.Sprintf(", %v of it paged: the driver moves it to the host when the GPU runs short", mem.Bytes(st.PagedBytes))
+		case st.Paged:
+			opt += ", paged: none of it, no trained tensor having 10^5 elements"
 		}
 		opt += ")"
 	}
