@@ -435,6 +435,9 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 			for _, opt := range opts {
 				c := m.c
 				c.Optimizer, c.Zero = opt, z
+				if opt == ir.OptimizerPagedAdamW8bit && deepSpeedZeRO(base, z) {
+					continue // one flat partition, updated at once: nothing pages
+				}
 				out = append(out, c)
 			}
 		}
@@ -475,6 +478,16 @@ func settings(base ir.Setup, gpus int64, valid func(Change) bool) []Change {
 		}
 	}
 	return out
+}
+
+// deepSpeedZeRO reports whether base under ZeRO stage z (Change.Zero)
+// runs it on DeepSpeed.
+func deepSpeedZeRO(base ir.Setup, z int64) bool {
+	p := base.Parallel
+	if z != 0 {
+		p.Zero = max(z, 0)
+	}
+	return p.Zero >= 1 && p.Sharder() == ir.ShardingDeepSpeed
 }
 
 // pagedGainsNothing reports whether s, a setting with a paged 8-bit

@@ -199,3 +199,19 @@ func TestPagedOptimizerPagesWhatTheGPUCannotHold(t *testing.T) {
 		}
 	}
 }
+
+// TestSettingsPageWhereTheStateCanPage: over several GPUs, fit tries the
+// paged 8-bit optimizer under plain data parallelism and FSDP2's ZeRO 3,
+// whose optimizers see each tensor (or its shard), and not under
+// DeepSpeed's ZeRO 1 and 2, whose optimizer sees one flat partition.
+func TestSettingsPageWhereTheStateCanPage(t *testing.T) {
+	var got []int64
+	for _, c := range settings(ir.Setup{}, 8, func(Change) bool { return false }) {
+		if c.Optimizer == ir.OptimizerPagedAdamW8bit {
+			got = append(got, c.Zero)
+		}
+	}
+	if want := []int64{0, 3}; !cmp.Equal(got, want) { // 0: the base's, plain data parallelism
+		t.Errorf("paged under ZeRO %v, want %v", got, want)
+	}
+}
