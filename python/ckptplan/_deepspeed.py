@@ -17,16 +17,19 @@ bucket of 5·10⁸ gradients, up to 10⁹ parameters gathered) or to
 the plan would not hold.
 
 Refused, saying what: FSDP (a trainer whose accelerator runs it: its units
-are not the plan's), ZeRO stage 0 (DeepSpeed's own data parallelism, its
-bf16 optimizer's fp32 gradients), offloading the optimizer or the
-parameters to the CPU or NVMe, and an optimizer DeepSpeed's config makes
-that is not Adam or AdamW (which DeepSpeed runs as one fused kernel over
-the rank's partition: ``adamw-fused``).
+are not the plan's), ZeRO stage 0 and stage 1 accumulating bf16 gradients
+in fp32 (DeepSpeed's bf16 optimizer, its fp32 gradients), offloading the
+optimizer or the parameters to the CPU or NVMe, MiCS, hpZ and ZeRO++'s
+quantized weights or gradients, DeepSpeed's tensor parallelism, a
+precision left "auto", and an optimizer DeepSpeed's config makes that is
+not Adam or AdamW (which DeepSpeed runs as one fused kernel over the
+rank's partition: ``adamw-fused``; with ``torch_adam``, PyTorch's:
+``adamw``).
 
 Example:
     >>> run = DeepSpeedRun(config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, ranks=8)
     >>> run.flags()
-    ['--dp', '8', '--zero', '2', '--sharding', 'deepspeed', '--dtype', 'bf16']
+    ['--dp', '8', '--zero', '2', '--sharding', 'deepspeed', '--dtype', 'bf16', '--master-weights', 'fp32']
     >>> run.hold({"stage": 2, "contiguous_gradients": True, "overlap_comm": False, "reduce_bucket_size": 1000})
     >>> run.config["zero_optimization"]["reduce_bucket_size"]
     1000
@@ -52,9 +55,6 @@ class DeepSpeedRun:
     config: dict
     ranks: int
     caller: str = "ckptplan.prepare_trainer"
-    # The accelerator's mixed precision ("bf16", "fp16" or "no"), which a
-    # precision the config leaves "auto" follows.
-    mixed_precision: str = "no"
 
     @classmethod
     def of(cls, accelerator: Any, ranks: int, caller: str) -> Optional["DeepSpeedRun"]:
@@ -78,8 +78,7 @@ class DeepSpeedRun:
         if not isinstance(config, dict):
             raise CkptplanUsageError(f"{caller}: the accelerator runs DeepSpeed, but its plugin has no config ckptplan "
                                      f"can read (hf_ds_config.config)")
-        run = cls(config=config, ranks=max(int(ranks), 1), caller=caller,
-                  mixed_precision=str(getattr(accelerator, "mixed_precision", "no")))
+        run = cls(config=config, ranks=max(int(ranks), 1), caller=caller)
         run._check()
         return run
 
@@ -102,13 +101,37 @@ class DeepSpeedRun:
             raise CkptplanUsageError(
                 f"{self.caller}: the DeepSpeed config runs ZeRO stage {stage}, DeepSpeed's own data parallelism "
                 f"(its bf16 optimizer keeps fp32 gradients), which ckptplan does not count: plan ZeRO 1, 2 or 3")
-        for key in ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params"):
+        for key in ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"):
             section = self._zero().get(key)
             device = section.get("device", "none") if isinstance(section, dict) else section
             if device not in (None, "none", False):
                 raise CkptplanUsageError(
                     f"{self.caller}: the DeepSpeed config's zero_optimization.{key} offloads to {device!r}, which "
                     f"ckptplan does not count: plan without offloading")
+        zero = self._zero()
+        for key, off in (("mics_shard_size", -1), ("zero_hpz_partition_size", 1), ("zero_quantized_weights", False),
+                         ("zero_quantized_nontrainable_weights", False), ("zero_quantized_gradients", False)):
+            if zero.get(key, off) not in (off, None):
+                raise CkptplanUsageError(
+                    f"{self.caller}: the DeepSpeed config sets zero_optimization.{key} to {zero[key]!r}, which shards "
+                    f"or stores what ckptplan counts otherwise: plan without it")
+        tp = self.config.get("tensor_parallel")
+        if isinstance(tp, dict) and tp.get("autotp_size", 1) not in (0, 1, None):
+            raise CkptplanUsageError(
+                f"{self.caller}: the DeepSpeed config runs tensor parallelism (tensor_parallel.autotp_size "
+                f"{tp['autotp_size']!r}), which ckptplan does not read from it: plan without it")
+        for key in ("bf16", "fp16"):
+            section = self.config.get(key)
+            if isinstance(section, dict) and section.get("enabled") == "auto":
+                raise CkptplanUsageError(
+                    f"{self.caller}: the DeepSpeed config's {key}.enabled is still \"auto\": say whether DeepSpeed "
+                    f"trains in {key} (the Trainer's or the accelerator's mixed precision sets it)")
+        types = self.config.get("data_types")
+        if (stage == 1 and self.dtype() == "bf16" and isinstance(types, dict)
+                and str(types.get("grad_accum_dtype", "")).lower() in ("fp32", "float32", "float")):
+            raise CkptplanUsageError(
+                f"{self.caller}: the DeepSpeed config accumulates bf16 gradients in fp32 under ZeRO stage 1 "
+                f"(data_types.grad_accum_dtype), which runs DeepSpeed's BF16 optimizer: ckptplan does not count it")
         made = self.optimizer()
         if made is not None and made not in _ADAM:
             raise CkptplanUsageError(
@@ -123,15 +146,23 @@ class DeepSpeedRun:
             return None
         return str(made.get("type", "")).lower()
 
+    def optimizer_flag(self) -> Optional[str]:
+        """What ``--optimizer`` counts of the optimizer the config makes:
+        DeepSpeed's fused Adam(W) over the rank's partition (adamw-fused),
+        or with ``torch_adam`` PyTorch's, foreach (adamw); None where the
+        trainer's own optimizer runs."""
+        if self.optimizer() is None:
+            return None
+        params = self.config["optimizer"].get("params")
+        return "adamw" if isinstance(params, dict) and params.get("torch_adam") is True else "adamw-fused"
+
     def _enabled(self, key: str) -> bool:
         section = self.config.get(key)
-        on = section.get("enabled") if isinstance(section, dict) else None
-        return on is True or on == "auto" and self.mixed_precision == key
+        return isinstance(section, dict) and section.get("enabled") is True
 
     def dtype(self) -> str:
         """The dtype DeepSpeed trains the weights in: it casts the model to
-        bf16 or fp16 where the config enables them (``"auto"``: where the
-        accelerator's mixed precision is that), keeping an fp32
+        bf16 or fp16 where the config enables them, keeping an fp32
         partition."""
         if self._enabled("bf16"):
             return "bf16"
@@ -140,8 +171,11 @@ class DeepSpeedRun:
         return "fp32"
 
     def flags(self) -> list[str]:
-        """The binary's flags for the run."""
-        return ["--dp", str(self.ranks), "--zero", str(self.stage()), "--sharding", "deepspeed", "--dtype", self.dtype()]
+        """The binary's flags for the run: its ranks and stage, and the
+        dtype it trains in with an fp32 master partition and fp32 moments,
+        whatever the dtype the model was loaded in."""
+        return ["--dp", str(self.ranks), "--zero", str(self.stage()), "--sharding", "deepspeed", "--dtype", self.dtype(),
+                "--master-weights", "fp32"]
 
     def hold(self, settings: Optional[dict]) -> None:
         """Set the config's ZeRO settings to those the plan holds for
@@ -151,21 +185,28 @@ class DeepSpeedRun:
         if not settings:
             raise CkptplanUsageError(f"{self.caller}: the plan says no DeepSpeed settings for ZeRO stage {self.stage()}")
         zero = self._zero()
-        beyond = []
+        beyond, spelt = [], {}
         for key, value in settings.items():
-            given = zero.get(key)
-            if key == "stage" or given is None or given == "auto":
+            if key == "stage":
+                continue
+            # DeepSpeed also reads stage 3's settings without the prefix.
+            spelt[key] = next((k for k in (key, key.removeprefix("stage3_")) if k in zero), key)
+            given = zero.get(spelt[key])
+            if given is None or given == "auto":
                 continue
             if isinstance(value, bool):
                 ok = given is value
             else:
-                ok = isinstance(given, (int, float)) and not isinstance(given, bool) and given <= value
+                try:
+                    ok = not isinstance(given, bool) and float(given) <= value
+                except (TypeError, ValueError):
+                    ok = False
             if not ok:
-                beyond.append(f"{key} is {given!r}, the plan's {value!r}")
+                beyond.append(f"{spelt[key]} is {given!r}, the plan's {value!r}")
         if beyond:
             raise CkptplanUsageError(
                 f"{self.caller}: the DeepSpeed config holds more than the plan counts: {'; '.join(beyond)}. Set them "
                 f"so (or to \"auto\", or leave them out, for ckptplan to set them), as 'ckptplan export --to deepspeed' "
                 f"writes them")
-        filled = {k: v for k, v in settings.items() if k != "stage" and zero.get(k) in (None, "auto")}
+        filled = {spelt[k]: v for k, v in settings.items() if k != "stage" and zero.get(spelt[k]) in (None, "auto")}
         self.config.setdefault("zero_optimization", {}).update(filled)

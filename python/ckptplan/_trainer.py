@@ -117,7 +117,7 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
         # DeepSpeed casts the weights itself, with no autocast.
         extra += ds.flags()
         autocast = None
-    optimizer = "adamw-fused" if ds is not None and ds.optimizer() else _optimizer(trainer)
+    optimizer = ds.optimizer_flag() if ds is not None and ds.optimizer() else _optimizer(trainer)
     _turn_off_checkpointing(trainer, unwrap(model))
     plan = make_plan(model, budget, batch=rows, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=autocast, optimizer=optimizer, extra_args=extra, padded=padded)
@@ -189,7 +189,7 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
         extra += ds.flags()
         autocast = None
         if ds.optimizer():
-            optimizer = "adamw-fused"
+            optimizer = ds.optimizer_flag()
     _turn_off_model_checkpointing(unwrap(model), "ckptplan.prepare_accelerator", stacklevel=3)
     plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=autocast, optimizer=optimizer, extra_args=extra, padded=padded)

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.engines,
 SEQ, BATCH = 16, 2
 
 
-def _worker(rank: int, port: int, stage: int, bucket, out: str) -> None:
+def _worker(rank: int, port: int, stage: int, bucket, dtype: str, out: str) -> None:
     """One rank: a Trainer under DeepSpeed's ZeRO stage, prepared by
     ckptplan and trained a step; rank 0 writes the plan, the plan made
     with the flags by hand, the config DeepSpeed started with and the
@@ -60,11 +60,14 @@ def _worker(rank: int, port: int, stage: int, bucket, out: str) -> None:
     args = transformers.TrainingArguments(tempfile.mkdtemp(), per_device_train_batch_size=BATCH, report_to=[],
                                           deepspeed=config, bf16=True, max_steps=1, use_cpu=True)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    # As from_pretrained loads it in that dtype.
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**CONFIG),
+                                                          torch_dtype=getattr(torch, dtype))
     data = [{"input_ids": list(range(1, SEQ + 1)), "labels": list(range(1, SEQ + 1))}] * 8
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     by_hand = ckptplan.plan(model, "1GiB", batch=BATCH, seq=SEQ, optimizer=trainer.create_optimizer(),
-                            extra_args=["--dp", "2", "--zero", str(stage), "--sharding", "deepspeed", "--dtype", "bf16"])
+                            extra_args=["--dp", "2", "--zero", str(stage), "--sharding", "deepspeed", "--dtype", "bf16",
+                                        "--master-weights", "fp32"])
     result = {}
     try:
         plan = ckptplan.prepare_trainer(trainer, "1GiB")
@@ -93,7 +96,7 @@ def _worker(rank: int, port: int, stage: int, bucket, out: str) -> None:
 def test_prepare_trainer_plans_deepspeeds_zero(tmp_path, stage):
     """The trainer's plan is ZeRO's over its two ranks, in bf16, and the
     buckets DeepSpeed runs with are the largest layer's parameters."""
-    got = spawn(tmp_path, "test_deepspeed_trainer", stage, "auto")
+    got = spawn(tmp_path, "test_deepspeed_trainer", stage, "auto", "float32")
     assert "refused" not in got, got
     plan, by_hand = got["plan"], got["by_hand"]
     assert (plan["static_bytes"], plan["peak_bytes"], plan["dtype"], plan["zero"]) == \
@@ -114,8 +117,19 @@ def test_prepare_trainer_plans_deepspeeds_zero(tmp_path, stage):
     assert got["engine"] == want
 
 
+def test_a_bf16_model_keeps_deepspeeds_fp32_partition(tmp_path):
+    """A model loaded in bf16 trains under DeepSpeed with the same fp32
+    master partition and moments as one loaded in fp32: the same plan
+    (where PyTorch's own AdamW over bf16 weights would keep bf16 moments
+    and no master copy)."""
+    fp32 = spawn(tmp_path, "test_deepspeed_trainer", 2, "auto", "float32")
+    bf16 = spawn(tmp_path, "test_deepspeed_trainer", 2, "auto", "bfloat16")
+    assert (bf16["plan"]["static_bytes"], bf16["plan"]["peak_bytes"]) == \
+        (fp32["plan"]["static_bytes"], fp32["plan"]["peak_bytes"])
+
+
 def test_prepare_trainer_refuses_a_larger_bucket(tmp_path):
     """A config that sets reduce_bucket_size to DeepSpeed's default, more
     than the plan counts, is refused, naming it."""
-    got = spawn(tmp_path, "test_deepspeed_trainer", 2, 500_000_000)
+    got = spawn(tmp_path, "test_deepspeed_trainer", 2, 500_000_000, "float32")
     assert "reduce_bucket_size is 500000000" in got.get("refused", ""), got
