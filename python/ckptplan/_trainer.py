@@ -10,8 +10,10 @@ so with a warning). It works for any ``transformers.Trainer`` subclass
 that trains a causal language model the same way (TRL's ``SFTTrainer``,
 packing included).
 
-Under DeepSpeed (``TrainingArguments(deepspeed=...)``, or an
-accelerator's DeepSpeed plugin) the plan is ZeRO's as the config runs it,
+Over several ranks under PyTorch's DistributedDataParallel the plan counts
+DDP's gradient buckets (``--dp N``). Under DeepSpeed
+(``TrainingArguments(deepspeed=...)``, or an accelerator's DeepSpeed
+plugin) the plan is ZeRO's as the config runs it,
 and the config's buffer sizes are set to those the plan holds for
 (``ckptplan._deepspeed``); FSDP is refused.
 
@@ -117,6 +119,8 @@ def prepare_trainer(trainer: Any, budget: Union[str, int, None] = None, *, seq: 
         # DeepSpeed casts the weights itself, with no autocast.
         extra += ds.flags()
         autocast = None
+    else:
+        extra += _ddp_flags(getattr(trainer, "accelerator", None), getattr(args, "world_size", 1))
     optimizer = ds.optimizer_flag() if ds is not None and ds.optimizer() else _optimizer(trainer)
     _turn_off_checkpointing(trainer, unwrap(model))
     plan = make_plan(model, budget, batch=rows, seq=seq, solver=solver, device=device, reserve=reserve,
@@ -190,6 +194,8 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
         autocast = None
         if ds.optimizer():
             optimizer = ds.optimizer_flag()
+    else:
+        extra += _ddp_flags(accelerator, getattr(accelerator, "num_processes", 1))
     _turn_off_model_checkpointing(unwrap(model), "ckptplan.prepare_accelerator", stacklevel=3)
     plan = make_plan(model, budget, batch=batch, seq=seq, solver=solver, device=device, reserve=reserve,
                      autocast=autocast, optimizer=optimizer, extra_args=extra, padded=padded)
@@ -197,6 +203,23 @@ def prepare_accelerator(accelerator: Any, model: Any, optimizer: Any = None,
         ds.hold(plan.deepspeed_zero)
     apply(model, plan, beyond=beyond)
     return plan
+
+
+def _ddp_flags(accelerator: Any, ranks: int) -> list[str]:
+    """``--dp N`` where accelerator wraps the model in PyTorch's
+    DistributedDataParallel over N > 1 ranks (MULTI_GPU, MULTI_CPU and the
+    like), whose gradient buckets the plan counts: a copy of every trained
+    gradient (gradient_as_bucket_view off, as the Trainer and accelerate
+    leave it; on, the plan counts more than DDP holds). Nothing else: a
+    model already wrapped is read by ``ckptplan.plan`` itself.
+
+    >>> _ddp_flags(None, 8)
+    []
+    """
+    kind = str(getattr(getattr(getattr(accelerator, "state", None), "distributed_type", None), "value", ""))
+    if not kind.startswith("MULTI_") or int(ranks) <= 1:
+        return []
+    return ["--dp", str(int(ranks))]
 
 
 def _padding_free(trainer: Any) -> bool:

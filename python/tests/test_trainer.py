@@ -205,3 +205,4 @@ def test_trainer_with_a_flattening_collator(ckptplan_binary, tmp_path):
     shapes = {shape for shape, _, _ in planned.kept}
     assert {b for b, _ in shapes} == {1} and max(s for _, s in shapes) > LONGEST, shapes
     print(assert_kept_as_planned(plan, planned.kept))
+
