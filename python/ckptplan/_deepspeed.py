@@ -41,9 +41,10 @@ from typing import Any, Optional
 
 from ._binary import CkptplanUsageError
 
-# The optimizers a DeepSpeed config makes that the plan counts as
-# ``adamw-fused``: DeepSpeed's FusedAdam (or, on the CPU, its own Adam)
-# updates the rank's fp32 partition in one kernel, with no temporaries.
+# The optimizer types a DeepSpeed config makes that the plan counts: Adam
+# and AdamW, which DeepSpeed's FusedAdam (on the CPU, its own Adam) runs
+# over the rank's fp32 partition in one kernel, with no temporaries
+# (``adamw-fused``), or with ``torch_adam`` PyTorch's (``adamw``).
 _ADAM = {"adam", "adamw"}
 
 
@@ -100,7 +101,8 @@ class DeepSpeedRun:
         if stage not in (1, 2, 3):
             raise CkptplanUsageError(
                 f"{self.caller}: the DeepSpeed config runs ZeRO stage {stage}, DeepSpeed's own data parallelism "
-                f"(its bf16 optimizer keeps fp32 gradients), which ckptplan does not count: plan ZeRO 1, 2 or 3")
+                f"(under bf16, its BF16 optimizer and fp32 gradients), which ckptplan does not count: plan ZeRO 1, 2 "
+                f"or 3")
         for key in ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"):
             section = self._zero().get(key)
             device = section.get("device", "none") if isinstance(section, dict) else section
