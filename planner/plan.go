@@ -407,8 +407,7 @@ func (p *Problem) solvePaged(opt *Options, least mem.Bytes) (*solver.Solution, e
 		m = float64(max(p.Costs.Graph.Setup.GradAccum, 1))
 	}
 	step := func(s *solver.Solution) float64 {
-		out := max(p.stepPeak(s.Peak)+opt.Reserve-opt.Budget, 0)
-		return m*p.cost(s.Cost) + math.Round(p.Roofline.PagingSeconds(int64(out))*1e12)
+		return m*p.cost(s.Cost) + p.pagingCost(max(p.stepPeak(s.Peak)+opt.Reserve-opt.Budget, 0))
 	}
 	quickest, top := step(best), opt.Budget+p.pageable
 	for i := mem.Bytes(1); i <= pagedSteps; i++ {
@@ -421,6 +420,15 @@ func (p *Problem) solvePaged(opt *Options, least mem.Bytes) (*solver.Solution, e
 		}
 	}
 	return best, nil
+}
+
+// pagingCost is what moving out bytes of paged state to the host and
+// back costs a step, in the problem's unit: 0 in FLOPs.
+func (p *Problem) pagingCost(out mem.Bytes) float64 {
+	if p.Roofline == nil {
+		return 0
+	}
+	return math.Round(p.Roofline.PagingSeconds(int64(out)) * 1e12)
 }
 
 // paging returns the least budget of a plan that needs bytes with its
@@ -622,9 +630,7 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 		if plan.Peak != nil {
 			plan.Peak.PagedOutBytes = out
 		}
-		if p.Roofline != nil {
-			plan.PagingCost = math.Round(p.Roofline.PagingSeconds(int64(out)) * 1e12)
-		}
+		plan.PagingCost = p.pagingCost(out)
 	}
 	plan.Cost = p.cost(r.Cost)
 	if cost, base := plan.StepCost(); base > 0 {
