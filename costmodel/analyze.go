@@ -229,6 +229,9 @@ func Analyze(g *ir.Graph) (*Costs, error) {
 	case st.GradientsBytes > 0 && (GradientsInBackward(g) || AccumulatesGradients(g)):
 		a.c.ParamGrads = paramGrads(g)
 		a.c.inBackward = GradientsInBackward(g)
+	case st.Gather.DeepSpeed != nil:
+		// DeepSpeed's hooks copy each gradient into its bucket as
+		// autograd makes it (Gather.DeepSpeed counts them there).
 	case shards || accumulates || st.Gather.RootGrads > 0 && !g.Setup.Parallel.NoSync:
 		// ZeRO stage 3 holds the root's gradients unsharded from the
 		// backward that makes each to the backward's end (Gather). Where

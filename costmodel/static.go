@@ -399,6 +399,9 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 	if s.Parallel.Zero >= 3 {
 		st.WeightsBytes = ceilDiv(st.WeightsBytes, dp)
 		st.Gather = Gather{RootWeights: rootW, RootGrads: rootG, LayerWeights: w, LayerGrads: lg}
+		if s.Parallel.Sharder() == ir.ShardingDeepSpeed && s.Profile != Megatron && holdsAll(g, held) {
+			st.Gather.DeepSpeed = deepSpeedGathers(g, e, e, dp, max(st.LayerParams, 1), max(st.LayerTrainable, 1))
+		}
 		if s.Parallel.Reshard == ir.ReshardAllButLast {
 			last := -1
 			for k := range layerW {
@@ -507,6 +510,16 @@ func stepWorkspace(g *ir.Graph, held func(int) bool, opt optimizer) int64 {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
+// holdsAll reports whether held holds every node of g.
+func holdsAll(g *ir.Graph, held func(int) bool) bool {
+	for i := range g.Nodes {
+		if !held(i) {
+			return false
+		}
+	}
+	return true
+}
+
 // Gather is what ZeRO stage 3 gathers and reduce-scatters, as PyTorch's
 // FSDP2 runs it with each decoder layer and the root (the model: the
 // embedding, the final norm, the head) passed to fully_shard, each
@@ -551,8 +564,9 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // several micro-batches a step FSDP2 reduce-scatters every backward and
 // adds into the shards the step holds: the same moments. Where the
 // gradients are not reduce-scattered layer by layer (reduced once a step),
-// and under DeepSpeed's stage 3, whose buckets and prefetch differ, a
-// layer is bounded instead (ForwardBytes, BackwardBytes).
+// a layer is bounded instead (ForwardBytes, BackwardBytes). DeepSpeed's
+// stage 3 gathers module by module (DeepSpeed), and is bounded so where
+// ckptplan does not know the graph's modules.
 type Gather struct {
 	RootWeights, RootGrads   int64 // the root's unsharded weights and gradients
 	LayerWeights, LayerGrads int64 // the largest decoder layer's unsharded weights and gradients
@@ -572,6 +586,11 @@ type Gather struct {
 	// or over micro-batches into the shards held); otherwise every layer
 	// is bounded by ForwardBytes and BackwardBytes.
 	FSDP2 bool
+	// DeepSpeed is what DeepSpeed's stage 3 holds, module by module,
+	// where ckptplan knows the graph's modules (deepSpeedGathers): in
+	// place of the root's weights, the output buffer and the bounds, and
+	// of the gradients until the bucket takes them. nil otherwise.
+	DeepSpeed *DeepSpeedGathers
 }
 
 // ForwardBytes bounds what a decoder layer's forward holds gathered beside
@@ -627,6 +646,9 @@ func (g Gather) Layer(first, last bool) LayerGather {
 // LayerBytes is the most a decoder layer gathers beside what Gathered holds
 // while it runs, forward or backward, wherever it runs.
 func (g Gather) LayerBytes() int64 {
+	if g.DeepSpeed != nil {
+		return g.DeepSpeed.Most()
+	}
 	if g.FSDP2 {
 		l := g.Layer(false, false)
 		return max(l.Forward, l.Backward, l.BackwardStart)
@@ -639,6 +661,9 @@ func (g Gather) LayerBytes() int64 {
 // held yet: its output buffer beside the root's weights, and gloo's
 // temporary where the moments are not FSDP2's.
 func (g Gather) StartBytes() int64 {
+	if g.DeepSpeed != nil {
+		return 0
+	}
 	if g.FSDP2 {
 		return max(g.RootWeights-g.LayerWeights, 0)
 	}

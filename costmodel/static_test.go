@@ -202,17 +202,26 @@ func TestFSDPGathers(t *testing.T) {
 		t.Errorf("two micro-batches: layers.0 keeps %d and holds %d unsharded, want 0 and %d", keep, unsharded, layer)
 	}
 	m.Training.GradAccum = 1
-	// DeepSpeed's stage 3: bounds.
+	// DeepSpeed's stage 3 gathers module by module
+	// (TestDeepSpeedPrefetch); where ckptplan does not know the modules
+	// (LoRA's adapters), bounds.
 	m.Training.Parallel.Sharding = ir.ShardingDeepSpeed
 	st = analyzeModel(t, m).Static
-	if st.Gather.FSDP2 {
-		t.Errorf("deepspeed: FSDP2's moments")
+	if st.Gather.FSDP2 || st.Gather.DeepSpeed == nil || st.Of(Gathered) != 0 || st.Gather.StartBytes() != 0 {
+		t.Errorf("deepspeed: FSDP2's moments %v, module by module %v, gathered all along %d, at the start %d; want none but the modules",
+			st.Gather.FSDP2, st.Gather.DeepSpeed != nil, st.Of(Gathered), st.Gather.StartBytes())
 	}
-	if got, want := st.Gather.Layer(false, false), (LayerGather{Forward: 4 * layer, Backward: 5 * layer}); got != want {
-		t.Errorf("deepspeed: a layer gathers %+v, want %+v", got, want)
+	m.Training.LoRA = ir.LoRA{Rank: 16, Targets: []ir.LoRATarget{"q", "v"}}
+	st = analyzeModel(t, m).Static
+	if st.Gather.FSDP2 || st.Gather.DeepSpeed != nil {
+		t.Errorf("deepspeed lora: FSDP2's moments %v, module by module %v; want bounds", st.Gather.FSDP2, st.Gather.DeepSpeed != nil)
 	}
-	if got, want := st.Gather.StartBytes(), int64(2*root-layer); got != want {
-		t.Errorf("deepspeed: the root's gather %d, want %d", got, want)
+	w := layer + adapters
+	if got, want := st.Gather.Layer(false, false), (LayerGather{Forward: 3*w + adapters, Backward: 3*w + 2*adapters}); got != want {
+		t.Errorf("deepspeed lora: a layer gathers %+v, want %+v", got, want)
+	}
+	if got, want := st.Gather.StartBytes(), int64(2*root-w); got != want {
+		t.Errorf("deepspeed lora: the root's gather %d, want %d", got, want)
 	}
 }
 
@@ -499,7 +508,15 @@ func TestStaticZeRO3Engines(t *testing.T) {
 	if root := int64(2 * (2*128256*4096 + 4096) / 8); fsdp.Gather.RootShard != root {
 		t.Errorf("fsdp2: the root's shard %d, want %d", fsdp.Gather.RootShard, root)
 	}
-	want.Gather.RootShard, want.Gather.FSDP2 = 0, false // and a layer's gathers bounded
+	// DeepSpeed gathers module by module (TestDeepSpeedPrefetch): nothing
+	// held the whole forward and backward.
+	want.StepFreedBytes -= want.Of(Gathered)
+	want.add(Gathered, -want.Of(Gathered))
+	want.Gather.RootShard, want.Gather.FSDP2 = 0, false
+	if ds.Gather.DeepSpeed == nil {
+		t.Fatal("deepspeed: no gathers counted module by module")
+	}
+	want.Gather.DeepSpeed = ds.Gather.DeepSpeed
 	if diff := cmp.Diff(want, ds); diff != "" {
 		t.Errorf("deepspeed against fsdp2 (-want +got)\n%s", diff)
 	}

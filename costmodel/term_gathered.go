@@ -32,4 +32,11 @@ var Gathered = &Term{
 // fsdpGathers returns what ZeRO stage 3 holds gathered through the
 // forward and backward (Gather): the root's unsharded weights and one
 // all-gather output, a layer's.
-func fsdpGathers(g Gather) int64 { return g.RootWeights + g.LayerWeights }
+// DeepSpeed's stage 3, counted module by module, holds nothing the whole
+// forward and backward: each block's moments hold what it gathers.
+func fsdpGathers(g Gather) int64 {
+	if g.DeepSpeed != nil {
+		return 0
+	}
+	return g.RootWeights + g.LayerWeights
+}

@@ -278,6 +278,13 @@ type Stage struct {
 	// layer the random-number state torch.utils.checkpoint stashes.
 	HostBytes mem.Bytes `json:"host_bytes,omitempty" yaml:"host_bytes,omitempty"`
 	Option    string    `json:"option,omitempty" yaml:"option,omitempty"` // the name of a selective first forward's keep set
+	// GatheredForwardBytes and GatheredBackwardBytes are what DeepSpeed's
+	// ZeRO stage 3 holds gathered at most while the stage's forward runs,
+	// and while its backward does, its recomputation included, under
+	// the plan's decisions (costmodel.DeepSpeedGathersUnder); none
+	// elsewhere.
+	GatheredForwardBytes  mem.Bytes `json:"gathered_forward_bytes,omitempty" yaml:"gathered_forward_bytes,omitempty"`
+	GatheredBackwardBytes mem.Bytes `json:"gathered_backward_bytes,omitempty" yaml:"gathered_backward_bytes,omitempty"`
 	// Options describes the keep sets the schedule's storing forwards of
 	// this stage run, keep-all aside.
 	Options []KeepSet `json:"options,omitempty" yaml:"options,omitempty"`
@@ -638,6 +645,7 @@ func (p *Problem) fill(plan *Plan, sched solver.Schedule, r solver.Result) {
 	}
 	p.decide(plan.Stages, sched)
 	p.hostBytes(plan.Stages)
+	p.gathered(plan.Stages)
 	for _, op := range sched {
 		plan.Schedule = append(plan.Schedule, Step{op.Kind.String(), op.Stage, p.keepSetName(op)})
 	}
@@ -659,6 +667,27 @@ func (p *Problem) hostBytes(stages []Stage) {
 		if _, layer := ir.LayerIndex(st.Name); layer && st.Decision != DecisionStore && st.Decision != "" {
 			st.HostBytes += mem.Bytes(costmodel.CheckpointHostBytes(p.Costs))
 		}
+	}
+}
+
+// gathered sets each decided stage's gathers under DeepSpeed's stage 3:
+// a decoder layer that does not store its whole tape runs its forward
+// again in its backward.
+func (p *Problem) gathered(stages []Stage) {
+	if p.Costs == nil {
+		return
+	}
+	rerun := map[string]bool{}
+	for _, st := range stages {
+		rerun[st.Name] = st.Decision != DecisionStore && st.Decision != ""
+	}
+	d, ok := costmodel.DeepSpeedGathersUnder(p.Costs.Graph, p.Costs.Static, func(block string) bool { return rerun[block] })
+	if !ok {
+		return
+	}
+	for i := range stages {
+		st := &stages[i]
+		st.GatheredForwardBytes, st.GatheredBackwardBytes = mem.Bytes(d.Forward[st.Name]), mem.Bytes(d.Backward[st.Name])
 	}
 }
 

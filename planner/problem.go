@@ -330,6 +330,10 @@ func (z zeroBytes) backwardTemp(t mem.Bytes) mem.Bytes { return max(t+z.backward
 func (p *Problem) gather(ga costmodel.Gather) {
 	ch := p.Chain
 	p.zero = make([]zeroBytes, ch.Len())
+	if ga.DeepSpeed != nil {
+		p.gatherDeepSpeed(ga.DeepSpeed)
+		return
+	}
 	var layers []int
 	for i, st := range p.Stages {
 		if _, ok := ir.LayerIndex(st.Name); ok {
@@ -367,6 +371,46 @@ func (p *Problem) gather(ga costmodel.Gather) {
 		// (FSDP2), not its unsharded gradients.
 		p.stepFreedDelta += mem.Bytes(ga.RootGrads - ga.RootShard)
 	}
+}
+
+// gatherDeepSpeed puts what DeepSpeed's stage 3 holds, module by module
+// (costmodel.DeepSpeedGathers), at its moments in the chain: each
+// stage's forward holds the most its block gathers in its forward, its
+// backward the most its block's backward (and recomputation) holds
+// gathered and of the gradients beside the bucket, the loss what is
+// gathered once the forward has ended; the first stage's backward, which
+// ends the backward, the last reduction too. A stage that is no block (a
+// graph cut at its cut points) holds the most of any.
+func (p *Problem) gatherDeepSpeed(d *costmodel.DeepSpeedGathers) {
+	ch := p.Chain
+	var fwd, bwd mem.Bytes
+	for _, b := range d.Forward {
+		fwd = max(fwd, mem.Bytes(b))
+	}
+	for _, b := range d.Reduced {
+		bwd = max(bwd, mem.Bytes(b))
+	}
+	for i, st := range p.Stages {
+		f, okF := d.Forward[st.Name]
+		b, okB := d.Reduced[st.Name]
+		z := zeroBytes{forward: fwd, backward: bwd}
+		if okF || okB {
+			z = zeroBytes{forward: mem.Bytes(f), backward: mem.Bytes(b)}
+		}
+		if i == 0 {
+			z.backward = max(z.backward, mem.Bytes(d.End))
+		}
+		p.zero[i] = z
+		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i], ch.ActBytes[i+1])
+		if ch.FAllTempBytes != nil {
+			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i], ch.TapeBytes[i])
+		}
+		if ch.FAllInputFreedTempBytes != nil {
+			ch.FAllInputFreedTempBytes[i] = z.forwardTemp(ch.FAllInputFreedTempBytes[i], ch.TapeBytes[i])
+		}
+		ch.BackwardTempBytes[i] = z.backwardTemp(ch.BackwardTempBytes[i])
+	}
+	ch.LossTempBytes += mem.Bytes(d.Loss)
 }
 
 // reduceInBackward holds ZeRO stages 1 and 2's reduce buffers

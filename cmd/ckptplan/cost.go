@@ -223,6 +223,9 @@ func writeCostText(w io.Writer, r *costReport) error {
 	s := r.Static
 	fmt.Fprintf(w, "\nactivations kept: %v; with every layer checkpointed: %v\n", mem.Bytes(t.SavedBytes), mem.Bytes(t.SavedBytesCheckpointEveryLayer))
 	fmt.Fprintf(w, "static memory: %v (%s); %s parameters, %s trainable\n", mem.Bytes(s.TotalBytes), staticParts(r.setup, &r.static), human(s.Parameters), human(s.TrainableParameters))
+	if d := r.static.Gather.DeepSpeed; d != nil {
+		fmt.Fprintf(w, "DeepSpeed's ZeRO 3 gathers module by module, with the buckets 'export --to deepspeed' sets: at most %v gathered at once, %v with the gradients a backward holds beside the bucket\n", mem.Bytes(d.Most()), mem.Bytes(d.MostReduced()))
+	}
 	if s.CallArgsBytes > 0 {
 		fmt.Fprintf(w, "every layer's call takes the forward's positions and masks, %v: held to the forward's end, or by a checkpointed or selective layer's call to its backward\n", mem.Bytes(s.CallArgsBytes))
 	}

@@ -136,6 +136,7 @@ func TestPlanGolden(t *testing.T) {
 		{"export-torchtitan-closest", []string{"export", "llama-3-8b", "--device", "h100-80gb", "--seq", "8192", "--dp", "8", "--zero", "3", "--to", "torchtitan"}},
 		{"llama-3-8b-zero1-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "1"}},
 		{"llama-3-8b-zero2-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "2"}},
+		{"llama-3-8b-zero3-deepspeed-cost", []string{"cost", "llama-3-8b", "--seq", "8192", "--dp", "8", "--zero", "3", "--sharding", "deepspeed"}},
 		// PyTorch's AdamW over bf16 weights, as a plain training loop runs
 		// it: bf16 moments, no master copy.
 		{"llama-3-8b-master-none", []string{"plan", "llama-3-8b", "--budget", "80GiB", "--seq", "4096", "--master-weights", "none"}},

@@ -28,6 +28,51 @@ def allocations(prof, span_of: Callable[[str], Optional[str]]):
     return spans, events
 
 
+def apart_from_collectives(prof, span_of: Callable[[str], Optional[str]], workspaces: bool = False):
+    """allocations(prof, span_of), each event's total less what the
+    process group's collectives hold: the bytes gloo's collectives
+    allocate inside a ``c10d::`` op (a reduce-scatter's copy of its input,
+    an all-gather's flat output), counted from their allocation to their
+    free wherever it happens, as their work objects may keep them past
+    the op. NCCL works in the tensors it is given. With workspaces, less
+    also what a CPU matrix product allocates and frees within itself (a
+    16-bit product's operands converted to fp32, packed copies): cuBLAS
+    works in a workspace of its own, allocated once."""
+    from torch._C._profiler import _EventType
+
+    spans, allocs = {}, []
+    stack = [(n, False, None) for n in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        n, inside, product = stack.pop()
+        if n.tag == _EventType.Allocation:
+            allocs.append((n.start_time_ns, n.extra_fields.total_allocated, n.extra_fields.alloc_size,
+                           n.extra_fields.ptr, inside, product))
+            continue
+        if n.tag == _EventType.TorchOp:
+            if (name := span_of(n.name)) is not None:
+                spans[name] = (n.start_time_ns, n.end_time_ns)
+            inside = inside or n.name.startswith("c10d::")
+            if workspaces and product is None and n.name in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"):
+                product = (n.start_time_ns, n.end_time_ns)
+        stack.extend((c, inside, product) for c in n.children)
+    allocs.sort()
+    # A product's workspace: allocated and freed within the product.
+    frees = {}
+    for t, _, size, ptr, _, _ in allocs:
+        if size < 0:
+            frees.setdefault(ptr, []).append(t)
+    held, apart, events = {}, 0, []
+    for t, total, size, ptr, inside, product in allocs:
+        workspace = product is not None and any(t < f <= product[1] for f in frees.get(ptr, []))
+        if size > 0 and (inside or workspace):
+            held[ptr] = size
+            apart += size
+        elif size < 0 and ptr in held:
+            apart -= held.pop(ptr)
+        events.append((t, total - apart, size))
+    return spans, events
+
+
 def profiled_steps(setup: Callable[[], tuple], steps: int = 3, after_backward: Optional[Callable[[], None]] = None,
                    micro: int = 1):
     """Runs setup() — which makes the model, its optimizer and a batch, and

@@ -86,25 +86,54 @@ def deepspeed_llama(rank: int, port: int, zero: dict, checkpointing: bool, zero_
 
 def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
     """One rank: three training steps of the Llama under DeepSpeed; rank 0
-    writes what it held at most from the second step on."""
+    writes what it held at most from the second step on: the parameters
+    gathered or in flight, and the bytes of the buffers holding them
+    while each block's modules run, forward and backward."""
     model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=True)
     from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     params = list(model.parameters())
+    names = {m: n for n, m in model.named_modules()}
     peak = [0]
+    blocks = {}  # (block, "forward" or "backward") -> the most bytes gathered while one of its modules ran
+    coordinators = []
+    backward = [False]
 
-    def sample() -> None:
+    def buffers() -> int:
+        """The bytes of the storages DeepSpeed's gathers hold: each
+        available parameter's, and each all-gather in flight's output
+        (a flat buffer of several parameters' until every one of them has
+        been waited for)."""
+        held = {}
+        for p in params:
+            if p.ds_status == ZeroParamStatus.AVAILABLE:
+                held[p.data.untyped_storage().data_ptr()] = p.data.untyped_storage().nbytes()
+        for c in coordinators:
+            registry = getattr(c, "_PartitionedParameterCoordinator__inflight_param_registry")
+            for handle in set(registry.values()):
+                for h in getattr(handle, "handles", [handle]):
+                    for t in [*(getattr(h, "partitions", None) or [])[:1],
+                              *([h._AllGatherHandle__param.data] if hasattr(h, "_AllGatherHandle__param") else [])]:
+                        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(held.values())
+
+    def sample(module=None) -> None:
         held = sum(p.ds_numel * p.ds_tensor.element_size() for p in params
                    if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
         peak[0] = max(peak[0], held)
+        if module is not None and any(True for _ in module.parameters(recurse=False)):
+            key = (block_of(names[module]), "backward" if backward[0] else "forward")
+            blocks[key] = max(blocks.get(key, 0), buffers())
 
     cls = coordinator.PartitionedParameterCoordinator
     fetch, release = cls.fetch_sub_module, cls.release_sub_module
 
-    def fetched(self, *args, **kwargs):
-        out = fetch(self, *args, **kwargs)
-        sample()
+    def fetched(self, module, forward, *args, **kwargs):
+        if self not in coordinators:
+            coordinators.append(self)
+        out = fetch(self, module, forward, *args, **kwargs)
+        sample(module)
         return out
 
     def releasing(self, *args, **kwargs):
@@ -115,7 +144,10 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
     for step in range(3):
         if step == 1:
             peak[0] = 0  # the first step records the trace; DeepSpeed prefetches by it from the second
+            blocks.clear()
+        backward[0] = False
         loss = engine(input_ids=x, labels=x).loss
+        backward[0] = True  # the backward, recomputations included
         engine.backward(loss)
         engine.step()
     bucket = getattr(engine.optimizer, "_DeepSpeedZeroOptimizer_Stage3__ipg_bucket_flat_buffer", None)
@@ -123,7 +155,16 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
         with open(out, "w") as f:
             json.dump({"gathered": peak[0],
                        "bucket": 0 if bucket is None else bucket.numel() * bucket.element_size(),
-                       "parameters": sum(p.ds_numel for p in params)}, f)
+                       "parameters": sum(p.ds_numel for p in params),
+                       "blocks": {f"{b} {part}": v for (b, part), v in blocks.items()}}, f)
+
+
+def block_of(module: str) -> str:
+    """The ckptplan block a transformers Llama module's name is in."""
+    parts = module.split(".")
+    if parts[:2] == ["model", "layers"]:
+        return f"layers.{parts[2]}"
+    return "embed" if module == "model.embed_tokens" else "head"
 
 
 def _rank(rank: int, module: str, *args) -> None:
@@ -175,7 +216,7 @@ def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_pa
     DeepSpeed gathers is within what the plan holds gathered; under its
     defaults, with the same model and checkpointing, it is not."""
     static = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]
-    gathered = static["gathered_bytes"] + static["layer_gathered_bytes"]
+    gathered = static.get("gathered_bytes", 0) + static["layer_gathered_bytes"]
     exported = json.loads(run(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
                               "--to", "deepspeed"))
     zero = exported["zero_optimization"]
@@ -186,6 +227,16 @@ def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_pa
     assert planned["gathered"] <= gathered, planned
     # DeepSpeed gathered layers' parameters under it: a module's at least.
     assert planned["gathered"] >= 2 * CONFIG["hidden_size"] * CONFIG["intermediate_size"], planned
+
+    # Block by block, DeepSpeed's buffers hold what the plan says they do
+    # under its decisions (stored, or every layer recomputed).
+    plan = json.loads(run(ckptplan_binary, "plan", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
+                          "--format", "json"))
+    want = {}
+    for st in plan["stages"]:
+        want[f"{st['name']} forward"] = st["gathered_forward_bytes"]
+        want[f"{st['name']} backward"] = st["gathered_backward_bytes"]
+    assert planned["blocks"] == want, (planned["blocks"], want)
 
     defaults = run_deepspeed(tmp_path, {"stage": 3}, checkpointing)
     assert defaults["gathered"] == 2 * defaults["parameters"], defaults  # every parameter, all step long

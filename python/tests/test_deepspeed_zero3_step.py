@@ -1,7 +1,7 @@
 """DeepSpeed's ZeRO stage 3, run as the DeepSpeed export configures it,
 holds what the plan for DeepSpeed (``--sharding deepspeed``) says: its
 optimizer step to within a few scalars, and its forward and backward
-within the plan's peak for them.
+within the plan's peak for them, less than 1.5% under it.
 
 Stage 3 keeps, beside the rank's shard of the 16-bit weights and the
 optimizer's fp32 partition and moments, two buffers all step: the
@@ -25,15 +25,29 @@ total rises over its value then. That leaves out what the CPU run holds
 beyond its steady state: buffers ``deepspeed.zero.Init`` gathered while
 transformers initialized the weights, some of which stay alive, a
 different amount run to run (65,536 to 197,376 bytes seen on this model),
-and what gloo's work objects still hold of earlier collectives.
+and what gloo's work objects still hold of earlier collectives. The
+allocator's total is counted apart from what CUDA would not hold: the
+buffers gloo's collectives allocate (a reduce-scatter's copy of the
+bucket, 73,984 B here, held while it runs and at times after), and the
+workspaces the CPU's 16-bit matrix products allocate and free within
+themselves (apart_from_collectives).
 
 The step is the plan's (``step_peak_bytes``, ``--optimizer
 adamw-forloop``) less at most 128 bytes: the plan counts the inputs twice,
 as the ids and the labels, which are one tensor here, and DeepSpeed's
 scalars (the gradient norm, the step counter) take a few bytes of that
 back. The forward and backward stay within the plan's peak for them (its
-static memory and activation peak): a layer's gathers are bounded there
-(costmodel.Gather), not counted event by event.
+static memory and activation peak) and the random-number states the
+plan lists apart (host memory under CUDA, the CPU allocator's here), and
+no more than 1.5% under it: the plan counts DeepSpeed's gathers, the
+gradient its hook copies into the bucket and the bucket's reduction
+module by module (costmodel.DeepSpeedGathers, checked block by block in
+test_deepspeed_zero3), but adds a block's most to its kernels' most,
+which come at different moments: storing everything, 1,830,766 B
+measured against the plan's 1,853,672 (in the head's backward, where
+the loss's gradients peak before the head's weight gradient appears);
+every layer checkpointed, 1,752,046 B against 1,750,328 and the 20,288 B
+it lists on the host.
 
 DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
 it starts; the cases run gloo's instead, as in test_deepspeed_zero3.
@@ -63,7 +77,7 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from allocator_events import allocations
+    from allocator_events import apart_from_collectives
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=True)
@@ -93,7 +107,8 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
                 engine.step()
     if rank != 0:
         return
-    spans, events = allocations(prof, lambda name: name if name.startswith(("backward ", "update ")) else None)
+    spans, events = apart_from_collectives(prof, lambda name: name if name.startswith(("backward ", "update ")) else None,
+                                           workspaces=True)
     steady = {}
     for name, (start, end) in spans.items():
         within = [(b, size) for t, b, size in events if start <= t <= end]
@@ -115,12 +130,9 @@ def test_deepspeed_zero3_step_is_the_plans(ckptplan_binary, model_config, tmp_pa
     exported = json.loads(run(ckptplan_binary, "export", model_config, *flags, "--to", "deepspeed"))
     measured = spawn(tmp_path, "test_deepspeed_zero3_step", exported["zero_optimization"], solver == "every-k")
     backward = plan["static_bytes"] + plan["activation_peak_bytes"]
+    host = sum(st.get("host_bytes", 0) for st in plan["stages"])
     print(f"{solver}: DeepSpeed's step {measured['update']} B, the plan's {plan['step_peak_bytes']} B; "
-          f"forward and backward {measured['backward']} B, the plan's {backward} B")
+          f"forward and backward {measured['backward']} B, the plan's {backward} B and {host} B on the host")
     assert 0 <= plan["step_peak_bytes"] - measured["update"] <= 128, (measured, plan["step_peak_bytes"])
-    assert measured["backward"] <= backward, (measured, backward)
-    # Every weight's shard, the optimizer's state, the gradient partitions
-    # and the bucket: at least the plan's static memory less what it
-    # counts gathered.
-    static = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]
-    assert measured["backward"] >= plan["static_bytes"] - static["gathered_bytes"], measured
+    assert measured["backward"] <= backward + host, (measured, backward, host)
+    assert measured["backward"] >= 0.985 * backward, (measured, backward)
