@@ -134,9 +134,8 @@ type zeroStage struct {
 // DeepSpeed's ZeRO stage 3 gathers parameters module by module, as its
 // forward and backward hooks reach them, in the order it traced in the
 // first step, and prefetches those the trace says come next. Its defaults
-// hold far more than ckptplan counts gathered (costmodel.Gather: the
-// root, an all-gather output, and a layer's buffers while it runs): a
-// parameter whose next use is fewer than stage3_max_reuse_distance (10⁹)
+// hold far more than ckptplan counts gathered (costmodel.DeepSpeedGathers
+// replays the coordinator under the settings below): a parameter whose next use is fewer than stage3_max_reuse_distance (10⁹)
 // parameters away is not released, which on a model of under 10⁹
 // parameters keeps every parameter gathered from the second step on;
 // parameters of at most stage3_param_persistence_threshold (10⁵) elements
@@ -148,8 +147,8 @@ type zeroStage struct {
 // prefetch bucket and the live limit, which bounds what the prefetch adds
 // to what is gathered); the gradient buffer holds the largest layer's
 // trainable parameters. What DeepSpeed then gathers is measured, on the
-// CPU in a two-rank gloo group (python/tests/test_deepspeed_zero3.py),
-// within the most the plan holds gathered; with the defaults it is not.
+// CPU in a two-rank gloo group (python/tests/test_deepspeed_zero3.py), as
+// the plan counts it, block by block; with the defaults it is far more.
 
 // DeepSpeed's ZeRO stages 1 and 2 reduce the gradients through a buffer
 // of reduce_bucket_size (5·10⁸) elements allocated whole when the

@@ -1,13 +1,17 @@
 """DeepSpeed's ZeRO stage 3, run as the DeepSpeed export configures it,
-gathers no more than the plan counts.
+gathers what the plan counts, block by block, to the byte.
 
-The plan for DeepSpeed (``--sharding deepspeed``) bounds what stage 3
-gathers beside its shards as FSDP2 runs it (costmodel.Gather): through
-the forward and backward the root's weights and an all-gather output
-(``gathered_bytes`` in ``ckptplan cost --format json``), and while a
-layer runs at most its weights, two more outputs and its gradients'
-buffers (``layer_gathered_bytes``); and it holds DeepSpeed's gradient
-bucket all step (``bucket_bytes``).
+The plan for DeepSpeed (``--sharding deepspeed``) replays DeepSpeed's
+parameter coordinator over the model's modules (costmodel.DeepSpeedGathers):
+each module's parameters all-gathered before it runs, the next ones in
+its trace prefetched while fewer than max-live parameters are available
+or in flight, each released after its module unless a prefetch already
+took a later use of it, one gather's parameters in a buffer of their own,
+several's in one flat buffer until each has been waited for. Each stage
+of a plan says what it holds gathered at most in its forward and in its
+backward (its recomputation included) under the plan's decisions
+(``gathered_forward_bytes``, ``gathered_backward_bytes``), and the plan
+holds DeepSpeed's gradient bucket all step (``bucket_bytes``).
 DeepSpeed's defaults hold far more: on a model of under 10⁹ parameters it
 keeps every parameter gathered from the second step on (a parameter used
 again within ``stage3_max_reuse_distance`` parameters is not released),
@@ -20,10 +24,13 @@ two-rank gloo group on the CPU, and measures on rank 0, from the second
 step on (when DeepSpeed prefetches by the trace it recorded in the first):
 the parameters DeepSpeed holds gathered or in flight (each parameter's
 ``ds_status``), sampled after every fetch of a module and before every
-release, at their 16-bit size, and the gradient bucket it allocated.
-Under the exported config the bucket is the plan's and what is gathered
-stays within the most the plan holds gathered (the two figures' sum);
-under DeepSpeed's defaults (``{"stage": 3}``) the two pass the plan's.
+release, at their 16-bit size; the bytes of the buffers holding them
+(each available parameter's storage, each all-gather in flight's output)
+after each fetch of a module with parameters, the most by block, forward
+and backward; and the gradient bucket it allocated. Under the exported
+config the buffers are the plan's, block by block, and the bucket is the
+plan's; under DeepSpeed's defaults (``{"stage": 3}``) it gathers every
+parameter and its bucket passes the plan's.
 test_deepspeed_zero3_step measures the whole step.
 
 DeepSpeed's CPU backend compiles a shared-memory all-reduce with ninja when
@@ -50,15 +57,19 @@ pytestmark = [pytest.mark.engines,
 
 CONFIG = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=256)
+# A Qwen2 with biases on q, k and v and its head tied to its embedding.
+QWEN2 = dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=96, vocab_size=200, tie_word_embeddings=True)
 SEQ = 16
 FLAGS = ["--seq", str(SEQ), "--batch", "1", "--dtype", "bf16", "--dp", "2", "--zero", "3", "--sharding", "deepspeed"]
 
 
-def deepspeed_llama(rank: int, port: int, zero: dict, checkpointing: bool, zero_init: bool):
+def deepspeed_llama(rank: int, port: int, zero: dict, checkpointing: bool, zero_init: bool, family: str = "llama"):
     """Joins rank to a two-rank gloo group on the CPU and makes the Llama
-    (in bf16; under ``deepspeed.zero.Init`` when zero_init) and DeepSpeed's
-    engine over it with PyTorch's AdamW; returns the model, the engine and
-    a batch of input ids."""
+    (or with family "qwen2" the Qwen2 of QWEN2; in bf16, under
+    ``deepspeed.zero.Init`` when zero_init) and DeepSpeed's engine over it
+    with PyTorch's AdamW; returns the model, the engine and a batch of
+    input ids."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     import contextlib
@@ -73,23 +84,26 @@ def deepspeed_llama(rank: int, port: int, zero: dict, checkpointing: bool, zero_
     config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
     with deepspeed.zero.Init(config_dict_or_path=config) if zero_init else contextlib.nullcontext():
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+        if family == "qwen2":
+            model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**QWEN2))
+        else:
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
     if not zero_init:
         model = model.to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable()
     engine, _, _, _ = deepspeed.initialize(model=model, config=config,
                                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
-    x = torch.randint(0, CONFIG["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(0, model.config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(1))
     return model, engine, x
 
 
-def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> None:
+def _worker(rank: int, port: int, zero: dict, checkpointing: bool, family: str, out: str) -> None:
     """One rank: three training steps of the Llama under DeepSpeed; rank 0
     writes what it held at most from the second step on: the parameters
     gathered or in flight, and the bytes of the buffers holding them
     while each block's modules run, forward and backward."""
-    model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=True)
+    model, engine, x = deepspeed_llama(rank, port, zero, checkpointing, zero_init=True, family=family)
     from deepspeed.runtime.zero import partitioned_param_coordinator as coordinator
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
@@ -160,7 +174,8 @@ def _worker(rank: int, port: int, zero: dict, checkpointing: bool, out: str) -> 
 
 
 def block_of(module: str) -> str:
-    """The ckptplan block a transformers Llama module's name is in."""
+    """The ckptplan block a transformers Llama or Qwen2 module's name is
+    in."""
     parts = module.split(".")
     if parts[:2] == ["model", "layers"]:
         return f"layers.{parts[2]}"
@@ -196,9 +211,9 @@ def spawn(tmp_path, module: str, *args, ranks: int = 2) -> dict:
     return json.loads(out.read_text())
 
 
-def run_deepspeed(tmp_path, zero: dict, checkpointing: bool) -> dict:
+def run_deepspeed(tmp_path, zero: dict, checkpointing: bool, family: str = "llama") -> dict:
     """Runs _worker on two ranks and returns rank 0's measurement."""
-    return spawn(tmp_path, "test_deepspeed_zero3", zero, checkpointing)
+    return spawn(tmp_path, "test_deepspeed_zero3", zero, checkpointing, family)
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +228,8 @@ def model_config(tmp_path_factory):
 def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_path, solver):
     """Under the exported config (every layer stored, or every layer
     checkpointed, which replays each layer's modules in backward), what
-    DeepSpeed gathers is within what the plan holds gathered; under its
-    defaults, with the same model and checkpointing, it is not."""
+    DeepSpeed gathers is what the plan counts, block by block; under its
+    defaults, with the same model and checkpointing, it passes it."""
     static = json.loads(run(ckptplan_binary, "cost", model_config, *FLAGS, "--format", "json"))["static"]
     gathered = static.get("gathered_bytes", 0) + static["layer_gathered_bytes"]
     exported = json.loads(run(ckptplan_binary, "export", model_config, *FLAGS, "--budget", "1GiB", "--solver", solver,
@@ -241,3 +256,23 @@ def test_deepspeed_gathers_within_the_plan(ckptplan_binary, model_config, tmp_pa
     defaults = run_deepspeed(tmp_path, {"stage": 3}, checkpointing)
     assert defaults["gathered"] == 2 * defaults["parameters"], defaults  # every parameter, all step long
     assert defaults["gathered"] + defaults["bucket"] > gathered + static["bucket_bytes"], defaults
+
+
+@pytest.mark.parametrize("solver", ["none", "every-k"])
+def test_deepspeed_gathers_a_tied_head_and_biases(ckptplan_binary, tmp_path, solver):
+    """A Qwen2 whose head is its embedding (one parameter, gathered for
+    two modules) and whose q, k and v have biases (two parameters a
+    module): DeepSpeed's buffers hold what the plan counts, block by
+    block."""
+    import transformers
+    transformers.Qwen2Config(**QWEN2).save_pretrained(tmp_path)
+    config = str(tmp_path / "config.json")
+    flags = [*FLAGS, "--budget", "1GiB", "--solver", solver]
+    zero = json.loads(run(ckptplan_binary, "export", config, *flags, "--to", "deepspeed"))["zero_optimization"]
+    plan = json.loads(run(ckptplan_binary, "plan", config, *flags, "--format", "json"))
+    measured = run_deepspeed(tmp_path, zero, solver == "every-k", "qwen2")
+    want = {}
+    for st in plan["stages"]:
+        want[f"{st['name']} forward"] = st["gathered_forward_bytes"]
+        want[f"{st['name']} backward"] = st["gathered_backward_bytes"]
+    assert measured["blocks"] == want, (measured["blocks"], want)
