@@ -31,6 +31,11 @@ type Static struct {
 	// gradients from the head's backward to the backward's end. Zero
 	// without stage 3.
 	Gather Gather
+	// Buckets are what DeepSpeed's ZeRO stages 1 and 2 hold to reduce
+	// the gradients, counted buffer by buffer where ckptplan knows the
+	// graph's modules (deepSpeedBuckets), in place of the Reduce term and
+	// of stage 2's gradients held all step; nil otherwise.
+	Buckets *DeepSpeedBuckets
 	// LayerParams and LayerTrainable are the largest decoder layer's
 	// parameters and trainable parameters on one tensor-parallel rank,
 	// counted under ZeRO: the sizes the engines' gathering and gradient
@@ -411,6 +416,10 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 				st.Gather.LastWeights = layerW[last]
 			}
 		}
+	}
+	if z := s.Parallel.Zero; (z == 1 || z == 2) && s.Parallel.Sharder() == ir.ShardingDeepSpeed && s.Profile != Megatron &&
+		!s.Parallel.NoSync && s.GradAccum < 2 && s.Optimizer != ir.OptimizerNone && trainable > 0 && holdsAll(g, held) {
+		st.Buckets = deepSpeedBuckets(g, z, e, dp, max(st.LayerTrainable, 1))
 	}
 	countTerms(&rankTally{g: g, held: held, opt: opt, tensors: tensors, dequant: dequant, grads: grads, rootG: rootG, layerG: lg, static: &st})
 	st.CallArgs = callArgs(g, held)

@@ -66,12 +66,27 @@ func TestStaticZeRO(t *testing.T) {
 		// the host.
 		{"fp32 adamw-fused", "fp32", 0, "adamw-fused", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 4 * psi, GradientsBytes: 4 * psi, OptimizerBytes: 8 * psi, Terms: []Held{{"counters", 4 * 21}}}},
 		{"bf16 adamw-forloop", "bf16", 0, "adamw-forloop", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi, StepBytes: 3 * 4 * 64 * 128}},
-		// Stages 1 and 2 reduce through a bucket of a layer's gradients
-		// (DeepSpeed's ipg buffer, FSDP's unsharded gradients) and a copy
-		// of it. Stage 1 fills the rank's shard of the gradients before it
-		// frees the whole ones; stage 2 holds, beside the bucket, the
-		// gradients produced since: a layer's (here more than the root's,
-		// whose embedding and head are 100 wide), or the root's.
+		// Stages 1 and 2, as DeepSpeed runs them, reduce through a bucket
+		// of the largest layer's 36,992 gradients (73,984 B) into the
+		// rank's partition of the gradients: a share of the 86,848
+		// parameters padded to twice the 4 ranks, 21,712, and at each
+		// boundary inside a block (the shares end at 21,712, in layers.0,
+		// and 43,424 and 65,136, in layers.1) up to the block's largest
+		// parameter (8,192) but one element, which crosses it whole: the
+		// second rank's, 21,712 + 2·8,191 = 38,094 elements, 76,188 B.
+		// Stage 1 reduces once the backward has run, holding at most the
+		// partition and a bucket's flattened copy (150,172 B). Stage 2's
+		// hooks reduce in the backward, in its order (head 6,400 + 64;
+		// each layer down, up, gate 8,192, a norm 64, o 4,096, v and k
+		// 2,048, q 4,096, a norm 64; the embedding 6,400): the head's
+		// hold its 12,800-byte gradient; layers.1's v overflows the
+		// bucket at 35,200 elements, a copy of 70,400 B beside its
+		// 4,096, after which the partition is made (80,284 B) and held,
+		// q's 8,192 B beside it the most (84,380); layers.0's v overflows
+		// it again at 36,992: 4,096 + 76,188 + 73,984 = 154,268 B; the
+		// embedding's 12,800 beside the partition, 88,988; the backward's
+		// end reduces the last 14,656 elements: 76,188 + 29,312 =
+		// 105,500 B.
 		//
 		// Their step, as DeepSpeed runs it, holds neither: the backward's
 		// end frees the bucket and stage 1's whole gradients, and the step
@@ -80,11 +95,12 @@ func TestStaticZeRO(t *testing.T) {
 		// root of the fp32 partition (4Ψ/4): the larger of 2·2Ψ/4 + 4Ψ/4
 		// and 4Ψ/4 + 4Ψ/4.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
-			Terms: []Held{{"reduce", 2*2*layer + 2*psi/4}}, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
-			StepFreedBytes: 2*psi + 2*2*layer + 2*psi/4}},
+			Buckets:     &DeepSpeedBuckets{Stage: 1, Bucket: 2 * layer, Partition: 76188, Hooks: map[string]int64{}, End: 2*layer + 76188},
+			LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi, StepFreedBytes: 2 * psi}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			Terms: []Held{{"reduce", 2*2*layer + 2*layer}}, LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi,
-			StepFreedBytes: 2*psi/4 + 2*2*layer + 2*layer}},
+			Buckets: &DeepSpeedBuckets{Stage: 2, Bucket: 2 * layer, Partition: 76188, First: "layers.1", Hooks: map[string]int64{
+				"head": 12800, "layers.1": 84380, "layers.0": 154268, "embed": 88988}, End: 105500},
+			LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi, StepFreedBytes: 2 * psi / 4}},
 		// Stage 3 gathers too (TestFSDPGathers): the forward and backward
 		// hold the root (embedding, head, final norm) unsharded and a
 		// layer's all-gather output; the step none of it. FSDP2 makes the
@@ -226,11 +242,12 @@ func TestFSDPGathers(t *testing.T) {
 }
 
 // TestZeROReduceSet: Llama 3 8B in bf16 over 8 ranks, its layer and root
-// counted from its shapes. Stage 1 holds a layer's bucket and its copy and
-// the rank's shard of the gradients (2Ψ/8); stage 2 the bucket, its copy
-// and the root's gradients (its embedding and head, each larger than a
-// layer). Under the megatron profile Megatron-LM's gradient buffer is the
-// bucket: nothing more.
+// counted from its shapes, two micro-batches a step, where DeepSpeed's
+// buffers are bounded instead of counted one by one (TestStaticZeRO).
+// Stage 1 holds a layer's bucket and its copy and the rank's shard of the
+// gradients (2Ψ/8); stage 2 the bucket, its copy and the root's gradients
+// (its embedding and head, each larger than a layer). Under the megatron
+// profile Megatron-LM's gradient buffer is the bucket: nothing more.
 func TestZeROReduceSet(t *testing.T) {
 	src, err := graphio.Load("llama-3-8b")
 	if err != nil {
@@ -251,7 +268,7 @@ func TestZeROReduceSet(t *testing.T) {
 	} {
 		m := *src.Model
 		m.Training.Parallel = ir.Parallel{DP: 8, TP: 1, Zero: tt.zero}
-		m.Training.Profile = tt.profile
+		m.Training.Profile, m.Training.GradAccum = tt.profile, 2
 		if got := analyzeModel(t, &m).Static.Of(Reduce); got != tt.want {
 			t.Errorf("ZeRO %d, profile %q: reduce %d, want %d", tt.zero, tt.profile, got, tt.want)
 		}
@@ -290,8 +307,10 @@ func TestStaticNoSync(t *testing.T) {
 			want.StepBytes, want.StepFreedBytes = 4*psi/8, st.Of(Buffers)-64*4+st.Of(Reduce) // all but the registered inverse frequencies
 		}
 		// The shards are held whole, not made in the backward, and a
-		// layer's gathers are bounded.
+		// layer's gathers are bounded, and so are DeepSpeed's buckets.
 		want.Gather.RootShard, want.Gather.FSDP2 = 0, false
+		want.Buckets = nil
+		want.add(Reduce, st.Of(Reduce))
 
 		if diff := cmp.Diff(want, st); diff != "" {
 			t.Errorf("ZeRO %d, no sync, all but gradients (-want +got)\n%s", zero, diff)

@@ -6,7 +6,9 @@ package costmodel
 // holds them from the loss's backward to the backward's end
 // (solver.Chain.BackwardHeldBytes), which bounds the reduction, and the
 // step holds none of them. Megatron-LM reduces through its own gradient
-// buffer, so the megatron profile counts none.
+// buffer, so the megatron profile counts none. Where ckptplan knows the
+// model's modules, DeepSpeed's buffers are counted one by one instead
+// (DeepSpeedBuckets).
 
 import (
 	"fmt"
@@ -24,7 +26,7 @@ var Reduce = &Term{
 	Name: "reduce",
 	count: func(r *rankTally) (held, freed int64) {
 		s := &r.g.Setup
-		if z := s.Parallel.Zero; z == 0 || z >= 3 || s.Profile == Megatron {
+		if z := s.Parallel.Zero; z == 0 || z >= 3 || s.Profile == Megatron || r.static.Buckets != nil {
 			return 0, 0
 		}
 		b := zeroReduceSet(s.Parallel.Zero, r.static.GradientsBytes, r.rootG, r.layerG, max(s.Parallel.DP, 1))

@@ -552,6 +552,12 @@ func TestZeRO3Gathers(t *testing.T) {
 	}
 	p2, p3 := problem(2), problem(3)
 	c2, c3 := p2.Chain, p3.Chain
+	// Stage 2's backwards without what DeepSpeed's buckets add to them
+	// (costmodel.DeepSpeedBuckets).
+	c2.BackwardTempBytes = slices.Clone(c2.BackwardTempBytes)
+	for i, z := range p2.zero {
+		c2.BackwardTempBytes[i] -= z.backward
+	}
 	l := c3.Len()
 	if p3.names[0] != "embed" || p3.names[l-1] != "head" {
 		t.Fatalf("stages %v: want embed, the layers, head", p3.names)
@@ -596,17 +602,18 @@ func TestZeRO3Gathers(t *testing.T) {
 	}
 	st2, st3 := p2.Costs.Static, p3.Costs.Static
 	weights := st2.WeightsBytes - st3.WeightsBytes // what stage 3 shards
-	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights-st3.GradientsBytes); got != want {
+	// Stage 2 (DeepSpeed's) holds its gradient partition from its first
+	// reduction in the backward, not the whole step, and its bucket from
+	// the loss's backward on, with every gradient (DeepSpeedBuckets).
+	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights); got != want {
 		t.Errorf("static %d more than stage 2's, want %d", got, want)
 	}
-	// Stage 2's reduce buffers are held from the loss's backward on, with
-	// every gradient, not the whole step.
-	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.Of(costmodel.Reduce)); got != want {
-		t.Errorf("stage 2: static %d, want all but the reduce buffers, %d", got, want)
+	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.GradientsBytes); got != want {
+		t.Errorf("stage 2: static %d, want all but the gradients' partition, %d", got, want)
 	}
-	r := mem.Bytes(st2.Of(costmodel.Reduce))
+	r := mem.Bytes(st2.Buckets.Bucket)
 	if got := c2.BackwardHeldBytes; got != r || c2.LossTempBytes-c3.LossTempBytes != r || c2.DeltaBytes(l)-c2.ActBytes[l] != r {
-		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the reduce buffers, %d",
+		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the bucket, %d",
 			got, c2.LossTempBytes-c3.LossTempBytes, c2.DeltaBytes(l)-c2.ActBytes[l], r)
 	}
 	// Stage 2's step (DeepSpeed's) turns the gradients' shard into an fp32

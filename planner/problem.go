@@ -206,6 +206,9 @@ func graphProblemGathers(name string, g *ir.Graph, byBlock bool, r *costmodel.Ro
 	if r := mem.Bytes(c.Static.Of(costmodel.Reduce)); r > 0 {
 		p.reduceInBackward(r)
 	}
+	if b := c.Static.Buckets; b != nil {
+		p.buckets(b, c.Static.GradientsBytes)
+	}
 	p.StepPeak = p.total(p.Chain.DeltaBytes(0)) - p.stepFreedStatic - p.stepFreedDelta + mem.Bytes(c.Static.StepBytes)
 	for i, st := range stages {
 		p.names = append(p.names, st.Name)
@@ -224,7 +227,9 @@ func graphProblemGathers(name string, g *ir.Graph, byBlock bool, r *costmodel.Ro
 // through every microbatch, as a pipeline holds them. p itself when they
 // already are.
 func (p *Problem) Accumulating(microbatches int) (*Problem, error) {
-	if p.Costs == nil || !p.Costs.GradientsInBackward() || microbatches < 2 {
+	// DeepSpeed's buckets (costmodel.DeepSpeedBuckets) are counted over
+	// one micro-batch a step: over several, the bounds.
+	if p.Costs == nil || !p.Costs.GradientsInBackward() && p.Costs.Static.Buckets == nil || microbatches < 2 {
 		return p, nil
 	}
 	g := *p.Costs.Graph
@@ -401,6 +406,16 @@ func (p *Problem) gatherDeepSpeed(d *costmodel.DeepSpeedGathers) {
 			z.backward = max(z.backward, mem.Bytes(d.End))
 		}
 		p.zero[i] = z
+	}
+	p.applyZero()
+	ch.LossTempBytes += mem.Bytes(d.Loss)
+}
+
+// applyZero adds what ZeRO holds while each stage runs (p.zero) to the
+// chain's transient bytes.
+func (p *Problem) applyZero() {
+	ch := p.Chain
+	for i, z := range p.zero {
 		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i], ch.ActBytes[i+1])
 		if ch.FAllTempBytes != nil {
 			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i], ch.TapeBytes[i])
@@ -410,7 +425,50 @@ func (p *Problem) gatherDeepSpeed(d *costmodel.DeepSpeedGathers) {
 		}
 		ch.BackwardTempBytes[i] = z.backwardTemp(ch.BackwardTempBytes[i])
 	}
-	ch.LossTempBytes += mem.Bytes(d.Loss)
+}
+
+// buckets puts what DeepSpeed's ZeRO stages 1 and 2 hold to reduce the
+// gradients (costmodel.DeepSpeedBuckets) at its moments: the bucket from
+// the loss's backward to the backward's end (with every gradient δ_i and
+// during the loss op); under stage 2 the rank's gradient partition,
+// which the step's static memory counts (grads bytes), not in the forward
+// but in each stage's backward from the first reduction's on, and each
+// stage's hooks in its backward; the first stage's backward, which ends
+// the backward, the last reductions and the partition. A stage that is
+// no block with gradients holds the most of any hook, and the
+// partition.
+func (p *Problem) buckets(b *costmodel.DeepSpeedBuckets, grads int64) {
+	ch := p.Chain
+	p.zero = make([]zeroBytes, ch.Len())
+	ch.BackwardHeldBytes += mem.Bytes(b.Bucket)
+	ch.LossTempBytes += mem.Bytes(b.Bucket)
+	p.stepFreedDelta += mem.Bytes(b.Bucket) // freed when the backward ends
+	if b.Stage >= 2 {
+		p.Static -= mem.Bytes(grads)
+		p.stepFreedStatic -= mem.Bytes(grads)
+		var most int64
+		for _, h := range b.Hooks {
+			most = max(most, h)
+		}
+		first := -1 // the stages from which on the backward holds the partition
+		for i, st := range p.Stages {
+			if st.Name == b.First {
+				first = i
+			}
+		}
+		for i, st := range p.Stages {
+			h, ok := b.Hooks[st.Name]
+			switch {
+			case !ok:
+				h = most + b.Partition
+			case i <= first:
+				h = max(h, b.Partition)
+			}
+			p.zero[i].backward = mem.Bytes(h)
+		}
+	}
+	p.zero[0].backward = max(p.zero[0].backward, mem.Bytes(b.End))
+	p.applyZero()
 }
 
 // reduceInBackward holds ZeRO stages 1 and 2's reduce buffers

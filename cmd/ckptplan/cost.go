@@ -50,7 +50,12 @@ type staticReport struct {
 	// what costmodel.Gathered holds while it runs, forward or backward
 	// (ZeRO 3).
 	LayerGatheredBytes int64 `json:"layer_gathered_bytes,omitempty"`
-	Paged              bool  `json:"paged,omitempty"`
+	// ReduceBucketBytes and GradientPartitionBytes are DeepSpeed's ZeRO
+	// 1 and 2's bucket and the most its gradient partition holds
+	// (costmodel.DeepSpeedBuckets).
+	ReduceBucketBytes      int64 `json:"reduce_bucket_bytes,omitempty"`
+	GradientPartitionBytes int64 `json:"gradient_partition_bytes,omitempty"`
+	Paged                  bool  `json:"paged,omitempty"`
 	// PagedBytes are the optimizer bytes in CUDA unified memory
 	// (costmodel.Static.PagedBytes).
 	PagedBytes int64 `json:"paged_bytes,omitempty"`
@@ -74,6 +79,9 @@ func (r staticReport) MarshalJSON() ([]byte, error) {
 	}
 	if r.LayerGatheredBytes != 0 {
 		fields = append(fields, field{"layer_gathered_bytes", r.LayerGatheredBytes})
+	}
+	if r.ReduceBucketBytes != 0 {
+		fields = append(fields, field{"reduce_bucket_bytes", r.ReduceBucketBytes}, field{"gradient_partition_bytes", r.GradientPartitionBytes})
 	}
 	if r.Paged {
 		fields = append(fields, field{"paged", true}, field{"paged_bytes", r.PagedBytes})
@@ -172,6 +180,9 @@ func newCostReport(name string, c *costmodel.Costs) *costReport {
 		Totals: totalsReport{c.SavedBytes, c.SavedBytesCheckpointEveryLayer, c.ForwardFLOPs, c.BackwardFLOPs},
 		setup:  &g.Setup, static: c.Static,
 	}
+	if b := c.Static.Buckets; b != nil {
+		r.Static.ReduceBucketBytes, r.Static.GradientPartitionBytes = b.Bucket, b.Partition
+	}
 	for _, b := range c.Blocks {
 		br := blockReport{Name: b.Name, InputBytes: b.InputBytes, SavedBytes: b.SavedBytes, HostBytes: b.HostBytes, ForwardFLOPs: b.ForwardFLOPs, BackwardFLOPs: b.BackwardFLOPs, Ops: []opReport{}}
 		for _, id := range b.Nodes {
@@ -225,6 +236,10 @@ func writeCostText(w io.Writer, r *costReport) error {
 	fmt.Fprintf(w, "static memory: %v (%s); %s parameters, %s trainable\n", mem.Bytes(s.TotalBytes), staticParts(r.setup, &r.static), human(s.Parameters), human(s.TrainableParameters))
 	if d := r.static.Gather.DeepSpeed; d != nil {
 		fmt.Fprintf(w, "DeepSpeed's ZeRO 3 gathers module by module, with the buckets 'export --to deepspeed' sets: at most %v gathered at once, %v with the gradients a backward holds beside the bucket\n", mem.Bytes(d.Most()), mem.Bytes(d.MostReduced()))
+	}
+	if b := r.static.Buckets; b != nil {
+		fmt.Fprintf(w, "DeepSpeed's ZeRO %d reduces the gradients through a bucket of %v, from the loss's backward to the backward's end, into a gradient partition of up to %v (each parameter with an element in the rank's share, whole), from %s to the step, each reduction through a flattened copy of what it reduces\n",
+			b.Stage, mem.Bytes(b.Bucket), mem.Bytes(b.Partition), map[bool]string{true: "its first reduction", false: "the backward's end"}[b.Stage >= 2])
 	}
 	if s.CallArgsBytes > 0 {
 		fmt.Fprintf(w, "every layer's call takes the forward's positions and masks, %v: held to the forward's end, or by a checkpointed or selective layer's call to its backward\n", mem.Bytes(s.CallArgsBytes))

@@ -29,25 +29,30 @@ def allocations(prof, span_of: Callable[[str], Optional[str]]):
 
 
 def apart_from_collectives(prof, span_of: Callable[[str], Optional[str]], workspaces: bool = False):
-    """allocations(prof, span_of), each event's total less what the
-    process group's collectives hold: the bytes gloo's collectives
+    """allocations(prof, span_of), each event's total counted from the
+    profile's own allocations and frees (the allocator's total also counts
+    what gloo's threads allocate outside any op, which the profile does
+    not record), less what the process group's collectives hold: the bytes gloo's collectives
     allocate inside a ``c10d::`` op (a reduce-scatter's copy of its input,
-    an all-gather's flat output), counted from their allocation to their
-    free wherever it happens, as their work objects may keep them past
-    the op. NCCL works in the tensors it is given. With workspaces, less
+    an all-gather's flat output) or on a thread of their own (any thread
+    but the one that runs the most ops), counted from their allocation to
+    their free wherever it happens, as their work objects may keep them
+    past the op. NCCL works in the tensors it is given. With workspaces, less
     also what a CPU matrix product allocates and frees within itself (a
     16-bit product's operands converted to fp32, packed copies): cuBLAS
     works in a workspace of its own, allocated once."""
     from torch._C._profiler import _EventType
 
-    spans, allocs = {}, []
+    spans, allocs, threads = {}, [], {}
     stack = [(n, False, None) for n in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
         n, inside, product = stack.pop()
         if n.tag == _EventType.Allocation:
             allocs.append((n.start_time_ns, n.extra_fields.total_allocated, n.extra_fields.alloc_size,
-                           n.extra_fields.ptr, inside, product))
+                           n.extra_fields.ptr, inside, product, n.start_tid))
             continue
+        if n.tag == _EventType.TorchOp:
+            threads[n.start_tid] = threads.get(n.start_tid, 0) + 1
         if n.tag == _EventType.TorchOp:
             if (name := span_of(n.name)) is not None:
                 spans[name] = (n.start_time_ns, n.end_time_ns)
@@ -55,21 +60,34 @@ def apart_from_collectives(prof, span_of: Callable[[str], Optional[str]], worksp
             if workspaces and product is None and n.name in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"):
                 product = (n.start_time_ns, n.end_time_ns)
         stack.extend((c, inside, product) for c in n.children)
-    allocs.sort()
-    # A product's workspace: allocated and freed within the product.
+    allocs.sort(key=lambda a: a[0])
+    main = max(threads, key=threads.get)  # the thread that runs the model
     frees = {}
-    for t, _, size, ptr, _, _ in allocs:
+    for t, _, size, ptr, *_ in allocs:
         if size < 0:
             frees.setdefault(ptr, []).append(t)
-    held, apart, events = {}, 0, []
-    for t, total, size, ptr, inside, product in allocs:
-        workspace = product is not None and any(t < f <= product[1] for f in frees.get(ptr, []))
-        if size > 0 and (inside or workspace):
-            held[ptr] = size
-            apart += size
-        elif size < 0 and ptr in held:
-            apart -= held.pop(ptr)
-        events.append((t, total - apart, size))
+
+    def free_after(ptr, t):
+        return min((f for f in frees.get(ptr, []) if f > t), default=None)
+
+    # What is counted apart, from when: (time, change).
+    changes = []
+    for t, _, size, ptr, inside, product, tid in allocs:
+        if size <= 0:
+            continue
+        freed = free_after(ptr, t)
+        if inside or tid != main or product is not None and freed is not None and freed <= product[1]:
+            changes.append((t, size))  # a collective's buffer, a product's workspace
+            if freed is not None:
+                changes.append((freed, -size))
+    changes.sort()
+    events, held, apart, k = [], 0, 0, 0
+    for t, _, size, *_ in allocs:
+        held += size
+        while k < len(changes) and changes[k][0] <= t:
+            apart += changes[k][1]
+            k += 1
+        events.append((t, held - apart, size))
     return spans, events
 
 
