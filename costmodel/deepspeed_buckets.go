@@ -43,20 +43,20 @@ import (
 // the gradients beside the weights and the optimizer state (and stage
 // 1's whole gradients).
 type DeepSpeedBuckets struct {
-	Stage     int64 // 1 or 2
-	Bucket    int64 // the bucket, from the loss's backward to the backward's end
-	Partition int64 // the rank's gradient partition, from the first reduction to the step
-	// First is the block in whose backward stage 2 first reduces, from
-	// which on it holds the partition; "" where no reduction runs before
-	// the backward has (stage 1's never does).
-	First string
+	Stage  int64 // 1 or 2
+	Bucket int64 // the bucket, from the loss's backward to the backward's end
+	// Partition is the most the rank's gradient partition holds: under
+	// stage 2 from the first reduction, in the backward, to the step;
+	// under stage 1 from the backward's end.
+	Partition int64
 	// Hooks are, by block, the most stage 2's hooks hold beside the
-	// bucket while the block's backward runs: a gradient autograd made,
-	// a reduction's flattened copy, a gradient larger than the bucket
-	// held apart, and the partition once it is made.
+	// bucket and the partition while the block's backward runs: a
+	// gradient autograd made, a reduction's flattened copy, and a
+	// gradient larger than the bucket held apart.
 	Hooks map[string]int64
-	// End is what the backward's last reductions hold beside the bucket
-	// (stage 1's every one), the partition included.
+	// End is what the backward's last reductions hold beside the bucket:
+	// under stage 2, beside the partition too; under stage 1, whose
+	// every reduction is there, with it.
 	End int64
 }
 
@@ -65,47 +65,41 @@ type DeepSpeedBuckets struct {
 // of bucket elements; nil where ckptplan does not know g's modules
 // (deepSpeedModules).
 func deepSpeedBuckets(g *ir.Graph, stage, elt, ranks, bucket int64) *DeepSpeedBuckets {
-	mods, numel, ok := deepSpeedModules(g)
+	mods, numel, noDecay, ok := deepSpeedModules(g)
 	if !ok || bucket <= 0 {
 		return nil
 	}
-	part := deepSpeedPartition(mods, numel, ranks) * elt
+	part := max(deepSpeedPartition(mods, numel, ranks, func(int) bool { return true }),
+		deepSpeedPartition(mods, numel, ranks, func(p int) bool { return !noDecay[p] })+
+			deepSpeedPartition(mods, numel, ranks, func(p int) bool { return noDecay[p] })) * elt
 	d := &DeepSpeedBuckets{Stage: stage, Bucket: bucket * elt, Partition: part, Hooks: map[string]int64{}}
-	var largest int64 // a gradient larger than the bucket, reduced alone
-	for _, m := range mods {
-		for _, p := range m.params {
-			if m.trained && numel[p] > bucket {
-				largest = max(largest, numel[p])
+	if stage < 2 {
+		var largest int64 // a gradient larger than the bucket, reduced alone
+		for _, n := range numel {
+			if n > bucket {
+				largest = max(largest, n)
 			}
 		}
-	}
-	if stage < 2 {
 		d.End = max(bucket, largest)*elt + part
 		return d
 	}
-	var queued, apart, held int64 // the elements the next reduction takes; the bytes held apart from the bucket; the partition, once made
-	// reduce returns what a reduction holds beside the apart gradients,
-	// the partition and what autograd just made (grad): its flattened
-	// copy, then, once the copy is freed and the apart gradients are in
-	// the partition, the partition if the reduction made it.
-	reduce := func(at string, grad int64) int64 {
-		during := apart + grad + held + queued*elt
-		queued, apart = 0, 0
-		if held == 0 {
-			held, d.First = part, at
-		}
-		return max(during, grad+held)
-	}
+	// What a hook holds: the gradients held apart from the bucket, the
+	// gradient autograd just made, and when it reduces the bucket first,
+	// the flattened copy, before the gradients held apart are copied
+	// into the partition (made then, if no reduction made it before) and
+	// freed.
+	var queued, apart int64 // the elements the next reduction takes; the bytes held apart from the bucket
 	for _, call := range deepSpeedTrace(mods, func(string) bool { return false }) {
-		m := mods[call.module]
-		if call.forward || !m.trained {
+		if call.forward {
 			continue
 		}
+		m := mods[call.module]
 		for _, p := range m.params {
 			n := numel[p]
-			moment := apart + n*elt + held
+			moment := apart + n*elt
 			if queued+n > bucket && queued > 0 {
-				moment = reduce(m.block, n*elt)
+				moment += queued * elt
+				queued, apart = 0, 0
 			}
 			d.Hooks[m.block] = max(d.Hooks[m.block], moment)
 			if queued+n > bucket {
@@ -114,35 +108,30 @@ func deepSpeedBuckets(g *ir.Graph, stage, elt, ranks, bucket int64) *DeepSpeedBu
 			queued += n
 		}
 	}
-	d.End = held
-	if queued > 0 {
-		first := d.First
-		d.End = reduce("", 0)
-		d.First = first
-	}
+	d.End = apart + queued*elt
 	return d
 }
 
 // deepSpeedPartition returns the most elements a rank's gradient
-// partition holds: its share of the flattened parameters (padded to a
-// multiple of twice the ranks), and at each of its boundaries inside a
-// block, the block's largest parameter but one element, which may cross
-// it and is held whole.
-func deepSpeedPartition(mods []dsModule, numel []int64, ranks int64) int64 {
+// partition holds of the parameter group in says: its share of the
+// group's flattened parameters (padded to a multiple of twice the ranks),
+// and at each of its boundaries inside a block, the block's largest
+// parameter of the group but one element, which may cross it and is held
+// whole. DeepSpeed partitions each of the optimizer's parameter groups
+// apart: one, or, as transformers' Trainer makes them, the weights and
+// the biases and norms (without weight decay).
+func deepSpeedPartition(mods []dsModule, numel []int64, ranks int64, in func(p int) bool) int64 {
 	type span struct{ start, end, largest int64 }
 	var blocks []span
 	var total int64
 	seen := map[int]bool{}
 	for i, m := range mods {
-		if !m.trained {
-			continue
-		}
-		if i == 0 || len(blocks) == 0 || mods[i-1].block != m.block {
+		if i == 0 || mods[i-1].block != m.block {
 			blocks = append(blocks, span{start: total, end: total})
 		}
 		b := &blocks[len(blocks)-1]
 		for _, p := range m.params {
-			if seen[p] {
+			if seen[p] || !in(p) {
 				continue
 			}
 			seen[p] = true
@@ -151,10 +140,10 @@ func deepSpeedPartition(mods []dsModule, numel []int64, ranks int64) int64 {
 			b.largest = max(b.largest, numel[p])
 		}
 	}
-	share := ceilDiv(total, 2*ranks) * 2
-	if ranks <= 1 {
+	if ranks <= 1 || total == 0 {
 		return total
 	}
+	share := ceilDiv(total, 2*ranks) * 2
 	crossing := func(at int64) int64 {
 		for _, b := range blocks {
 			if b.start < at && at < b.end {

@@ -44,8 +44,10 @@ import (
 // runs its forward and its backward (with its recomputation), and from
 // the forward's end through the loss.
 type DeepSpeedGathers struct {
-	Forward, Backward map[string]int64 // by block
-	Loss              int64
+	// Forward and Backward are by block; Backward counts the block's
+	// recomputation too, which Rerun counts apart.
+	Forward, Rerun, Backward map[string]int64
+	Loss                     int64
 	// Reduced is the most a block's backward holds gathered and of the
 	// gradients beside the bucket (deepSpeedReduce), by block; End, what
 	// the backward's last reduction holds once every block's backward
@@ -80,20 +82,25 @@ func (d *DeepSpeedGathers) MostReduced() int64 {
 // block and its parameters (indices into the parameter table), in the
 // order it registered them.
 type dsModule struct {
-	block      string
-	params     []int
-	trained    bool // its parameters have gradients
-	noBackward bool // its output needs no gradient: no backward hook runs it
+	block  string
+	params []int
+	// ids: its input is token ids, which need no gradient: DeepSpeed
+	// registers no hook that releases its parameters after its backward,
+	// and they stay gathered until the optimizer step.
+	ids bool
 }
 
 // deepSpeedModules returns the modules of g with parameters in the order
-// its forward calls them, and each parameter's elements. ok is false
-// where ckptplan does not know g's modules one to one: traced ops,
-// LoRA adapters, experts, tensor parallelism, quantized weights.
-func deepSpeedModules(g *ir.Graph) (mods []dsModule, numel []int64, ok bool) {
+// its forward calls them, each parameter's elements, and whether it is a
+// bias or a norm's (which trainers leave out of weight decay, in a
+// parameter group of their own). ok is false where ckptplan does not
+// know g's modules one to one (traced ops, LoRA adapters, experts,
+// tensor parallelism, quantized weights) or some are frozen (DeepSpeed
+// then runs no backward for them).
+func deepSpeedModules(g *ir.Graph) (mods []dsModule, numel []int64, noDecay []bool, ok bool) {
 	s := g.Setup
 	if s.Parallel.TP > 1 || s.Quant != "" || s.LoRA.Rank > 0 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	owner := map[int]int{} // a weight's node → its first parameter
 	for i := range g.Nodes {
@@ -102,46 +109,47 @@ func deepSpeedModules(g *ir.Graph) (mods []dsModule, numel []int64, ok bool) {
 			j, found := g.Lookup(n.Attrs.Tied)
 			p, seen := owner[j]
 			if !found || !seen || n.Op != ir.Linear || n.Attrs.Bias {
-				return nil, nil, false
+				return nil, nil, nil, false
 			}
-			mods = append(mods, dsModule{block: n.Block, params: []int{p}, trained: g.TrainableParams(j) > 0})
+			mods = append(mods, dsModule{block: n.Block, params: []int{p}})
 			continue
+		}
+		if n.Op == ir.Aten || n.Op == ir.ExpertLinear {
+			return nil, nil, nil, false
 		}
 		if g.Params(i) == 0 {
 			continue
 		}
+		if g.TrainableParams(i) != g.Params(i) {
+			return nil, nil, nil, false
+		}
 		var sizes []int64
+		var norm bool
 		switch n.Op {
 		case ir.Embedding:
 			sizes = []int64{n.Attrs.Vocab * n.Attrs.Out}
 		case ir.Linear:
-			if n.Attrs.LoRARank > 0 {
-				return nil, nil, false
-			}
 			sizes = []int64{g.Nodes[n.Inputs[0]].Shape.Last() * n.Attrs.Out}
 			if n.Attrs.Bias {
 				sizes = append(sizes, n.Attrs.Out)
 			}
 		case ir.RMSNorm:
-			sizes = []int64{n.Shape.Last()}
+			sizes, norm = []int64{n.Shape.Last()}, true
 		case ir.LayerNorm:
-			sizes = []int64{n.Shape.Last(), n.Shape.Last()}
+			sizes, norm = []int64{n.Shape.Last(), n.Shape.Last()}, true
 		default:
-			return nil, nil, false
+			return nil, nil, nil, false
 		}
-		trained := g.TrainableParams(i) > 0
-		if trained && g.TrainableParams(i) != g.Params(i) {
-			return nil, nil, false
-		}
-		m := dsModule{block: n.Block, trained: trained, noBackward: n.Op == ir.Embedding && !trained}
+		m := dsModule{block: n.Block, ids: n.Op == ir.Embedding}
 		owner[i] = len(numel)
-		for _, sz := range sizes {
+		for k, sz := range sizes {
 			m.params = append(m.params, len(numel))
 			numel = append(numel, sz)
+			noDecay = append(noDecay, norm || k > 0)
 		}
 		mods = append(mods, m)
 	}
-	return mods, numel, len(mods) > 0
+	return mods, numel, noDecay, len(mods) > 0
 }
 
 // dsUse is one call of a module in the trace.
@@ -170,9 +178,7 @@ func deepSpeedTrace(mods []dsModule, rerun func(block string) bool) []dsUse {
 			}
 		}
 		for m := end - 1; m >= start; m-- {
-			if !mods[m].noBackward {
-				t = append(t, dsUse{module: m})
-			}
+			t = append(t, dsUse{module: m})
 		}
 		end = start
 	}
@@ -266,8 +272,8 @@ func (c *dsCoordinator) wait(p int) {
 	}
 }
 
-// fetch is fetch_sub_module for use u of module m: it returns the bytes
-// held once the module's parameters are available and the prefetch is
+// fetch is fetch_sub_module for use u of a module with parameters ps: it
+// returns the bytes held once they are available and the prefetch is
 // issued.
 func (c *dsCoordinator) fetch(u int, ps []int) int64 {
 	c.gather(ps)
@@ -308,7 +314,8 @@ func (c *dsCoordinator) fetch(u int, ps []int) int64 {
 	return c.held
 }
 
-// release is release_sub_module after use u of a module.
+// release is release_sub_module after use u of a module with
+// parameters ps.
 func (c *dsCoordinator) release(u int, ps []int) {
 	for _, p := range ps {
 		c.active[p]--
@@ -325,8 +332,12 @@ func (c *dsCoordinator) release(u int, ps []int) {
 // deepSpeedPrefetch replays a step of the trace of mods (deepSpeedTrace)
 // from the second step on and returns the bytes held gathered while each
 // call runs (after its fetch and prefetch, to its release), once the
-// forward has ended, and once the last call is released. elt is the bytes of a gathered element, ranks the
-// data-parallel ranks, live the prefetch bucket and max-live parameters.
+// forward has ended, and once the last call is released (DeepSpeed does
+// not release a module whose input is token ids after its backward).
+// Within a fetch a wait may hold a flat buffer and the copies out of it
+// for a moment, which this leaves out. elt is the
+// bytes of a gathered element, ranks the data-parallel ranks, live the
+// prefetch bucket and max-live parameters.
 func deepSpeedPrefetch(mods []dsModule, numel []int64, trace []dsUse, elt, ranks, live int64) (during []int64, loss, end int64) {
 	n := len(numel)
 	c := &dsCoordinator{numel: numel, elt: elt, ranks: ranks, live: live, bucket: live,
@@ -342,15 +353,17 @@ func deepSpeedPrefetch(mods []dsModule, numel []int64, trace []dsUse, elt, ranks
 	}
 	during = make([]int64, len(trace))
 	for u, call := range trace {
-		ps := mods[call.module].params
+		m := mods[call.module]
 		if u == 0 || call.forward != trace[u-1].forward && !call.forward {
 			// The model's own module, which holds no parameters of its
 			// own, is called first in the forward and the backward: its
 			// fetch prefetches.
 			c.fetch(u, nil)
 		}
-		during[u] = c.fetch(u, ps)
-		c.release(u, ps)
+		during[u] = c.fetch(u, m.params)
+		if call.forward || !m.ids {
+			c.release(u, m.params)
+		}
 		if u+1 < len(trace) && call.forward && !call.rerun && !trace[u+1].forward {
 			loss = c.held
 		}
@@ -360,8 +373,8 @@ func deepSpeedPrefetch(mods []dsModule, numel []int64, trace []dsUse, elt, ranks
 
 // deepSpeedReduce replays stage 3's gradient hooks over the backward's
 // calls of trace and returns what each call holds of the gradients
-// beside the bucket (stage3.py, reduce_independent_p_g_buckets_and_
-// remove_grads), and what the backward's last reduction holds. Autograd
+// beside the bucket (stage3.py, reduce_independent_p_g_buckets_and_remove_grads),
+// and what the backward's last reduction holds. Autograd
 // makes a parameter's whole gradient (elt bytes an element) and its
 // hook, before copying it into the bucket (bucket elements) and freeing
 // it, reduces the bucket first when the gradient would overflow it:
@@ -385,11 +398,10 @@ func deepSpeedReduce(mods []dsModule, numel []int64, trace []dsUse, elt, ranks, 
 	}
 	during = make([]int64, len(trace))
 	for u, call := range trace {
-		m := mods[call.module]
-		if call.forward || !m.trained {
+		if call.forward {
 			continue
 		}
-		for _, p := range m.params {
+		for _, p := range mods[call.module].params {
 			n := numel[p]
 			moment := own + n*elt
 			if elems+n > bucket && elems > 0 {
@@ -411,28 +423,24 @@ func deepSpeedReduce(mods []dsModule, numel []int64, trace []dsUse, elt, ranks, 
 }
 
 // deepSpeedGathers counts what DeepSpeed's stage 3 holds gathered in g's
-// blocks as the DeepSpeed export configures it, over the traces of no
-// layer recomputed, every layer, and every other one; nil where g's
+// blocks as the DeepSpeed export configures it, the most over the traces
+// of every way three neighbouring decoder layers may be recomputed or
+// not (eight traces, each repeating every three layers); nil where g's
 // modules are not known (deepSpeedModules). elt and gradElt are the bytes
 // of a weight's and a gradient's element, ranks the data-parallel ranks,
 // live the prefetch bucket and max-live parameters (the largest layer's
 // parameters), bucket the gradient bucket's elements (its trainable
 // ones).
 func deepSpeedGathers(g *ir.Graph, elt, gradElt, ranks, live, bucket int64) *DeepSpeedGathers {
-	mods, numel, ok := deepSpeedModules(g)
+	mods, numel, _, ok := deepSpeedModules(g)
 	if !ok || live <= 0 {
 		return nil
 	}
 	d := &DeepSpeedGathers{}
-	for _, recompute := range []func(k int) bool{
-		func(int) bool { return false },
-		func(int) bool { return true },
-		func(k int) bool { return k%2 == 0 },
-		func(k int) bool { return k%2 == 1 },
-	} {
+	for pattern := range 8 {
 		d.merge(deepSpeedReplay(mods, numel, func(block string) bool {
 			k, layer := ir.LayerIndex(block)
-			return layer && recompute(k)
+			return layer && pattern>>(k%3)&1 == 1
 		}, elt, gradElt, ranks, live, bucket))
 	}
 	return d
@@ -443,7 +451,7 @@ func deepSpeedGathers(g *ir.Graph, elt, gradElt, ranks, live, bucket int64) *Dee
 // decoder layers rerun says; ok is false where st counts none
 // (Gather.DeepSpeed is nil).
 func DeepSpeedGathersUnder(g *ir.Graph, st Static, rerun func(block string) bool) (d DeepSpeedGathers, ok bool) {
-	mods, numel, known := deepSpeedModules(g)
+	mods, numel, _, known := deepSpeedModules(g)
 	if st.Gather.DeepSpeed == nil || !known {
 		return DeepSpeedGathers{}, false
 	}
@@ -457,7 +465,7 @@ func DeepSpeedGathersUnder(g *ir.Graph, st Static, rerun func(block string) bool
 // deepSpeedReplay replays one step of mods whose blocks rerun says are
 // recomputed.
 func deepSpeedReplay(mods []dsModule, numel []int64, rerun func(block string) bool, elt, gradElt, ranks, live, bucket int64) DeepSpeedGathers {
-	d := DeepSpeedGathers{Forward: map[string]int64{}, Backward: map[string]int64{}, Reduced: map[string]int64{}}
+	d := DeepSpeedGathers{Forward: map[string]int64{}, Rerun: map[string]int64{}, Backward: map[string]int64{}, Reduced: map[string]int64{}}
 	trace := deepSpeedTrace(mods, rerun)
 	during, loss, last := deepSpeedPrefetch(mods, numel, trace, elt, ranks, live)
 	grads, end := deepSpeedReduce(mods, numel, trace, gradElt, ranks, bucket)
@@ -471,6 +479,9 @@ func deepSpeedReplay(mods []dsModule, numel []int64, rerun func(block string) bo
 			d.Forward[b] = max(d.Forward[b], during[u])
 			continue
 		}
+		if call.rerun {
+			d.Rerun[b] = max(d.Rerun[b], during[u])
+		}
 		d.Backward[b] = max(d.Backward[b], during[u])
 		d.Reduced[b] = max(d.Reduced[b], during[u]+grads[u])
 	}
@@ -480,9 +491,9 @@ func deepSpeedReplay(mods []dsModule, numel []int64, rerun func(block string) bo
 // merge makes d hold the most of d and o, block by block.
 func (d *DeepSpeedGathers) merge(o DeepSpeedGathers) {
 	if d.Forward == nil {
-		d.Forward, d.Backward, d.Reduced = map[string]int64{}, map[string]int64{}, map[string]int64{}
+		d.Forward, d.Rerun, d.Backward, d.Reduced = map[string]int64{}, map[string]int64{}, map[string]int64{}, map[string]int64{}
 	}
-	for _, m := range [...]struct{ to, from map[string]int64 }{{d.Forward, o.Forward}, {d.Backward, o.Backward}, {d.Reduced, o.Reduced}} {
+	for _, m := range [...]struct{ to, from map[string]int64 }{{d.Forward, o.Forward}, {d.Rerun, o.Rerun}, {d.Backward, o.Backward}, {d.Reduced, o.Reduced}} {
 		for b, v := range m.from {
 			m.to[b] = max(m.to[b], v)
 		}

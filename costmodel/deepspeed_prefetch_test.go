@@ -66,7 +66,7 @@ func TestDeepSpeedPrefetch(t *testing.T) {
 // three modules with gradients of 6, 3 and 8 elements, two ranks, 2-byte
 // elements.
 func TestDeepSpeedReduce(t *testing.T) {
-	mods := []dsModule{{params: []int{0}, trained: true}, {params: []int{1}, trained: true}, {params: []int{2}, trained: true}}
+	mods := []dsModule{{params: []int{0}}, {params: []int{1}}, {params: []int{2}}}
 	numel := []int64{8, 3, 6}
 	trace := deepSpeedTrace(mods, func(string) bool { return false })
 	for _, tt := range []struct {

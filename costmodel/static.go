@@ -433,12 +433,20 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 			partition = e
 		}
 		// Stages 1 and 2 free the gradient partition once it is
-		// converted; stage 3's is one buffer, held all step.
-		kept := s.Parallel.Zero >= 3
-		if !kept {
+		// converted, which holds every parameter with an element in the
+		// rank's share, whole, where DeepSpeedBuckets counts it; stage
+		// 3's is one buffer, held all step.
+		share := ceilDiv(grads, dp)
+		held := share
+		if s.Parallel.Zero >= 3 {
+			held = 0
+		} else {
 			st.StepFreedBytes += st.GradientsBytes
 		}
-		st.StepBytes = deepSpeedStep(ceilDiv(grads, dp), partition*ceilDiv(trainedShard, dp), opt, kept)
+		if st.Buckets != nil {
+			held = max(held, st.Buckets.Partition)
+		}
+		st.StepBytes = deepSpeedStep(share, held, partition*ceilDiv(trainedShard, dp), opt)
 	}
 	return st, nil
 }
@@ -450,15 +458,17 @@ func staticOf(g *ir.Graph, held func(int) bool) (Static, error) {
 // flattened into one tensor and converted to the dtype of the rank's
 // master partition (master bytes; when the dtypes agree the flat copy is
 // the converted one), and the optimizer updates the master partition as
-// one tensor. Stages 1 and 2 free the partition before the update; stage
-// 3 keeps it (kept: its gradients are one buffer, counted all step, not
-// here). PyTorch's AdamW over one tensor makes a master-sized square root
+// one tensor. Stages 1 and 2 hold the buffer the partition is a view of
+// (held bytes) until the conversion and free it before the update;
+// stage 3 keeps it (held 0: its gradients are one buffer, counted all
+// step, not here). PyTorch's AdamW over one tensor makes a master-sized square root
 // (foreach), a square root and a quotient (for-loop), or nothing (fused);
 // the all-gather of the updated weights then writes into the weights
 // themselves. The most held is the larger of the conversion (the
-// partition unless kept, its flat copy, the converted copy) and the
-// update (the converted gradients and the optimizer's working memory).
-func deepSpeedStep(grads, master int64, opt optimizer, kept bool) int64 {
+// partition's buffer unless kept, the flat copy, the converted copy) and
+// the update (the converted gradients and the optimizer's working
+// memory).
+func deepSpeedStep(grads, held, master int64, opt optimizer) int64 {
 	converted := master
 	if grads == master {
 		converted = 0
@@ -467,11 +477,7 @@ func deepSpeedStep(grads, master int64, opt optimizer, kept bool) int64 {
 	if opt.moments > 0 && !opt.eightBit && !opt.paged {
 		work = [...]int64{forEach: 1, fused: 0, forLoop: 2}[opt.impl] * master
 	}
-	partition := grads
-	if kept {
-		partition = 0
-	}
-	return max(partition+grads+converted, master+work)
+	return max(held+grads+converted, master+work)
 }
 
 // stepWorkspace is what PyTorch's AdamW allocates while its step runs,

@@ -73,34 +73,34 @@ func TestStaticZeRO(t *testing.T) {
 		// boundary inside a block (the shares end at 21,712, in layers.0,
 		// and 43,424 and 65,136, in layers.1) up to the block's largest
 		// parameter (8,192) but one element, which crosses it whole: the
-		// second rank's, 21,712 + 2·8,191 = 38,094 elements, 76,188 B.
-		// Stage 1 reduces once the backward has run, holding at most the
-		// partition and a bucket's flattened copy (150,172 B). Stage 2's
-		// hooks reduce in the backward, in its order (head 6,400 + 64;
-		// each layer down, up, gate 8,192, a norm 64, o 4,096, v and k
-		// 2,048, q 4,096, a norm 64; the embedding 6,400): the head's
-		// hold its 12,800-byte gradient; layers.1's v overflows the
-		// bucket at 35,200 elements, a copy of 70,400 B beside its
-		// 4,096, after which the partition is made (80,284 B) and held,
-		// q's 8,192 B beside it the most (84,380); layers.0's v overflows
-		// it again at 36,992: 4,096 + 76,188 + 73,984 = 154,268 B; the
-		// embedding's 12,800 beside the partition, 88,988; the backward's
-		// end reduces the last 14,656 elements: 76,188 + 29,312 =
-		// 105,500 B.
+		// second rank's, 21,712 + 2·8,191 = 38,094 elements, 76,188 B
+		// (more than with the norms in a parameter group of their own:
+		// 21,632 + 8,191 and 80 + 2·63). Stage 1 reduces once the
+		// backward has run, holding at most the partition and a bucket's
+		// flattened copy (150,172 B). Stage 2's hooks reduce in the
+		// backward, in its order (head 6,400 + 64; each layer down, up,
+		// gate 8,192, a norm 64, o 4,096, v and k 2,048, q 4,096, a norm
+		// 64; the embedding 6,400), beside the bucket and the partition:
+		// the head's hold its 12,800-byte gradient; layers.1's v
+		// overflows the bucket at 35,200 elements, a copy of 70,400 B
+		// beside its 4,096; layers.0's v at 36,992: 73,984 + 4,096; the
+		// embedding's its 12,800; the backward's end reduces the last
+		// 14,656 elements, 29,312 B.
 		//
 		// Their step, as DeepSpeed runs it, holds neither: the backward's
 		// end frees the bucket and stage 1's whole gradients, and the step
-		// turns the rank's bf16 partition (2Ψ/4) into an fp32 one (4Ψ/4),
-		// through a flat bf16 copy, before the foreach update's square
-		// root of the fp32 partition (4Ψ/4): the larger of 2·2Ψ/4 + 4Ψ/4
-		// and 4Ψ/4 + 4Ψ/4.
+		// turns the rank's bf16 partition (2Ψ/4, in a buffer of 76,188 B
+		// with its crossing parameters) into an fp32 one (4Ψ/4), through a
+		// flat bf16 copy, before the foreach update's square root of the
+		// fp32 partition (4Ψ/4): the larger of 76,188 + 2Ψ/4 + 4Ψ/4 and
+		// 4Ψ/4 + 4Ψ/4.
 		{"zero 1", "bf16", 1, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi, OptimizerBytes: 12 * psi / 4,
 			Buckets:     &DeepSpeedBuckets{Stage: 1, Bucket: 2 * layer, Partition: 76188, Hooks: map[string]int64{}, End: 2*layer + 76188},
-			LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi, StepFreedBytes: 2 * psi}},
+			LayerParams: layer, LayerTrainable: layer, StepBytes: 76188 + 2*psi/4 + 4*psi/4, StepFreedBytes: 2 * psi}},
 		{"zero 2", "bf16", 2, "adamw", Static{Parameters: psi, TrainableParameters: psi, WeightsBytes: 2 * psi, GradientsBytes: 2 * psi / 4, OptimizerBytes: 12 * psi / 4,
-			Buckets: &DeepSpeedBuckets{Stage: 2, Bucket: 2 * layer, Partition: 76188, First: "layers.1", Hooks: map[string]int64{
-				"head": 12800, "layers.1": 84380, "layers.0": 154268, "embed": 88988}, End: 105500},
-			LayerParams: layer, LayerTrainable: layer, StepBytes: 2 * psi, StepFreedBytes: 2 * psi / 4}},
+			Buckets: &DeepSpeedBuckets{Stage: 2, Bucket: 2 * layer, Partition: 76188, Hooks: map[string]int64{
+				"head": 12800, "layers.1": 74496, "layers.0": 78080, "embed": 12800}, End: 29312},
+			LayerParams: layer, LayerTrainable: layer, StepBytes: 76188 + 2*psi/4 + 4*psi/4, StepFreedBytes: 2 * psi / 4}},
 		// Stage 3 gathers too (TestFSDPGathers): the forward and backward
 		// hold the root (embedding, head, final norm) unsharded and a
 		// layer's all-gather output; the step none of it. FSDP2 makes the
@@ -493,7 +493,11 @@ func TestDeepSpeedStep(t *testing.T) {
 		{"adamw-fused", true, 4 * p, 4 * p}, // fp32: the flat copy only
 		{"sgd", true, 2 * p, 6 * p},
 	} {
-		if got := deepSpeedStep(tt.grads, 4*p, optimizers[tt.opt], tt.kept); got != tt.want {
+		held := tt.grads
+		if tt.kept {
+			held = 0
+		}
+		if got := deepSpeedStep(tt.grads, held, 4*p, optimizers[tt.opt]); got != tt.want {
 			t.Errorf("%s over %d B of gradients (kept %v): %d, want %d", tt.opt, tt.grads, tt.kept, got, tt.want)
 		}
 	}

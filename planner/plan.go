@@ -674,7 +674,7 @@ func (p *Problem) hostBytes(stages []Stage) {
 // a decoder layer that does not store its whole tape runs its forward
 // again in its backward.
 func (p *Problem) gathered(stages []Stage) {
-	if p.Costs == nil {
+	if p.Costs == nil || !p.byBlock {
 		return
 	}
 	rerun := map[string]bool{}

@@ -602,18 +602,18 @@ func TestZeRO3Gathers(t *testing.T) {
 	}
 	st2, st3 := p2.Costs.Static, p3.Costs.Static
 	weights := st2.WeightsBytes - st3.WeightsBytes // what stage 3 shards
-	// Stage 2 (DeepSpeed's) holds its gradient partition from its first
-	// reduction in the backward, not the whole step, and its bucket from
-	// the loss's backward on, with every gradient (DeepSpeedBuckets).
+	// Stage 2 (DeepSpeed's) holds its bucket and its gradient partition
+	// from the loss's backward on, with every gradient, not the whole
+	// step (DeepSpeedBuckets).
 	if got, want := p3.Static-p2.Static, mem.Bytes(embed+head+layer-weights); got != want {
 		t.Errorf("static %d more than stage 2's, want %d", got, want)
 	}
 	if got, want := p2.Static, mem.Bytes(st2.Total()-st2.GradientsBytes); got != want {
 		t.Errorf("stage 2: static %d, want all but the gradients' partition, %d", got, want)
 	}
-	r := mem.Bytes(st2.Buckets.Bucket)
+	r := mem.Bytes(st2.Buckets.Bucket + st2.Buckets.Partition)
 	if got := c2.BackwardHeldBytes; got != r || c2.LossTempBytes-c3.LossTempBytes != r || c2.DeltaBytes(l)-c2.ActBytes[l] != r {
-		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the bucket, %d",
+		t.Errorf("stage 2: the backward holds %d, the loss %d more than stage 3's, δ_L %d beyond a_L; want the bucket and the partition, %d",
 			got, c2.LossTempBytes-c3.LossTempBytes, c2.DeltaBytes(l)-c2.ActBytes[l], r)
 	}
 	// Stage 2's step (DeepSpeed's) turns the gradients' shard into an fp32

@@ -380,27 +380,28 @@ func (p *Problem) gather(ga costmodel.Gather) {
 
 // gatherDeepSpeed puts what DeepSpeed's stage 3 holds, module by module
 // (costmodel.DeepSpeedGathers), at its moments in the chain: each
-// stage's forward holds the most its block gathers in its forward, its
-// backward the most its block's backward (and recomputation) holds
-// gathered and of the gradients beside the bucket, the loss what is
-// gathered once the forward has ended; the first stage's backward, which
-// ends the backward, the last reduction too. A stage that is no block (a
-// graph cut at its cut points) holds the most of any.
+// stage's forwards hold the most its block gathers in its first forward
+// or its recomputation, its backward the most its block's backward (and
+// recomputation) holds gathered and of the gradients beside the bucket,
+// the loss what is gathered once the forward has ended; the first
+// stage's backward, which ends the backward, the last reduction too. In
+// a graph cut at its cut points, whose stages are no blocks, every stage
+// holds the most of any.
 func (p *Problem) gatherDeepSpeed(d *costmodel.DeepSpeedGathers) {
 	ch := p.Chain
 	var fwd, bwd mem.Bytes
-	for _, b := range d.Forward {
-		fwd = max(fwd, mem.Bytes(b))
+	for _, m := range []map[string]int64{d.Forward, d.Rerun} {
+		for _, b := range m {
+			fwd = max(fwd, mem.Bytes(b))
+		}
 	}
 	for _, b := range d.Reduced {
 		bwd = max(bwd, mem.Bytes(b))
 	}
 	for i, st := range p.Stages {
-		f, okF := d.Forward[st.Name]
-		b, okB := d.Reduced[st.Name]
 		z := zeroBytes{forward: fwd, backward: bwd}
-		if okF || okB {
-			z = zeroBytes{forward: mem.Bytes(f), backward: mem.Bytes(b)}
+		if p.byBlock {
+			z = zeroBytes{forward: mem.Bytes(max(d.Forward[st.Name], d.Rerun[st.Name])), backward: mem.Bytes(d.Reduced[st.Name])}
 		}
 		if i == 0 {
 			z.backward = max(z.backward, mem.Bytes(d.End))
@@ -430,43 +431,35 @@ func (p *Problem) applyZero() {
 // buckets puts what DeepSpeed's ZeRO stages 1 and 2 hold to reduce the
 // gradients (costmodel.DeepSpeedBuckets) at its moments: the bucket from
 // the loss's backward to the backward's end (with every gradient δ_i and
-// during the loss op); under stage 2 the rank's gradient partition,
-// which the step's static memory counts (grads bytes), not in the forward
-// but in each stage's backward from the first reduction's on, and each
-// stage's hooks in its backward; the first stage's backward, which ends
-// the backward, the last reductions and the partition. A stage that is
-// no block with gradients holds the most of any hook, and the
-// partition.
+// during the loss op); under stage 2 so too the rank's gradient
+// partition, which the static memory counts (grads bytes) but the
+// forward does not hold, and each stage's hooks in its backward (in a
+// graph cut at its cut points, whose stages are no blocks, the most of
+// any); the first stage's backward, which ends the backward, the last
+// reductions.
 func (p *Problem) buckets(b *costmodel.DeepSpeedBuckets, grads int64) {
 	ch := p.Chain
 	p.zero = make([]zeroBytes, ch.Len())
-	ch.BackwardHeldBytes += mem.Bytes(b.Bucket)
-	ch.LossTempBytes += mem.Bytes(b.Bucket)
-	p.stepFreedDelta += mem.Bytes(b.Bucket) // freed when the backward ends
+	held := mem.Bytes(b.Bucket)
 	if b.Stage >= 2 {
 		p.Static -= mem.Bytes(grads)
 		p.stepFreedStatic -= mem.Bytes(grads)
+		held += mem.Bytes(b.Partition)
 		var most int64
 		for _, h := range b.Hooks {
 			most = max(most, h)
 		}
-		first := -1 // the stages from which on the backward holds the partition
-		for i, st := range p.Stages {
-			if st.Name == b.First {
-				first = i
-			}
-		}
 		for i, st := range p.Stages {
 			h, ok := b.Hooks[st.Name]
-			switch {
-			case !ok:
-				h = most + b.Partition
-			case i <= first:
-				h = max(h, b.Partition)
+			if !p.byBlock || !ok {
+				h = most
 			}
 			p.zero[i].backward = mem.Bytes(h)
 		}
 	}
+	ch.BackwardHeldBytes += held
+	ch.LossTempBytes += held
+	p.stepFreedDelta += held // freed, or turned into the step's, when the backward ends
 	p.zero[0].backward = max(p.zero[0].backward, mem.Bytes(b.End))
 	p.applyZero()
 }

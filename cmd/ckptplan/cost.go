@@ -238,8 +238,12 @@ func writeCostText(w io.Writer, r *costReport) error {
 		fmt.Fprintf(w, "DeepSpeed's ZeRO 3 gathers module by module, with the buckets 'export --to deepspeed' sets: at most %v gathered at once, %v with the gradients a backward holds beside the bucket\n", mem.Bytes(d.Most()), mem.Bytes(d.MostReduced()))
 	}
 	if b := r.static.Buckets; b != nil {
+		from := "the backward's end"
+		if b.Stage >= 2 {
+			from = "its first reduction"
+		}
 		fmt.Fprintf(w, "DeepSpeed's ZeRO %d reduces the gradients through a bucket of %v, from the loss's backward to the backward's end, into a gradient partition of up to %v (each parameter with an element in the rank's share, whole), from %s to the step, each reduction through a flattened copy of what it reduces\n",
-			b.Stage, mem.Bytes(b.Bucket), mem.Bytes(b.Partition), map[bool]string{true: "its first reduction", false: "the backward's end"}[b.Stage >= 2])
+			b.Stage, mem.Bytes(b.Bucket), mem.Bytes(b.Partition), from)
 	}
 	if s.CallArgsBytes > 0 {
 		fmt.Fprintf(w, "every layer's call takes the forward's positions and masks, %v: held to the forward's end, or by a checkpointed or selective layer's call to its backward\n", mem.Bytes(s.CallArgsBytes))

@@ -32,15 +32,17 @@ def apart_from_collectives(prof, span_of: Callable[[str], Optional[str]], worksp
     """allocations(prof, span_of), each event's total counted from the
     profile's own allocations and frees (the allocator's total also counts
     what gloo's threads allocate outside any op, which the profile does
-    not record), less what the process group's collectives hold: the bytes gloo's collectives
-    allocate inside a ``c10d::`` op (a reduce-scatter's copy of its input,
-    an all-gather's flat output) or on a thread of their own (any thread
-    but the one that runs the most ops), counted from their allocation to
-    their free wherever it happens, as their work objects may keep them
-    past the op. NCCL works in the tensors it is given. With workspaces, less
-    also what a CPU matrix product allocates and frees within itself (a
-    16-bit product's operands converted to fp32, packed copies): cuBLAS
-    works in a workspace of its own, allocated once."""
+    not record), less what the process group's collectives hold: the
+    bytes gloo's collectives allocate inside a ``c10d::`` op (a
+    reduce-scatter's copy of its input, an all-gather's flat output) or on
+    a thread of their own (any thread but the one that runs the most ops),
+    counted from their allocation to their free wherever it happens, as
+    their work objects may keep them past the op. NCCL works in the
+    tensors DeepSpeed 0.16 and FSDP2 hand it (the collectives' tensor
+    forms). With workspaces, less also what a CPU matrix product allocates
+    and frees within itself (a 16-bit product's operands converted to
+    fp32, packed copies). For CPU runs only: under CUDA the backward runs
+    on threads of its own."""
     from torch._C._profiler import _EventType
 
     spans, allocs, threads = {}, [], {}
