@@ -21,8 +21,8 @@ package costmodel
 // Stage 2 reduces in the backward: each gradient's hook reduces the
 // bucket first when the gradient would overflow it, copies the gradient
 // into it and frees it; a gradient larger than the bucket is held as it
-// is, and reduced alone by the next hook (deepSpeedReduce); the backward's
-// epilogue reduces the rest. Stage 1 registers no hooks: autograd keeps
+// is, and reduced alone by the next hook (as stage 3's, deepSpeedReduce);
+// the backward's epilogue reduces the rest. Stage 1 registers no hooks: autograd keeps
 // every gradient to the backward's end, and the epilogue runs the same
 // reductions over all of them, in the parameters' order, freeing each
 // gradient as it copies it into the bucket.
@@ -30,7 +30,8 @@ package costmodel
 // Which parameter crosses a partition's boundary depends on the order
 // the model registered them, which ckptplan does not know within a
 // block: the partition counts the part of the block's largest parameter
-// that may lie beyond each boundary inside a block. Stage 1's reductions
+// that may lie beyond each boundary inside a block, and the larger of
+// one parameter group and two (deepSpeedPartition). Stage 1's reductions
 // then hold at most the partition and one flattened copy, a bucket or a
 // gradient larger than it, beside the gradients not yet reduced (each
 // reduction's copy is of gradients its bucket has already freed).
