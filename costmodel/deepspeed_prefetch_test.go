@@ -1,6 +1,7 @@
 package costmodel
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/ckptplan/ckptplan/graphio"
@@ -131,15 +132,34 @@ func TestDeepSpeedGathersLlama(t *testing.T) {
 			t.Errorf("%s: %d, want %d", tt.name, tt.got, tt.want)
 		}
 	}
-	// Every block under every recomputation: as much as under none, or
-	// more.
-	none, ok := DeepSpeedGathersUnder(c.Graph, st, func(string) bool { return false })
-	if !ok {
-		t.Fatal("no replay under the plan's decisions")
-	}
-	for b, v := range none.Backward {
-		if d.Backward[b] < v {
-			t.Errorf("%s's backward: %d, less than without recomputation, %d", b, d.Backward[b], v)
+	// What a plan's own decisions gather, recomputing layers in no
+	// period of three, stays within what the eight periodic replays
+	// count, block by block.
+	for seed := range uint64(16) {
+		rng := seed*0x9e3779b97f4a7c15 + 1
+		rerun := map[string]bool{}
+		for k := range 32 {
+			rng ^= rng << 13
+			rng ^= rng >> 7
+			rng ^= rng << 17
+			rerun[fmt.Sprintf("layers.%d", k)] = rng&1 == 1
+		}
+		under, ok := DeepSpeedGathersUnder(c.Graph, st, func(b string) bool { return rerun[b] })
+		if !ok {
+			t.Fatal("no replay under a plan's decisions")
+		}
+		for _, m := range []struct {
+			name        string
+			under, most map[string]int64
+		}{{"forward", under.Forward, d.Forward}, {"recomputation", under.Rerun, d.Rerun}, {"backward", under.Reduced, d.Reduced}} {
+			for b, v := range m.under {
+				if v > m.most[b] {
+					t.Errorf("pattern %d: %s's %s holds %d, more than the plan counts, %d", seed, b, m.name, v, m.most[b])
+				}
+			}
+		}
+		if under.Loss > d.Loss || under.End > d.End {
+			t.Errorf("pattern %d: the loss %d and the end %d, more than the plan's %d and %d", seed, under.Loss, under.End, d.Loss, d.End)
 		}
 	}
 }

@@ -361,16 +361,7 @@ func (p *Problem) gather(ga costmodel.Gather) {
 	}
 	p.zero[0].forward = max(p.zero[0].forward, mem.Bytes(ga.StartBytes()))
 	p.zero[0].backward += 2 * mem.Bytes(ga.RootGrads)
-	for i, z := range p.zero {
-		ch.ForwardTempBytes[i] = z.forwardTemp(ch.ForwardTempBytes[i], ch.ActBytes[i+1])
-		if ch.FAllTempBytes != nil {
-			ch.FAllTempBytes[i] = z.forwardTemp(ch.FAllTempBytes[i], ch.TapeBytes[i])
-		}
-		if ch.FAllInputFreedTempBytes != nil {
-			ch.FAllInputFreedTempBytes[i] = z.forwardTemp(ch.FAllInputFreedTempBytes[i], ch.TapeBytes[i])
-		}
-		ch.BackwardTempBytes[i] = z.backwardTemp(ch.BackwardTempBytes[i])
-	}
+	p.applyZero()
 	if p.Costs.GradientsInBackward() { // not held the whole step (no_sync)
 		// The step holds the root's shard, made when the backward ends
 		// (FSDP2), not its unsharded gradients.
